@@ -1,0 +1,98 @@
+"""The model's one attention function, selected by name.
+
+Every forward attends from a block of T query tokens to (a) the committed KV cache, a
+length mask per row, and (b) the block's own T keys under an arbitrary boolean relation
+`block_mask[b, i, j]` ("query i sees block token j"). Lookahead, verification, drafting
+and prefill differ only in that relation and in the position ids.
+
+`xla` is the reference implementation; Pallas kernels register themselves under other
+names (see `pallas_kernels`) and are chosen with `jaxspec.load(..., attention=NAME)`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from jaxspec.errors import ConfigError
+
+# Large finite negative instead of -inf: a fully masked row (padding) gives a uniform
+# distribution over garbage rather than NaN, and padding rows are never read.
+_MASKED = -1e30
+
+
+class AttentionFn(Protocol):
+    def __call__(
+        self,
+        q: Float[Array, "b t h d"],
+        k_cache: Float[Array, "b s kv d"],
+        v_cache: Float[Array, "b s kv d"],
+        cache_lengths: Int[Array, " b"],
+        k_new: Float[Array, "b t kv d"],
+        v_new: Float[Array, "b t kv d"],
+        block_mask: Bool[Array, "b t t"],
+        q_positions: Int[Array, "b t"],
+        sliding_window: int | None,
+    ) -> Float[Array, "b t h d"]: ...
+
+
+def xla_attention(q, k_cache, v_cache, cache_lengths, k_new, v_new, block_mask, q_positions,
+                  sliding_window=None):
+    """Reference attention in plain XLA ops: scores and softmax in float32, GQA by grouping."""
+    b, t, h, d = q.shape
+    kv = k_cache.shape[2]
+    s = k_cache.shape[1]
+    qg = q.reshape(b, t, kv, h // kv, d)
+    scale = d ** -0.5
+    # Two score blocks instead of concatenating K/V: the cache is read once and never copied.
+    scores_cache = jnp.einsum("btkgd,bskd->bkgts", qg, k_cache,
+                              preferred_element_type=jnp.float32) * scale
+    scores_new = jnp.einsum("btkgd,bskd->bkgts", qg, k_new,
+                            preferred_element_type=jnp.float32) * scale
+    cache_visible = jnp.arange(s)[None, None, :] < cache_lengths[:, None, None]  # [b, 1, s]
+    new_visible = block_mask  # [b, t, t]
+    if sliding_window is not None:
+        qpos = q_positions[:, :, None]
+        cache_visible = cache_visible & (qpos - jnp.arange(s)[None, None, :] < sliding_window)
+        new_visible = new_visible & (qpos - q_positions[:, None, :] < sliding_window)
+    scores_cache = jnp.where(cache_visible[:, None, None], scores_cache, _MASKED)
+    scores_new = jnp.where(new_visible[:, None, None], scores_new, _MASKED)
+    probs = jax.nn.softmax(jnp.concatenate([scores_cache, scores_new], axis=-1), axis=-1)
+    probs = probs.astype(v_cache.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs[..., :s], v_cache,
+                     preferred_element_type=jnp.float32)
+    out = out + jnp.einsum("bkgts,bskd->btkgd", probs[..., s:], v_new,
+                           preferred_element_type=jnp.float32)
+    return out.reshape(b, t, h, d).astype(q.dtype)
+
+
+_BACKENDS: dict[str, Callable] = {"xla": xla_attention}
+
+
+def register_attention(name: str, fn: Callable) -> None:
+    """Make `fn` (same signature as `xla_attention`) selectable as `attention=name`."""
+    _BACKENDS[name] = fn
+
+
+def get_attention(name: str) -> Callable:
+    if name not in _BACKENDS and name == "pallas":
+        try:
+            import pallas_kernels  # noqa: F401  (registers its kernels on import)
+        except ImportError:
+            pass
+    if name not in _BACKENDS:
+        raise ConfigError(
+            f"unknown attention backend {name!r}; available: {', '.join(sorted(available_attention()))}"
+        )
+    return _BACKENDS[name]
+
+
+def available_attention() -> list[str]:
+    try:
+        import pallas_kernels  # noqa: F401
+    except ImportError:
+        pass
+    return sorted(_BACKENDS)

@@ -1,0 +1,1 @@
+"""Checkpoint formats: HF folders (safetensors), llama2.c legacy `.bin`."""

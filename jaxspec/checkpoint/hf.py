@@ -1,0 +1,69 @@
+"""Hugging Face checkpoint folders: `config.json` + `model.safetensors` (or a sharded index)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from jaxspec.checkpoint.params import model_from_tensors, tensors_from_model
+from jaxspec.checkpoint.safetensors_io import read_safetensors, write_safetensors
+from jaxspec.config import ModelConfig
+from jaxspec.errors import CheckpointError
+from jaxspec.model import Transformer
+
+INDEX = "model.safetensors.index.json"
+WEIGHTS = "model.safetensors"
+
+
+def read_config(folder: Path) -> ModelConfig:
+    path = Path(folder) / "config.json"
+    if not path.exists():
+        raise CheckpointError(f"{folder} has no config.json; pass an HF model folder or a llama2.c .bin file")
+    try:
+        hf = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); fix or re-download it") from None
+    return ModelConfig.from_hf(hf)
+
+
+def read_tensors(folder: Path) -> dict[str, np.ndarray]:
+    folder = Path(folder)
+    if (folder / INDEX).exists():
+        try:
+            weight_map = json.loads((folder / INDEX).read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"{folder / INDEX} is malformed ({e}); re-download it") from None
+        tensors = {}
+        for shard in sorted(set(weight_map.values())):
+            if not (folder / shard).exists():
+                raise CheckpointError(f"{folder}: shard {shard} named in {INDEX} is missing; re-download it")
+            tensors.update(read_safetensors(folder / shard))
+        return tensors
+    if (folder / WEIGHTS).exists():
+        return read_safetensors(folder / WEIGHTS)
+    raise CheckpointError(
+        f"{folder} has no {WEIGHTS} or {INDEX}; only safetensors weights are supported "
+        "(convert .bin/.pt weights with transformers' save_pretrained(safe_serialization=True))"
+    )
+
+
+def load_hf_folder(folder: Path, *, dtype, attention: str) -> Transformer:
+    cfg = read_config(folder)
+    return model_from_tensors(cfg, read_tensors(folder), dtype=dtype, attention=attention, source=str(folder))
+
+
+def save_hf_folder(model: Transformer, folder: Path, *, dtype: str = "float32", tokenizer=None) -> Path:
+    """Write config.json + model.safetensors that `transformers.AutoModelForCausalLM` loads as-is."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[dtype]
+    write_safetensors(folder / WEIGHTS, tensors_from_model(model, np_dtype))
+    hf = model.config.to_hf()
+    hf["torch_dtype"] = hf["dtype"] = dtype
+    (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    if tokenizer is not None:
+        tokenizer.save(folder)
+    return folder

@@ -1,0 +1,241 @@
+"""Model configuration: one frozen dataclass for every supported LLaMA-family architecture.
+
+`ModelConfig.from_hf` reads a Hugging Face `config.json` dict (transformers 4 and 5 layouts)
+and `to_hf` writes one that transformers loads as-is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from jaxspec.errors import ConfigError
+
+# HF model_type -> (architecture class name, per-head q/k RMSNorm).
+ARCHITECTURES: dict[str, tuple[str, bool]] = {
+    "llama": ("LlamaForCausalLM", False),
+    "mistral": ("MistralForCausalLM", False),
+    "qwen2": ("Qwen2ForCausalLM", False),
+    "qwen3": ("Qwen3ForCausalLM", True),
+}
+
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding parameters (HF `rope_parameters` / legacy `rope_theta` + `rope_scaling`)."""
+
+    theta: float = 10000.0
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def inverse_frequencies(self, head_dim: int) -> np.ndarray:
+        """Per-pair inverse frequencies [head_dim/2] (float64, folded into the graph as a constant)."""
+        inv_freq = 1.0 / (self.theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+        if self.rope_type == "linear":
+            return inv_freq / self.factor
+        if self.rope_type == "llama3":
+            # Llama 3.1 scaling: long wavelengths are divided by `factor`, short ones kept,
+            # a smooth interpolation in between (same formula as transformers' _compute_llama3_parameters).
+            low_wavelen = self.original_max_position_embeddings / self.low_freq_factor
+            high_wavelen = self.original_max_position_embeddings / self.high_freq_factor
+            wavelen = 2 * math.pi / inv_freq
+            scaled = np.where(wavelen > low_wavelen, inv_freq / self.factor, inv_freq)
+            smooth = (self.original_max_position_embeddings / wavelen - self.low_freq_factor) / (
+                self.high_freq_factor - self.low_freq_factor
+            )
+            smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
+            is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+            return np.where(is_medium, smoothed, scaled)
+        return inv_freq
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a decoder-only LLaMA-family model. Hashable: safe as a jit static."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope: RopeConfig = RopeConfig()
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+
+    def __post_init__(self):
+        if self.model_type not in ARCHITECTURES:
+            raise ConfigError(
+                f"unknown model_type {self.model_type!r}; supported: {', '.join(ARCHITECTURES)}"
+            )
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"config field {name} must be a positive integer, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"num_attention_heads ({self.num_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.rope.rope_type not in ROPE_TYPES:
+            raise ConfigError(
+                f"unsupported rope type {self.rope.rope_type!r}; supported: {', '.join(ROPE_TYPES)}"
+            )
+
+    @property
+    def architecture(self) -> str:
+        return ARCHITECTURES[self.model_type][0]
+
+    @property
+    def num_params(self) -> int:
+        d, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        layer = d * (q + 2 * kv) + q * d + 3 * d * f + 2 * d
+        return v * d * (1 if self.tie_word_embeddings else 2) + self.num_layers * layer + d
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
+        """Parse a Hugging Face `config.json` dict; unsupported features are a ConfigError."""
+        model_type = hf.get("model_type")
+        if model_type not in ARCHITECTURES:
+            raise ConfigError(
+                f"unknown model_type {model_type!r} in config.json; supported: {', '.join(ARCHITECTURES)}"
+            )
+        qk_norm = ARCHITECTURES[model_type][1]
+        act = hf.get("hidden_act", "silu")
+        if act != "silu":
+            raise ConfigError(f"unsupported hidden_act {act!r} in config.json; only 'silu' (SwiGLU) is supported")
+
+        def need(key):
+            if key not in hf:
+                raise ConfigError(f"config.json has no {key!r}; add it (see the model's HF card)")
+            return hf[key]
+
+        num_heads = need("num_attention_heads")
+        hidden = need("hidden_size")
+        head_dim = hf.get("head_dim") or hidden // num_heads
+
+        if model_type in ("qwen2", "qwen3") and hf.get("use_sliding_window"):
+            raise ConfigError(
+                f"{model_type} with use_sliding_window=true is not supported; set it to false "
+                "(released Qwen checkpoints do not use it)"
+            )
+        sliding = hf.get("sliding_window") if model_type == "mistral" else None
+
+        # Bias layout as in transformers: llama/qwen3 put `attention_bias` on q, k, v and o;
+        # qwen2 always has q/k/v bias and no o bias; mistral has none.
+        attention_bias = bool(hf.get("attention_bias", False))
+        qkv_bias = {"llama": attention_bias, "qwen3": attention_bias, "qwen2": True}.get(model_type, False)
+        o_bias = attention_bias if model_type in ("llama", "qwen3") else False
+        mlp_bias = bool(hf.get("mlp_bias", False)) if model_type == "llama" else False
+
+        eos = hf.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
+        return cls(
+            model_type=model_type,
+            vocab_size=need("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=need("intermediate_size"),
+            num_layers=need("num_hidden_layers"),
+            num_heads=num_heads,
+            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+            head_dim=head_dim,
+            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope=_rope_from_hf(hf),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+            mlp_bias=mlp_bias,
+            qk_norm=qk_norm,
+            sliding_window=sliding,
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=tuple(int(e) for e in eos_ids),
+            pad_token_id=hf.get("pad_token_id"),
+        )
+
+    def to_hf(self) -> dict[str, Any]:
+        """A `config.json` dict that transformers loads as the matching *ForCausalLM."""
+        rope: dict[str, Any] = {"rope_type": self.rope.rope_type, "rope_theta": self.rope.theta}
+        if self.rope.rope_type in ("linear", "llama3"):
+            rope["factor"] = self.rope.factor
+        if self.rope.rope_type == "llama3":
+            rope.update(
+                low_freq_factor=self.rope.low_freq_factor,
+                high_freq_factor=self.rope.high_freq_factor,
+                original_max_position_embeddings=self.rope.original_max_position_embeddings,
+            )
+        hf: dict[str, Any] = {
+            "architectures": [self.architecture],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_parameters": rope,
+            # transformers 4.x reads these two; 5.x reads rope_parameters.
+            "rope_theta": self.rope.theta,
+            "rope_scaling": None if self.rope.rope_type == "default" else rope,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": (list(self.eos_token_ids) if len(self.eos_token_ids) > 1
+                             else (self.eos_token_ids[0] if self.eos_token_ids else None)),
+            "pad_token_id": self.pad_token_id,
+            "torch_dtype": "float32",
+        }
+        if self.model_type in ("llama", "qwen3"):
+            hf["attention_bias"] = self.qkv_bias
+        if self.model_type == "llama":
+            hf["mlp_bias"] = self.mlp_bias
+        if self.model_type == "mistral":
+            hf["sliding_window"] = self.sliding_window
+        if self.model_type in ("qwen2", "qwen3"):
+            hf["use_sliding_window"] = False
+        return hf
+
+
+def _rope_from_hf(hf: dict[str, Any]) -> RopeConfig:
+    params = dict(hf.get("rope_parameters") or {})
+    legacy = hf.get("rope_scaling") or {}
+    merged = {**legacy, **params}
+    theta = merged.get("rope_theta", hf.get("rope_theta", 10000.0))
+    rope_type = merged.get("rope_type", merged.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ConfigError(
+            f"unsupported rope type {rope_type!r} in config.json; supported: {', '.join(ROPE_TYPES)}"
+        )
+    kwargs: dict[str, Any] = {"theta": float(theta), "rope_type": rope_type}
+    for key in ("factor", "low_freq_factor", "high_freq_factor"):
+        if key in merged and merged[key] is not None:
+            kwargs[key] = float(merged[key])
+    if merged.get("original_max_position_embeddings"):
+        kwargs["original_max_position_embeddings"] = int(merged["original_max_position_embeddings"])
+    return RopeConfig(**kwargs)

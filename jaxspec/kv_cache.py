@@ -1,0 +1,58 @@
+"""Fixed-shape KV cache and the scratch K/V of one forward block.
+
+A forward over T query tokens never writes the cache: it returns the block's K/V as a
+`BlockKV` (the scratch region), and the caller commits the subset it accepted with
+`commit`. Rejected drafts, lookahead windows and padding therefore cost nothing to undo.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jaxtyping import Array, Float, Int
+
+
+@struct.dataclass
+class KVCache:
+    """Committed keys/values of every layer; row b holds `lengths[b]` valid positions 0..len-1."""
+
+    k: Float[Array, "layers b s kv d"]
+    v: Float[Array, "layers b s kv d"]
+    lengths: Int[Array, " b"]
+
+    @classmethod
+    def zeros(cls, num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int,
+              dtype=jnp.float32) -> "KVCache":
+        shape = (num_layers, batch, max_len, num_kv_heads, head_dim)
+        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                   lengths=jnp.zeros((batch,), jnp.int32))
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+
+@struct.dataclass
+class BlockKV:
+    """Keys/values computed for the T tokens of one forward block (not yet committed)."""
+
+    k: Float[Array, "layers b t kv d"]
+    v: Float[Array, "layers b t kv d"]
+
+
+def commit(cache: KVCache, block: BlockKV, take: Int[Array, "b n"], count: Int[Array, " b"]) -> KVCache:
+    """Append block tokens `take[b, :count[b]]` (indices into the block) to row b of the cache.
+
+    Entries past `count` (and any that would land beyond `max_len`) are dropped, so `take`
+    keeps one fixed shape whatever was accepted.
+    """
+    batch, n = take.shape
+    j = jnp.arange(n)[None, :]
+    dest = jnp.where(j < count[:, None], cache.lengths[:, None] + j, cache.max_len)  # OOB -> dropped
+    rows = jnp.arange(batch)[:, None]
+    k_sel = block.k[:, rows, take]  # [layers, b, n, kv, d]
+    v_sel = block.v[:, rows, take]
+    k = cache.k.at[:, rows, dest].set(k_sel, mode="drop")
+    v = cache.v.at[:, rows, dest].set(v_sel, mode="drop")
+    return KVCache(k=k, v=v, lengths=cache.lengths + count.astype(cache.lengths.dtype))

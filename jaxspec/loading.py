@@ -1,0 +1,106 @@
+"""`jaxspec.load`: a checkpoint (HF folder, llama2.c .bin, or a known name) -> `Model`."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxspec.attention import get_attention
+from jaxspec.checkpoint.hf import load_hf_folder, save_hf_folder
+from jaxspec.checkpoint.llama2c import read_llama2c
+from jaxspec.checkpoint.params import model_from_tensors
+from jaxspec.config import ModelConfig
+from jaxspec.errors import CheckpointError, ConfigError
+from jaxspec.model import Transformer
+from jaxspec.tokenizer import Tokenizer, find_tokenizer
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+_PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _shared_dir() -> Path:
+    return Path(os.environ.get("JAXSPEC_SHARED", _PROJECT_ROOT.parent / "shared"))
+
+
+# Names a user can pass instead of a path. Checkpoints live outside the repository.
+NAMED_MODELS = {
+    "stories260K": lambda: _shared_dir() / "models" / "stories260K" / "stories260K.bin",
+}
+
+
+@dataclasses.dataclass(eq=False)
+class Model:
+    """A loaded model: split once into a static graph and a parameter pytree.
+
+    Decoding functions take `(model.graphdef, model.params)`; both can be passed straight
+    to `jax.jit`-compiled research code.
+    """
+
+    config: ModelConfig
+    graphdef: Any
+    params: Any
+    tokenizer: Tokenizer | None
+    dtype: str
+    attention: str
+    source: str
+    compiled: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_module(cls, module: Transformer, *, tokenizer=None, dtype="float32", source="<memory>") -> "Model":
+        graphdef, params = nnx.split(module)
+        return cls(config=module.config, graphdef=graphdef, params=params, tokenizer=tokenizer,
+                   dtype=dtype, attention=module.attention, source=source)
+
+    @property
+    def module(self) -> Transformer:
+        return nnx.merge(self.graphdef, self.params)
+
+    def save(self, folder, dtype: str = "float32") -> Path:
+        """Write an HF folder (config.json + model.safetensors [+ tokenizer]) transformers can load."""
+        return save_hf_folder(self.module, folder, dtype=dtype, tokenizer=self.tokenizer)
+
+
+def resolve(path_or_name: str | os.PathLike) -> Path:
+    path = Path(path_or_name)
+    if path.exists():
+        return path
+    if str(path_or_name) in NAMED_MODELS:
+        named = NAMED_MODELS[str(path_or_name)]()
+        if not named.exists():
+            raise CheckpointError(f"model {path_or_name!r} is expected at {named}, which does not exist")
+        return named
+    raise CheckpointError(
+        f"model path {str(path_or_name)!r} does not exist; pass an HF folder, a llama2.c .bin "
+        f"or one of: {', '.join(NAMED_MODELS)}"
+    )
+
+
+def load(path_or_name: str | os.PathLike, dtype: str = "float32", attention: str = "xla") -> Model:
+    """Load a checkpoint for decoding. `attention` names the attention backend ("xla" | "pallas")."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    get_attention(attention)  # fail now, not at the first generate
+    path = resolve(path_or_name)
+    jdtype = DTYPES[dtype]
+    if path.is_dir():
+        module = load_hf_folder(path, dtype=jdtype, attention=attention)
+        tokenizer = find_tokenizer(path)
+    elif path.suffix == ".bin":
+        cfg, tensors = read_llama2c(path)
+        module = model_from_tensors(cfg, tensors, dtype=jdtype, attention=attention, source=str(path))
+        tokenizer = find_tokenizer(path.parent)
+    else:
+        raise CheckpointError(
+            f"{path} is neither an HF folder nor a llama2.c .bin; pass the folder that holds config.json"
+        )
+    if tokenizer is not None and tokenizer.vocab_size > module.config.vocab_size:
+        raise CheckpointError(
+            f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only {module.config.vocab_size}"
+        )
+    return Model.from_module(module, tokenizer=tokenizer, dtype=dtype, source=str(path))

@@ -1,0 +1,161 @@
+"""LLaMA-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) as Flax NNX modules.
+
+Parameter names follow Hugging Face's (`layers[i].self_attn.q_proj.kernel` is
+`model.layers.i.self_attn.q_proj.weight` transposed) so checkpoint I/O is one rule.
+
+The single entry point is `Transformer.__call__(tokens, positions, block_mask, cache)`:
+a block of T query tokens at explicit positions, an arbitrary attention relation inside
+the block, the committed cache visible to every query. It returns float32 logits and the
+block's K/V (`BlockKV`) for the caller to `commit`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+from jaxtyping import Array, Bool, Float, Int
+
+from jaxspec.attention import get_attention
+from jaxspec.config import ModelConfig
+from jaxspec.kv_cache import BlockKV, KVCache
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, *, dtype, rngs: nnx.Rngs | None = None):
+        self.weight = nnx.Param(jnp.ones((dim,), dtype))
+        self.eps = eps
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...] * x32.astype(x.dtype)
+
+
+def _linear(n_in, n_out, bias, dtype, rngs):
+    return nnx.Linear(n_in, n_out, use_bias=bias, dtype=dtype, param_dtype=dtype, rngs=rngs,
+                      kernel_init=nnx.initializers.normal(0.02))
+
+
+def apply_rope(x: Float[Array, "b t h d"], positions: Int[Array, "b t"], inv_freq: np.ndarray):
+    """Rotate-half RoPE (HF layout); angles computed in float32 from integer positions."""
+    angles = positions[..., None].astype(jnp.float32) * jnp.asarray(inv_freq, jnp.float32)
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype, rngs: nnx.Rngs):
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.q_proj = _linear(d, cfg.num_heads * hd, cfg.qkv_bias, dtype, rngs)
+        self.k_proj = _linear(d, cfg.num_kv_heads * hd, cfg.qkv_bias, dtype, rngs)
+        self.v_proj = _linear(d, cfg.num_kv_heads * hd, cfg.qkv_bias, dtype, rngs)
+        self.o_proj = _linear(cfg.num_heads * hd, d, cfg.o_bias, dtype, rngs)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype=dtype)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype=dtype)
+        self.cfg = cfg
+
+    def __call__(self, x, positions, block_mask, k_cache, v_cache, cache_lengths, attention_fn):
+        cfg = self.cfg
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, cfg.num_heads, cfg.head_dim)
+        k = self.k_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        v = self.v_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        inv_freq = cfg.rope.inverse_frequencies(cfg.head_dim)
+        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        out = attention_fn(q, k_cache, v_cache, cache_lengths, k, v, block_mask, positions,
+                           sliding_window=cfg.sliding_window)
+        return self.o_proj(out.reshape(b, t, cfg.num_heads * cfg.head_dim)), k, v
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype, rngs: nnx.Rngs):
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = _linear(d, f, cfg.mlp_bias, dtype, rngs)
+        self.up_proj = _linear(d, f, cfg.mlp_bias, dtype, rngs)
+        self.down_proj = _linear(f, d, cfg.mlp_bias, dtype, rngs)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype, rngs: nnx.Rngs):
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        self.self_attn = Attention(cfg, dtype=dtype, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        self.mlp = MLP(cfg, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x, positions, block_mask, k_cache, v_cache, cache_lengths, attention_fn):
+        attn, k, v = self.self_attn(self.input_layernorm(x), positions, block_mask,
+                                    k_cache, v_cache, cache_lengths, attention_fn)
+        x = x + attn
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, k, v
+
+
+@struct.dataclass
+class ForwardOutput:
+    logits: Float[Array, "b t vocab"]  # always float32
+    block_kv: BlockKV
+    hidden_states: tuple  # outputs of the layers named in `hidden_layers` (index -1 = last norm input)
+
+
+class Transformer(nnx.Module):
+    """Decoder-only LM. `attention` names the attention backend (see `jaxspec.attention`)."""
+
+    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, attention: str = "xla",
+                 rngs: nnx.Rngs):
+        self.config = cfg
+        self.attention = attention
+        self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=dtype,
+                                      embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
+        self.layers = nnx.List([DecoderLayer(cfg, dtype=dtype, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _linear(cfg.hidden_size, cfg.vocab_size, False, dtype, rngs)
+
+    def __call__(
+        self,
+        tokens: Int[Array, "b t"],
+        positions: Int[Array, "b t"],
+        block_mask: Bool[Array, "b t t"],
+        cache: KVCache,
+        hidden_layers: tuple[int, ...] = (),
+    ) -> ForwardOutput:
+        attention_fn = get_attention(self.attention)
+        x = self.embed_tokens(tokens)
+        ks, vs, hidden = [], [], {}
+        for i, layer in enumerate(self.layers):
+            x, k, v = layer(x, positions, block_mask, cache.k[i], cache.v[i], cache.lengths, attention_fn)
+            ks.append(k)
+            vs.append(v)
+            hidden[i] = x
+        x = self.norm(x)
+        if self.config.tie_word_embeddings:
+            logits = jnp.einsum("btd,vd->btv", x, self.embed_tokens.embedding[...],
+                                preferred_element_type=jnp.float32)
+        else:
+            logits = jnp.einsum("btd,dv->btv", x, self.lm_head.kernel[...],
+                                preferred_element_type=jnp.float32)
+        n = len(self.layers)
+        return ForwardOutput(
+            logits=logits.astype(jnp.float32),
+            block_kv=BlockKV(k=jnp.stack(ks), v=jnp.stack(vs)),
+            hidden_states=tuple(hidden[i % n] for i in hidden_layers),
+        )
+
+
+def causal_mask(lengths: Int[Array, " b"], t: int) -> Bool[Array, "b t t"]:
+    """Causal relation for a right-padded block: token i sees j <= i, padding sees itself only."""
+    i = jnp.arange(t)[:, None]
+    j = jnp.arange(t)[None, :]
+    valid = j[None] < lengths[:, None, None]
+    return ((j <= i)[None] & valid) | (i == j)[None]
