@@ -24,6 +24,17 @@ def _ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
 
 
+def _seed(text: str) -> int:
+    # jax.random.key takes a 32-bit seed here (larger ints overflow or silently alias smaller ones).
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = -1
+    if not 0 <= seed < 2**32:
+        raise argparse.ArgumentTypeError(f"--seed must be an integer in [0, 2**32), got {text!r}")
+    return seed
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="jaxspec", description="Lossless fast LLM decoding in JAX.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -38,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=_seed, default=0, help="random seed for sampling, in [0, 2**32)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     g.add_argument("--attention", default="xla", help="attention backend (xla|pallas)")
     g.add_argument("--no-eos-stop", action="store_true", help="do not stop at the end-of-sequence token")
@@ -93,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"generate": _generate, "export": _export}[args.command](args)
     except JaxspecError as e:
+        print(f"jaxspec: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as e:  # an unreadable checkpoint or output path: still one line, no traceback
         print(f"jaxspec: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

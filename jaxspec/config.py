@@ -113,6 +113,8 @@ class ModelConfig:
         d, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         layer = d * (q + 2 * kv) + q * d + 3 * d * f + 2 * d
+        layer += (q + 2 * kv) * self.qkv_bias + d * self.o_bias + (2 * f + d) * self.mlp_bias
+        layer += 2 * self.head_dim * self.qk_norm
         return v * d * (1 if self.tie_word_embeddings else 2) + self.num_layers * layer + d
 
     @classmethod

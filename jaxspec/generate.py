@@ -4,35 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.decoding.autoregressive import autoregressive_decode
 from jaxspec.errors import GenerationError, PromptError
 from jaxspec.loading import Model
+from jaxspec.methods import resolve_method
 from jaxspec.sampling import SamplingParams
-
-
-@dataclasses.dataclass(frozen=True)
-class Method:
-    """A decoding method: its jit-able loop and the options it accepts (name -> default)."""
-
-    decode: Callable
-    options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    validate: Callable[[dict], dict] = lambda options: options
-    # Extra block positions a step may write beyond the committed length (cache headroom).
-    cache_headroom: Callable[[dict], int] = lambda options: 0
-
-
-METHODS: dict[str, Method] = {"autoregressive": Method(autoregressive_decode)}
-ALIASES = {"greedy": "autoregressive"}
-
-
-def register_method(name: str, method: Method) -> None:
-    METHODS[name] = method
 
 
 @dataclasses.dataclass
@@ -62,10 +43,10 @@ def normalize_prompts(model: Model, prompt) -> tuple[list[list[int]], bool]:
         prompt = np.asarray(prompt).tolist()
     if not isinstance(prompt, Sequence) or len(prompt) == 0:
         raise PromptError("prompt is empty; pass at least one token id (e.g. the BOS id)")
+    if all(isinstance(p, str) for p in prompt):
+        return [normalize_prompts(model, p)[0][0] for p in prompt], True
     batched = isinstance(prompt[0], (list, tuple, np.ndarray))
     rows = [list(r) for r in prompt] if batched else [list(prompt)]
-    if batched and isinstance(prompt[0], str):
-        rows = [model.tokenizer.encode(p) for p in prompt]
     vocab = model.config.vocab_size
     for i, row in enumerate(rows):
         where = f"prompt row {i}" if batched else "prompt"
@@ -81,18 +62,12 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              stop_at_eos: bool = True, **method_options) -> GenerateOutput:
     """Generate with any registered method; the whole loop is one compiled `lax.while_loop`."""
-    name = ALIASES.get(method, method)
-    if name not in METHODS:
-        raise GenerationError(f"unknown method {method!r}; available: {', '.join(sorted([*METHODS, *ALIASES]))}")
-    spec = METHODS[name]
-    unknown = sorted(set(method_options) - set(spec.options))
-    if unknown:
-        raise GenerationError(
-            f"method {name!r} has no option {unknown[0]!r}; its options: {', '.join(spec.options) or 'none'}"
-        )
-    options = spec.validate({**spec.options, **method_options})
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    name, spec, options = resolve_method(method, model.config, method_options, temperature)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise GenerationError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    max_new_tokens = int(max_new_tokens)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
+        raise GenerationError(f"seed must be an integer in [0, 2**32), got {seed!r}")
     sampling = SamplingParams.create(temperature, top_k, top_p)
     rows, batched = normalize_prompts(model, prompt)
     longest = max(len(r) for r in rows)
@@ -105,7 +80,7 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
 
     # Bucketed shapes: nearby prompt lengths reuse one compiled program.
     p = _round_up(longest, 16)
-    cache_len = _round_up(p + max_new_tokens + spec.cache_headroom(options), 64)
+    cache_len = _round_up(p + max_new_tokens + spec.max_commit(options), 64)
     prompts = np.zeros((len(rows), p), np.int32)
     for i, r in enumerate(rows):
         prompts[i, : len(r)] = r
@@ -125,7 +100,7 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
         model.compiled[key] = jitted.lower(*args, **statics).compile()
         compile_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
-    state = model.compiled[key](*args)
+    state, stats = model.compiled[key](*args)
     jax.block_until_ready(state.tokens)
     seconds = time.perf_counter() - t0
 
@@ -133,14 +108,14 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
     tokens = [row[:n].tolist() for row, n in zip(np.asarray(state.tokens), num)]
     steps = np.asarray(state.steps).tolist()
     compression = [n / s for n, s in zip(num.tolist(), steps)]
-    extras = {k: np.asarray(v).tolist() for k, v in getattr(state, "stats", {}).items()}
+    extras = {k: np.asarray(v).tolist() for k, v in stats.items()}
     text = None
     if model.tokenizer is not None:
         text = [model.tokenizer.decode(t) for t in tokens]
     one = (lambda x: x) if batched else (lambda x: x[0])
     return GenerateOutput(
         tokens=one(tokens), steps=one(steps), compression=one(compression), seconds=seconds,
-        tokens_per_second=float(num.sum()) / seconds if seconds > 0 else float("inf"),
+        tokens_per_second=float(num.sum()) / max(seconds, 1e-9),
         method=name, compile_seconds=compile_seconds, text=None if text is None else one(text),
         extras=extras,
     )

@@ -92,6 +92,9 @@ def load(path_or_name: str | os.PathLike, dtype: str = "float32", attention: str
         module = load_hf_folder(path, dtype=jdtype, attention=attention)
         tokenizer = find_tokenizer(path)
     elif path.suffix == ".bin":
+        if path.stat().st_size == 0:  # np.memmap cannot map an empty file (a bare ValueError)
+            raise CheckpointError(f"{path} is empty (0 bytes; a llama2.c checkpoint has a 28-byte header "
+                                  "and float32 weights); re-download it")
         cfg, tensors = read_llama2c(path)
         module = model_from_tensors(cfg, tensors, dtype=jdtype, attention=attention, source=str(path))
         tokenizer = find_tokenizer(path.parent)

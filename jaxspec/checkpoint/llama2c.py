@@ -26,9 +26,10 @@ def interleaved_to_rotate_half(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 def read_llama2c(path: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     path = Path(path)
+    size = path.stat().st_size
+    if size < 28:
+        raise CheckpointError(f"{path} is truncated ({size} bytes, a llama2.c header alone is 28); re-download it")
     raw = np.memmap(path, dtype=np.uint8, mode="r")
-    if raw.size < 28:
-        raise CheckpointError(f"{path} is truncated ({raw.size} bytes, a llama2.c header alone is 28); re-download it")
     header = dict(zip(HEADER_FIELDS, np.frombuffer(raw[:28].tobytes(), dtype="<i4").tolist()))
     if any(header[k] <= 0 for k in HEADER_FIELDS if k != "vocab_size") or header["vocab_size"] == 0:
         raise CheckpointError(f"{path} is not a llama2.c legacy checkpoint (header {header})")

@@ -17,7 +17,7 @@ from jaxspec.sampling import SamplingParams, next_token
 
 def autoregressive_decode(graphdef, params, prompts, prompt_lengths, rng, sampling: SamplingParams, *,
                           max_new_tokens: int, cache_len: int, eos_ids: tuple[int, ...],
-                          greedy: bool) -> DecodeState:
+                          greedy: bool) -> tuple[DecodeState, dict]:
     """Pure and jit-able: `jax.jit(autoregressive_decode, static_argnames=(...))`."""
     model = nnx.merge(graphdef, params)
     cfg = model.config
@@ -44,4 +44,4 @@ def autoregressive_decode(graphdef, params, prompts, prompt_lengths, rng, sampli
         state, _ = append(state.replace(cache=cache, rng=rng), token[:, None], active.astype(jnp.int32), eos_ids)
         return state.replace(steps=state.steps + active)
 
-    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
+    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state), {}

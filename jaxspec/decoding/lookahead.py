@@ -1,0 +1,261 @@
+"""Lookahead Decoding (Fu et al., 2024) and its two relatives on the same step.
+
+One step is ONE forward over the block `[last token] + lookahead window + G candidates`:
+
+* the lookahead window holds N-1 levels of W tokens: a 2D Jacobi iteration whose columns
+  yield W fresh n-grams per step for the n-gram pool;
+* the verification branch holds up to G candidate (N-1)-grams from the pool, keyed by the
+  last committed token; the longest prefix that matches the model's own argmax is accepted
+  together with one bonus token (up to N tokens per step);
+* only the accepted tokens' K/V are committed, so the output equals greedy decoding.
+
+`prompt-lookup` is the same step without a window (the pool is fed by the prompt and the
+generated text); `jacobi` verifies a single candidate: the previous step's own predictions.
+Everything is fixed-shape: empty candidate slots are masked out, never a shape change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+from jaxtyping import Array, Int
+
+from jaxspec.decoding.prefill import prefill
+from jaxspec.decoding.state import DecodeState, append
+from jaxspec.kv_cache import KVCache, commit
+from jaxspec.ngram_pool import NGramPool, insert, sequence_ngrams
+from jaxspec.sampling import SamplingParams, next_token
+
+
+@dataclasses.dataclass(frozen=True)
+class LookaheadConfig:
+    """Window W (lookahead columns), n-gram size N (N-1 levels), up to G verified candidates."""
+
+    window: int = 15
+    ngram: int = 5
+    guesses: int = 15
+    pool_from_prompt: bool = True
+
+    def __post_init__(self):
+        for name, low in (("window", 1), ("ngram", 2), ("guesses", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise GenerationError(f"lookahead {name} must be an integer >= {low}, got {value!r}")
+        if not isinstance(self.pool_from_prompt, bool):
+            raise GenerationError(f"pool_from_prompt must be true or false, got {self.pool_from_prompt!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLayout:
+    """Static layout of a step's block.
+
+    The lookahead window is `levels` x `window` tokens, level-major, and its level-0 column 0
+    IS the last committed token (block index 0): column 0 then Jacobi-decodes the real
+    continuation and yields an n-gram keyed by the last token. Level l column i sits at
+    position p + l + i. Without a window the block starts with the last token alone.
+    Candidates (`guesses` x `cand_len` tokens) follow; candidate token j sits at p + 1 + j.
+    """
+
+    window: int
+    levels: int
+    guesses: int
+    cand_len: int
+
+    @property
+    def cand_start(self) -> int:
+        return max(self.levels * self.window, 1)
+
+    @property
+    def size(self) -> int:
+        return self.cand_start + self.guesses * self.cand_len
+
+    def position_offsets(self) -> np.ndarray:
+        """Position of each block token relative to the last token's position."""
+        level, col = np.divmod(np.arange(self.cand_start), max(self.window, 1))
+        cand = np.tile(np.arange(self.cand_len), self.guesses)
+        return np.concatenate([level + col, 1 + cand]).astype(np.int32)
+
+    def attention_relation(self) -> np.ndarray:
+        """`mask[i, j]`: block token i sees block token j (the committed cache is always seen).
+
+        A level-l token at column i sees level 0 up to column i and column i of levels 1..l:
+        a causal path along a diagonal of the window. A candidate token sees the last token
+        and the earlier tokens of its own candidate. The branches never see each other.
+        """
+        t, w = self.size, self.window
+        mask = np.eye(t, dtype=bool)
+        mask[:, 0] = True
+        for level in range(self.levels):
+            for col in range(w):
+                q = level * w + col
+                mask[q, :col + 1] = True
+                mask[q, [lv * w + col for lv in range(1, level + 1)]] = True
+        for c in range(self.guesses):
+            start = self.cand_start + c * self.cand_len
+            for j in range(self.cand_len):
+                mask[start + j, start:start + j + 1] = True
+        return mask
+
+
+@struct.dataclass
+class LookaheadState:
+    decode: DecodeState
+    window: Int[Array, "b levels w"]  # lookahead levels (jacobi: the current guess, 1 level)
+    window_age: Int[Array, ""]  # rolls since the random initialisation
+    pool: NGramPool
+    history: Int[Array, "b s"]  # prompt + generated tokens (feeds the pool)
+    history_len: Int[Array, " b"]
+    stats: dict  # accept_histogram[b, k]: steps that emitted k tokens
+
+
+def _random_prompt_tokens(key, prompts, prompt_lengths, shape):
+    idx = jax.random.randint(key, (prompts.shape[0], *shape), 0, prompt_lengths[:, None, None])
+    return jnp.take_along_axis(prompts, idx.reshape(prompts.shape[0], -1), axis=1).reshape(idx.shape)
+
+
+def speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling: SamplingParams, *,
+                     max_new_tokens: int, cache_len: int, eos_ids: tuple[int, ...], greedy: bool,
+                     mode: str, window: int, ngram: int, guesses: int, pool_from_prompt: bool) -> tuple[DecodeState, dict]:
+    """The whole generation as one `lax.while_loop`; `mode` is lookahead | prompt-lookup | jacobi."""
+    model = nnx.merge(graphdef, params)
+    cfg = model.config
+    batch, p = prompts.shape
+    if mode == "jacobi":
+        layout = StepLayout(window=0, levels=0, guesses=1, cand_len=window)
+    else:
+        has_window = mode == "lookahead"
+        layout = StepLayout(window=window if has_window else 0, levels=ngram - 1 if has_window else 0,
+                            guesses=guesses, cand_len=ngram - 1)
+    L, G = layout.cand_len, layout.guesses
+    offsets = jnp.asarray(layout.position_offsets())
+    relation = jnp.broadcast_to(jnp.asarray(layout.attention_relation()), (batch, layout.size, layout.size))
+    rows = jnp.arange(batch)
+
+    dtype = model.embed_tokens.embedding.dtype
+    cache = KVCache.zeros(cfg.num_layers, batch, cache_len, cfg.num_kv_heads, cfg.head_dim, dtype)
+    logits, cache = prefill(model, prompts, prompt_lengths, cache)
+    rng, init_key = jax.random.split(rng)
+    first = next_token(logits, None, sampling, greedy)
+    decode = DecodeState.start(batch, max_new_tokens, cache, rng)
+    decode, _ = append(decode, first[:, None], jnp.ones((batch,), jnp.int32), eos_ids)
+    decode = decode.replace(steps=jnp.ones((batch,), jnp.int32))
+
+    history = jnp.zeros((batch, p + max_new_tokens), jnp.int32).at[:, :p].set(prompts)
+    history = history.at[rows, prompt_lengths].set(first)
+    uses_pool = mode != "jacobi" and G > 0
+    pool = NGramPool.empty(batch, cfg.vocab_size if uses_pool else 1, G, ngram if uses_pool else 2)
+    if uses_pool and pool_from_prompt:
+        starts = jnp.broadcast_to(jnp.arange(p), (batch, p))
+        keys, values, valid = sequence_ngrams(history, prompt_lengths + 1, ngram, starts)
+        pool = insert(pool, keys, values, valid)
+    if mode == "jacobi":
+        window_tokens = _random_prompt_tokens(init_key, prompts, prompt_lengths, (1, window))
+    else:
+        window_tokens = _random_prompt_tokens(init_key, prompts, prompt_lengths, (layout.levels, layout.window))
+    state = LookaheadState(
+        decode=decode, window=window_tokens, window_age=jnp.int32(0), pool=pool, history=history,
+        history_len=prompt_lengths + 1, stats={"accept_histogram": jnp.zeros((batch, L + 2), jnp.int32)},
+    )
+
+    def step(state: LookaheadState) -> LookaheadState:
+        decode = state.decode
+        active = ~decode.done
+        cache = decode.cache
+        last = decode.last_token
+        if mode == "jacobi":
+            cands, valid = state.window, jnp.ones((batch, 1), bool)
+        elif G > 0:
+            cands, valid = state.pool.lookup(last)
+        else:
+            cands, valid = jnp.zeros((batch, 0, L), jnp.int32), jnp.zeros((batch, 0), bool)
+        window_tokens = state.window
+        if layout.levels:
+            window_tokens = window_tokens.at[:, 0, 0].set(last)
+            head = window_tokens.reshape(batch, -1)
+        else:
+            head = last[:, None]
+        tokens = jnp.concatenate([head, cands.reshape(batch, -1)], axis=1)
+        out = model(tokens, cache.lengths[:, None] + offsets, relation, cache)
+        preds = jnp.argmax(out.logits, axis=-1).astype(jnp.int32)  # [b, T]
+
+        # Verification: candidate c is accepted up to its first disagreement with the model.
+        if G > 0:
+            cand_preds = preds[:, layout.cand_start:].reshape(batch, G, L)
+            pred_c = jnp.concatenate([jnp.broadcast_to(preds[:, :1, None], (batch, G, 1)), cand_preds], axis=2)
+            match = (cands == pred_c[..., :L]).astype(jnp.int32)
+            accepted = jnp.sum(jnp.cumprod(match, axis=-1), axis=-1) * valid
+            best = jnp.argmax(accepted, axis=-1)
+            n_acc = accepted[rows, best]
+            emitted = pred_c[rows, best]  # accepted prefix + bonus token, [b, L+1]
+            take = jnp.concatenate(
+                [jnp.zeros((batch, 1), jnp.int32), layout.cand_start + best[:, None] * L + jnp.arange(L)[None]], axis=1)
+        else:
+            n_acc = jnp.zeros((batch,), jnp.int32)
+            emitted, take = preds[:, :1], jnp.zeros((batch, 1), jnp.int32)
+        count = jnp.where(active, n_acc + 1, 0)
+        cache = commit(cache, out.block_kv, take, count)
+        old_generated = decode.num_generated
+        decode, kept = append(decode.replace(cache=cache), emitted, count, eos_ids)
+        decode = decode.replace(steps=decode.steps + active)
+
+        # Generated text extends the history (and through it the pool).
+        j = jnp.arange(emitted.shape[1])[None]
+        dest = jnp.where(j < kept[:, None], state.history_len[:, None] + j, state.history.shape[1])
+        history = state.history.at[rows[:, None], dest].set(emitted, mode="drop")
+        history_len = state.history_len + kept
+
+        age, pool = state.window_age, state.pool
+        if mode == "jacobi":
+            # Next guess: the model's predictions past the accepted run, padded with the last one.
+            idx = jnp.minimum(n_acc[:, None] + 1 + jnp.arange(L)[None], L)
+            window_tokens = jnp.take_along_axis(emitted, idx, axis=1)[:, None, :]
+        else:
+            keys_list, values_list, valid_list = [], [], []
+            if layout.levels:
+                top = (layout.levels - 1) * layout.window
+                new_level = preds[:, top:top + layout.window]
+                grams = jnp.concatenate([window_tokens, new_level[:, None]], axis=1)  # [b, N, W]
+                keys_list.append(grams[:, 0])
+                values_list.append(jnp.swapaxes(grams[:, 1:], 1, 2))
+                # Levels 1..N-2 start as random tokens: their n-grams are noise until replaced.
+                valid_list.append(jnp.broadcast_to(age >= layout.levels - 1, (batch, layout.window)) & active[:, None])
+                window_tokens = grams[:, 1:]
+                age = age + 1
+            if G > 0:
+                # n-grams that end in the tokens just generated
+                starts = state.history_len[:, None] + jnp.arange(L + 1)[None] - (ngram - 1)
+                keys, values, valid = sequence_ngrams(history, history_len, ngram, starts)
+                keys_list.append(keys)
+                values_list.append(values)
+                valid_list.append(valid & (starts + ngram - 1 >= state.history_len[:, None]))
+            if G > 0 and keys_list:
+                pool = insert(pool, jnp.concatenate(keys_list, 1), jnp.concatenate(values_list, 1),
+                              jnp.concatenate(valid_list, 1))
+        hist = state.stats["accept_histogram"]
+        hist = hist.at[rows, jnp.minimum(kept, L + 1)].add(active.astype(jnp.int32))
+        return LookaheadState(decode=decode, window=window_tokens, window_age=age, pool=pool,
+                              history=history, history_len=history_len, stats={"accept_histogram": hist})
+
+    final = jax.lax.while_loop(lambda s: ~jnp.all(s.decode.done), step, state)
+    return final.decode, final.stats
+
+
+def lookahead_decode(graphdef, params, prompts, prompt_lengths, rng, sampling, *, window, ngram, guesses,
+                     pool_from_prompt, **kw):
+    return speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling, mode="lookahead",
+                            window=window, ngram=ngram, guesses=guesses, pool_from_prompt=pool_from_prompt, **kw)
+
+
+def prompt_lookup_decode(graphdef, params, prompts, prompt_lengths, rng, sampling, *, ngram, guesses, **kw):
+    return speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling, mode="prompt-lookup",
+                            window=0, ngram=ngram, guesses=guesses, pool_from_prompt=True, **kw)
+
+
+def jacobi_decode(graphdef, params, prompts, prompt_lengths, rng, sampling, *, window, **kw):
+    return speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling, mode="jacobi",
+                            window=window, ngram=2, guesses=1, pool_from_prompt=False, **kw)
