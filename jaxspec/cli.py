@@ -54,6 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--attention", default="xla", help="attention backend (xla|pallas)")
     g.add_argument("--no-eos-stop", action="store_true", help="do not stop at the end-of-sequence token")
     g.add_argument("--json", action="store_true", help="print one JSON object")
+    la = g.add_argument_group("lookahead / prompt-lookup / jacobi (defaults: configs/lookahead.toml by model size)")
+    la.add_argument("--window", type=int, help="lookahead window W (jacobi: guess length)")
+    la.add_argument("--ngram", type=int, help="n-gram size N (N-1 lookahead levels; candidates of N-1 tokens)")
+    la.add_argument("--guesses", type=int, help="max candidates G verified per step")
+    la.add_argument("--no-pool-from-prompt", dest="pool_from_prompt", action="store_false", default=None,
+                    help="do not seed the n-gram pool with the prompt's n-grams")
+    la.add_argument("--no-verify-window", dest="verify_window", action="store_false", default=None,
+                    help="verify pool candidates only, not the lookahead window's own diagonals")
 
     e = sub.add_parser("export", help="save a checkpoint as an HF folder that transformers loads")
     e.add_argument("--model", required=True)
@@ -62,14 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Method options the CLI forwards to `jaxspec.generate` when given.
+METHOD_FLAGS = ("window", "ngram", "guesses", "pool_from_prompt", "verify_window")
+
+
 def _generate(args) -> int:
     import jaxspec
 
     model = jaxspec.load(args.model, dtype=args.dtype, attention=args.attention)
     prompt = args.prompt if args.prompt is not None else args.prompt_ids
+    method_options = {k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k) is not None}
     out = jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens, method=args.method,
                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                           seed=args.seed, stop_at_eos=not args.no_eos_stop)
+                           seed=args.seed, stop_at_eos=not args.no_eos_stop, **method_options)
     if args.json:
         print(json.dumps({
             "tokens": out.tokens, "text": out.text, "steps": out.steps, "compression": out.compression,
@@ -79,7 +92,7 @@ def _generate(args) -> int:
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                 "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
                 "stop_at_eos": not args.no_eos_stop, "compile_seconds": out.compile_seconds,
-                **out.extras,
+                **out.options, **out.extras,
             },
         }))
     else:

@@ -26,6 +26,7 @@ class GenerateOutput:
     method: str
     compile_seconds: float
     text: str | list[str] | None = None
+    options: dict = dataclasses.field(default_factory=dict)  # the method's options, defaults filled in
     extras: dict = dataclasses.field(default_factory=dict)  # method-specific statistics
 
 
@@ -117,5 +118,5 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
         tokens=one(tokens), steps=one(steps), compression=one(compression), seconds=seconds,
         tokens_per_second=float(num.sum()) / max(seconds, 1e-9),
         method=name, compile_seconds=compile_seconds, text=None if text is None else one(text),
-        extras=extras,
+        options=options, extras=extras,
     )

@@ -50,15 +50,17 @@ def _lookahead_options(cfg: ModelConfig, options: dict) -> dict:
     defaults = lookahead_defaults(cfg)
     resolved = {k: (getattr(defaults, k) if v is None else v) for k, v in options.items()}
     LookaheadConfig(**{k: resolved.get(k, getattr(defaults, k)) for k in ("window", "ngram", "guesses")},
-                    pool_from_prompt=resolved.get("pool_from_prompt", True))  # validates
+                    pool_from_prompt=resolved.get("pool_from_prompt", True),
+                    verify_window=resolved.get("verify_window", True))  # validates
     return resolved
 
 
 METHODS: dict[str, Method] = {
     "autoregressive": Method(autoregressive_decode),
     "lookahead": Method(lookahead_decode,
-                        options={"window": None, "ngram": None, "guesses": None, "pool_from_prompt": True},
-                        supports_sampling=False, max_commit=lambda o: o["ngram"]),
+                        options={"window": None, "ngram": None, "guesses": None, "pool_from_prompt": True,
+                                 "verify_window": True},
+                        supports_sampling=False, max_commit=lambda o: o["window"] + o["ngram"]),
     "prompt-lookup": Method(prompt_lookup_decode, options={"ngram": None, "guesses": None},
                             supports_sampling=False, max_commit=lambda o: o["ngram"]),
     "jacobi": Method(jacobi_decode, options={"window": None}, supports_sampling=False,

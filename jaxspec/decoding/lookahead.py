@@ -27,6 +27,7 @@ from jaxtyping import Array, Int
 
 from jaxspec.decoding.prefill import prefill
 from jaxspec.decoding.state import DecodeState, append
+from jaxspec.errors import GenerationError
 from jaxspec.kv_cache import KVCache, commit
 from jaxspec.ngram_pool import NGramPool, insert, sequence_ngrams
 from jaxspec.sampling import SamplingParams, next_token
@@ -40,14 +41,17 @@ class LookaheadConfig:
     ngram: int = 5
     guesses: int = 15
     pool_from_prompt: bool = True
+    # Also verify the window's own diagonals (Jacobi paths): free extra candidates, still exact.
+    verify_window: bool = True
 
     def __post_init__(self):
         for name, low in (("window", 1), ("ngram", 2), ("guesses", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise GenerationError(f"lookahead {name} must be an integer >= {low}, got {value!r}")
-        if not isinstance(self.pool_from_prompt, bool):
-            raise GenerationError(f"pool_from_prompt must be true or false, got {self.pool_from_prompt!r}")
+        for name in ("pool_from_prompt", "verify_window"):
+            if not isinstance(getattr(self, name), bool):
+                raise GenerationError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +69,7 @@ class StepLayout:
     levels: int
     guesses: int
     cand_len: int
+    verify_window: bool = False
 
     @property
     def cand_start(self) -> int:
@@ -101,16 +106,46 @@ class StepLayout:
                 mask[start + j, start:start + j + 1] = True
         return mask
 
+    def paths(self) -> np.ndarray:
+        """Block indices of every verifiable path `[K, max_path]` (-1 = padding).
+
+        Each path is a causal chain that starts right after the last token: the G candidates
+        and, with `verify_window`, the window's diagonals (level 0 up to column i, then up
+        column i). A path token's prediction is the output at the previous path token, so
+        accepting a path's matching prefix is exact greedy decoding, whichever branch it is in.
+        """
+        paths = [[self.cand_start + c * self.cand_len + j for j in range(self.cand_len)]
+                 for c in range(self.guesses)]
+        if self.verify_window and self.levels:
+            w = self.window
+            paths += [list(range(1, col + 1)) + [lv * w + col for lv in range(1, self.levels)]
+                      for col in range(w)]
+        longest = max([len(p) for p in paths] + [0])
+        return np.array([p + [-1] * (longest - len(p)) for p in paths], dtype=np.int32).reshape(len(paths), longest)
+
 
 @struct.dataclass
 class LookaheadState:
     decode: DecodeState
     window: Int[Array, "b levels w"]  # lookahead levels (jacobi: the current guess, 1 level)
-    window_age: Int[Array, ""]  # rolls since the random initialisation
     pool: NGramPool
     history: Int[Array, "b s"]  # prompt + generated tokens (feeds the pool)
     history_len: Int[Array, " b"]
     stats: dict  # accept_histogram[b, k]: steps that emitted k tokens
+
+
+def candidates(pool: NGramPool, prev: Int[Array, " b"], last: Int[Array, " b"]):
+    """Up to G candidates continuing `last`: the pool's entries keyed by `last`, then, in the
+    slots those leave empty, entries keyed by `prev` whose first token is `last` (shifted by
+    one, so they are one token shorter; the pad -1 never matches)."""
+    primary, primary_ok = pool.lookup(last)
+    secondary, secondary_ok = pool.lookup(prev)
+    secondary_ok &= secondary[..., 0] == last[:, None]
+    secondary = jnp.concatenate([secondary[..., 1:], jnp.full_like(secondary[..., :1], -1)], axis=-1)
+    merged = jnp.concatenate([primary, secondary], axis=1)
+    ok = jnp.concatenate([primary_ok, secondary_ok], axis=1)
+    order = jnp.argsort(~ok, axis=1, stable=True)[:, :pool.capacity]  # valid first, primary before secondary
+    return jnp.take_along_axis(merged, order[..., None], axis=1), jnp.take_along_axis(ok, order, axis=1)
 
 
 def _random_prompt_tokens(key, prompts, prompt_lengths, shape):
@@ -120,7 +155,8 @@ def _random_prompt_tokens(key, prompts, prompt_lengths, shape):
 
 def speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling: SamplingParams, *,
                      max_new_tokens: int, cache_len: int, eos_ids: tuple[int, ...], greedy: bool,
-                     mode: str, window: int, ngram: int, guesses: int, pool_from_prompt: bool) -> tuple[DecodeState, dict]:
+                     mode: str, window: int, ngram: int, guesses: int, pool_from_prompt: bool,
+                     verify_window: bool = False) -> tuple[DecodeState, dict]:
     """The whole generation as one `lax.while_loop`; `mode` is lookahead | prompt-lookup | jacobi."""
     model = nnx.merge(graphdef, params)
     cfg = model.config
@@ -130,8 +166,16 @@ def speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling: S
     else:
         has_window = mode == "lookahead"
         layout = StepLayout(window=window if has_window else 0, levels=ngram - 1 if has_window else 0,
-                            guesses=guesses, cand_len=ngram - 1)
+                            guesses=guesses, cand_len=ngram - 1, verify_window=verify_window)
     L, G = layout.cand_len, layout.guesses
+    path_idx = layout.paths()
+    num_paths, max_path = path_idx.shape
+    pred_idx = np.concatenate([np.zeros((num_paths, 1), np.int32), np.maximum(path_idx, 0)], axis=1)
+    window_paths = num_paths - G
+
+    def path_valid(cand_valid):  # pool slots may be empty; window paths always exist
+        return jnp.concatenate([cand_valid, jnp.ones((batch, window_paths), bool)], axis=1)
+
     offsets = jnp.asarray(layout.position_offsets())
     relation = jnp.broadcast_to(jnp.asarray(layout.attention_relation()), (batch, layout.size, layout.size))
     rows = jnp.arange(batch)
@@ -158,8 +202,8 @@ def speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling: S
     else:
         window_tokens = _random_prompt_tokens(init_key, prompts, prompt_lengths, (layout.levels, layout.window))
     state = LookaheadState(
-        decode=decode, window=window_tokens, window_age=jnp.int32(0), pool=pool, history=history,
-        history_len=prompt_lengths + 1, stats={"accept_histogram": jnp.zeros((batch, L + 2), jnp.int32)},
+        decode=decode, window=window_tokens, pool=pool, history=history,
+        history_len=prompt_lengths + 1, stats={"accept_histogram": jnp.zeros((batch, max_path + 2), jnp.int32)},
     )
 
     def step(state: LookaheadState) -> LookaheadState:
@@ -170,7 +214,8 @@ def speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling: S
         if mode == "jacobi":
             cands, valid = state.window, jnp.ones((batch, 1), bool)
         elif G > 0:
-            cands, valid = state.pool.lookup(last)
+            prev = state.history[rows, jnp.maximum(state.history_len - 2, 0)]
+            cands, valid = candidates(state.pool, prev, last)
         else:
             cands, valid = jnp.zeros((batch, 0, L), jnp.int32), jnp.zeros((batch, 0), bool)
         window_tokens = state.window
@@ -183,23 +228,22 @@ def speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling: S
         out = model(tokens, cache.lengths[:, None] + offsets, relation, cache)
         preds = jnp.argmax(out.logits, axis=-1).astype(jnp.int32)  # [b, T]
 
-        # Verification: candidate c is accepted up to its first disagreement with the model.
-        if G > 0:
-            cand_preds = preds[:, layout.cand_start:].reshape(batch, G, L)
-            pred_c = jnp.concatenate([jnp.broadcast_to(preds[:, :1, None], (batch, G, 1)), cand_preds], axis=2)
-            match = (cands == pred_c[..., :L]).astype(jnp.int32)
-            accepted = jnp.sum(jnp.cumprod(match, axis=-1), axis=-1) * valid
+        # Verification: each path is accepted up to its first disagreement with the model's
+        # argmax; the best path's accepted tokens plus one bonus token are emitted.
+        if num_paths:
+            path_tokens = jnp.where(path_idx >= 0, tokens[:, jnp.maximum(path_idx, 0)], -1)  # [b, K, P]
+            path_preds = preds[:, pred_idx]  # [b, K, P+1]
+            match = (path_tokens == path_preds[..., :-1]).astype(jnp.int32)
+            accepted = jnp.sum(jnp.cumprod(match, axis=-1), axis=-1) * path_valid(valid)
             best = jnp.argmax(accepted, axis=-1)
             n_acc = accepted[rows, best]
-            emitted = pred_c[rows, best]  # accepted prefix + bonus token, [b, L+1]
-            take = jnp.concatenate(
-                [jnp.zeros((batch, 1), jnp.int32), layout.cand_start + best[:, None] * L + jnp.arange(L)[None]], axis=1)
+            emitted = path_preds[rows, best]  # accepted prefix + bonus token
+            take = jnp.asarray(pred_idx)[best]  # last token + the path's tokens
         else:
             n_acc = jnp.zeros((batch,), jnp.int32)
             emitted, take = preds[:, :1], jnp.zeros((batch, 1), jnp.int32)
         count = jnp.where(active, n_acc + 1, 0)
         cache = commit(cache, out.block_kv, take, count)
-        old_generated = decode.num_generated
         decode, kept = append(decode.replace(cache=cache), emitted, count, eos_ids)
         decode = decode.replace(steps=decode.steps + active)
 
@@ -209,7 +253,7 @@ def speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling: S
         history = state.history.at[rows[:, None], dest].set(emitted, mode="drop")
         history_len = state.history_len + kept
 
-        age, pool = state.window_age, state.pool
+        pool = state.pool
         if mode == "jacobi":
             # Next guess: the model's predictions past the accepted run, padded with the last one.
             idx = jnp.minimum(n_acc[:, None] + 1 + jnp.arange(L)[None], L)
@@ -222,23 +266,24 @@ def speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling: S
                 grams = jnp.concatenate([window_tokens, new_level[:, None]], axis=1)  # [b, N, W]
                 keys_list.append(grams[:, 0])
                 values_list.append(jnp.swapaxes(grams[:, 1:], 1, 2))
-                # Levels 1..N-2 start as random tokens: their n-grams are noise until replaced.
-                valid_list.append(jnp.broadcast_to(age >= layout.levels - 1, (batch, layout.window)) & active[:, None])
+                # From the first step on: n-grams of the random initial levels are mostly noise,
+                # but they cost nothing and the pool's LRU evicts them (measured: no gating is
+                # better than waiting N-2 steps for the levels to fill).
+                valid_list.append(jnp.broadcast_to(active[:, None], (batch, layout.window)))
                 window_tokens = grams[:, 1:]
-                age = age + 1
             if G > 0:
                 # n-grams that end in the tokens just generated
-                starts = state.history_len[:, None] + jnp.arange(L + 1)[None] - (ngram - 1)
+                starts = state.history_len[:, None] + jnp.arange(emitted.shape[1])[None] - (ngram - 1)
                 keys, values, valid = sequence_ngrams(history, history_len, ngram, starts)
                 keys_list.append(keys)
                 values_list.append(values)
-                valid_list.append(valid & (starts + ngram - 1 >= state.history_len[:, None]))
+                valid_list.append(valid)
             if G > 0 and keys_list:
                 pool = insert(pool, jnp.concatenate(keys_list, 1), jnp.concatenate(values_list, 1),
                               jnp.concatenate(valid_list, 1))
         hist = state.stats["accept_histogram"]
-        hist = hist.at[rows, jnp.minimum(kept, L + 1)].add(active.astype(jnp.int32))
-        return LookaheadState(decode=decode, window=window_tokens, window_age=age, pool=pool,
+        hist = hist.at[rows, kept].add(active.astype(jnp.int32))
+        return LookaheadState(decode=decode, window=window_tokens, pool=pool,
                               history=history, history_len=history_len, stats={"accept_histogram": hist})
 
     final = jax.lax.while_loop(lambda s: ~jnp.all(s.decode.done), step, state)
@@ -246,9 +291,10 @@ def speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling: S
 
 
 def lookahead_decode(graphdef, params, prompts, prompt_lengths, rng, sampling, *, window, ngram, guesses,
-                     pool_from_prompt, **kw):
+                     pool_from_prompt, verify_window, **kw):
     return speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling, mode="lookahead",
-                            window=window, ngram=ngram, guesses=guesses, pool_from_prompt=pool_from_prompt, **kw)
+                            window=window, ngram=ngram, guesses=guesses, pool_from_prompt=pool_from_prompt,
+                            verify_window=verify_window, **kw)
 
 
 def prompt_lookup_decode(graphdef, params, prompts, prompt_lengths, rng, sampling, *, ngram, guesses, **kw):
