@@ -63,7 +63,7 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              stop_at_eos: bool = True, **method_options) -> GenerateOutput:
     """Generate with any registered method; the whole loop is one compiled `lax.while_loop`."""
-    name, spec, options = resolve_method(method, model.config, method_options, temperature)
+    name, spec, options = resolve_method(method, model.config, method_options)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise GenerationError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     max_new_tokens = int(max_new_tokens)

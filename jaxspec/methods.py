@@ -25,7 +25,6 @@ class Method:
     decode: Callable
     # option name -> default (None = derived from the model by `resolve_options`)
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    supports_sampling: bool = True
     # The longest run of block tokens one step may commit (cache headroom past the budget).
     max_commit: Callable[[dict], int] = lambda options: 1
 
@@ -60,11 +59,10 @@ METHODS: dict[str, Method] = {
     "lookahead": Method(lookahead_decode,
                         options={"window": None, "ngram": None, "guesses": None, "pool_from_prompt": True,
                                  "verify_window": True},
-                        supports_sampling=False, max_commit=lambda o: o["window"] + o["ngram"]),
+                        max_commit=lambda o: o["window"] + o["ngram"]),
     "prompt-lookup": Method(prompt_lookup_decode, options={"ngram": None, "guesses": None},
-                            supports_sampling=False, max_commit=lambda o: o["ngram"]),
-    "jacobi": Method(jacobi_decode, options={"window": None}, supports_sampling=False,
-                     max_commit=lambda o: o["window"] + 1),
+                            max_commit=lambda o: o["ngram"]),
+    "jacobi": Method(jacobi_decode, options={"window": None}, max_commit=lambda o: o["window"] + 1),
 }
 ALIASES = {"greedy": "autoregressive"}
 
@@ -73,7 +71,7 @@ def register_method(name: str, method: Method) -> None:
     METHODS[name] = method
 
 
-def resolve_method(name: str, cfg: ModelConfig, options: dict, temperature: float) -> tuple[str, Method, dict]:
+def resolve_method(name: str, cfg: ModelConfig, options: dict) -> tuple[str, Method, dict]:
     """Canonical name, method, and validated options with defaults filled in."""
     canonical = ALIASES.get(name, name)
     if canonical not in METHODS:
@@ -84,8 +82,6 @@ def resolve_method(name: str, cfg: ModelConfig, options: dict, temperature: floa
         raise GenerationError(
             f"method {canonical!r} has no option {unknown[0]!r}; its options: {', '.join(method.options) or 'none'}"
         )
-    if temperature != 0 and not method.supports_sampling:
-        raise GenerationError(f"method {canonical!r} supports greedy decoding only (temperature 0) for now")
     merged = {**method.options, **{k: v for k, v in options.items() if v is not None}}
     if canonical != "autoregressive":
         merged = _lookahead_options(cfg, merged)

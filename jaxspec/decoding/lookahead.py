@@ -27,6 +27,7 @@ from jaxtyping import Array, Int
 
 from jaxspec.decoding.prefill import prefill
 from jaxspec.decoding.state import DecodeState, append
+from jaxspec.decoding.verify import verify_greedy, verify_sampled
 from jaxspec.errors import GenerationError
 from jaxspec.kv_cache import KVCache, commit
 from jaxspec.ngram_pool import NGramPool, insert, sequence_ngrams
@@ -120,7 +121,8 @@ class StepLayout:
             w = self.window
             paths += [list(range(1, col + 1)) + [lv * w + col for lv in range(1, self.levels)]
                       for col in range(w)]
-        longest = max([len(p) for p in paths] + [0])
+        paths = paths or [[]]  # no drafts: one empty path, i.e. plain decoding of one token
+        longest = max(len(p) for p in paths)
         return np.array([p + [-1] * (longest - len(p)) for p in paths], dtype=np.int32).reshape(len(paths), longest)
 
 
@@ -173,7 +175,7 @@ def speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling: S
     pred_idx = np.concatenate([np.zeros((num_paths, 1), np.int32), np.maximum(path_idx, 0)], axis=1)
     window_paths = num_paths - G
 
-    def path_valid(cand_valid):  # pool slots may be empty; window paths always exist
+    def path_valid(cand_valid):  # pool slots may be empty; window paths (or the empty path) always exist
         return jnp.concatenate([cand_valid, jnp.ones((batch, window_paths), bool)], axis=1)
 
     offsets = jnp.asarray(layout.position_offsets())
@@ -183,8 +185,8 @@ def speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling: S
     dtype = model.embed_tokens.embedding.dtype
     cache = KVCache.zeros(cfg.num_layers, batch, cache_len, cfg.num_kv_heads, cfg.head_dim, dtype)
     logits, cache = prefill(model, prompts, prompt_lengths, cache)
-    rng, init_key = jax.random.split(rng)
-    first = next_token(logits, None, sampling, greedy)
+    rng, init_key, first_key = jax.random.split(rng, 3)
+    first = next_token(logits, first_key, sampling, greedy)
     decode = DecodeState.start(batch, max_new_tokens, cache, rng)
     decode, _ = append(decode, first[:, None], jnp.ones((batch,), jnp.int32), eos_ids)
     decode = decode.replace(steps=jnp.ones((batch,), jnp.int32))
@@ -228,23 +230,19 @@ def speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling: S
         out = model(tokens, cache.lengths[:, None] + offsets, relation, cache)
         preds = jnp.argmax(out.logits, axis=-1).astype(jnp.int32)  # [b, T]
 
-        # Verification: each path is accepted up to its first disagreement with the model's
-        # argmax; the best path's accepted tokens plus one bonus token are emitted.
-        if num_paths:
-            path_tokens = jnp.where(path_idx >= 0, tokens[:, jnp.maximum(path_idx, 0)], -1)  # [b, K, P]
-            path_preds = preds[:, pred_idx]  # [b, K, P+1]
-            match = (path_tokens == path_preds[..., :-1]).astype(jnp.int32)
-            accepted = jnp.sum(jnp.cumprod(match, axis=-1), axis=-1) * path_valid(valid)
-            best = jnp.argmax(accepted, axis=-1)
-            n_acc = accepted[rows, best]
-            emitted = path_preds[rows, best]  # accepted prefix + bonus token
-            take = jnp.asarray(pred_idx)[best]  # last token + the path's tokens
+        # Verification: each path is accepted up to its first disagreement with the model
+        # (greedy) or by Algorithm 4 (sampling); accepted tokens plus one bonus token are emitted.
+        path_tokens = jnp.where(path_idx >= 0, tokens[:, jnp.maximum(path_idx, 0)], -1)  # [b, K, P]
+        rng, key = jax.random.split(decode.rng)
+        if greedy:
+            best, n_acc, emitted = verify_greedy(path_tokens, path_valid(valid), preds, pred_idx)
         else:
-            n_acc = jnp.zeros((batch,), jnp.int32)
-            emitted, take = preds[:, :1], jnp.zeros((batch, 1), jnp.int32)
+            best, n_acc, emitted = verify_sampled(key, path_tokens, path_valid(valid), out.logits, pred_idx,
+                                                  sampling)
+        take = jnp.asarray(pred_idx)[best]  # the last token + the path's tokens
         count = jnp.where(active, n_acc + 1, 0)
         cache = commit(cache, out.block_kv, take, count)
-        decode, kept = append(decode.replace(cache=cache), emitted, count, eos_ids)
+        decode, kept = append(decode.replace(cache=cache, rng=rng), emitted, count, eos_ids)
         decode = decode.replace(steps=decode.steps + active)
 
         # Generated text extends the history (and through it the pool).
