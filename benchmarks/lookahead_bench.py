@@ -52,7 +52,7 @@ import jaxspec
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-REFERENCE = ROOT.parent / "shared" / "models" / "stories260K" / "greedy_reference.json"
+REFERENCE = jaxspec.loading.shared_dir() / "models" / "stories260K" / "greedy_reference.json"
 
 HELD_OUT_NEW_TOKENS = 256
 HELD_OUT_PROMPTS = 24

@@ -24,13 +24,14 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _shared_dir() -> Path:
+def shared_dir() -> Path:
+    """The shared folder beside the repository (models, references); JAXSPEC_SHARED overrides it."""
     return Path(os.environ.get("JAXSPEC_SHARED", _PROJECT_ROOT.parent / "shared"))
 
 
 # Names a user can pass instead of a path. Checkpoints live outside the repository.
 NAMED_MODELS = {
-    "stories260K": lambda: _shared_dir() / "models" / "stories260K" / "stories260K.bin",
+    "stories260K": lambda: shared_dir() / "models" / "stories260K" / "stories260K.bin",
 }
 
 
