@@ -218,7 +218,10 @@ def _hlo_custom_calls(text: str) -> list[str]:
 def _assert_no_host_round_trip(text: str) -> None:
     targets = _hlo_custom_calls(text)
     assert not [t for t in targets if "callback" in t.lower() or "host" in t.lower()], targets
-    lowered = text.lower()
+    # Only instructions count: source metadata and the stack-frame tables of compiled HLO name
+    # Python functions (this test's own name contains "callback").
+    instructions = [line for line in text.splitlines() if " = " in line and not line.lstrip().startswith("#loc")]
+    lowered = re.sub(r'metadata=\{[^}]*\}|loc\([^)]*\)', "", "\n".join(instructions)).lower()
     for op in ("callback", "outfeed", "infeed", "send(", "recv("):
         assert op not in lowered, op
 
@@ -226,7 +229,7 @@ def _assert_no_host_round_trip(text: str) -> None:
 def test_lookahead_loop_is_one_program_without_host_callbacks(tiny):
     model = dataclasses.replace(tiny, compiled={})
     options = dict(window=4, ngram=2, guesses=4)
-    name, spec, resolved = resolve_method("lookahead", model.config, options, 0.0)
+    name, spec, resolved = resolve_method("lookahead", model.config, options)
     statics = dict(max_new_tokens=7, cache_len=64, eos_ids=(), greedy=True, **resolved)
     args = (model.graphdef, model.params, jnp.zeros((2, 16), jnp.int32), jnp.asarray([1, 11], jnp.int32),
             jax.random.key(0), jaxspec.SamplingParams.create(0.0, 0, 1.0))
