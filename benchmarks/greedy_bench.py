@@ -20,17 +20,15 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import jax
-import numpy as np
 
 import jaxspec
+from machine import machine_info
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -45,16 +43,6 @@ def parse_args(argv=None):
                    help="comma-separated torch thread counts to time (default: os.cpu_count() and 1)")
     p.add_argument("--out", type=Path, default=RESULTS)
     return p.parse_args(argv)
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main(argv=None) -> dict:
@@ -117,10 +105,9 @@ def main(argv=None) -> dict:
         "command": "python " + " ".join([str(Path(sys.argv[0]))] + (sys.argv[1:] if argv is None else argv)),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {
-            "platform": platform.platform(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
-            "python": platform.python_version(), "jax": jax.__version__, "jax_backend": jax.default_backend(),
+            **machine_info(),
             "torch": torch.__version__, "torch_threads": threads,
-            "transformers": transformers.__version__, "jaxspec": jaxspec.__version__,
+            "transformers": transformers.__version__,
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
         },

@@ -37,7 +37,6 @@ import datetime
 import hashlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -49,6 +48,7 @@ import numpy as np
 from tqdm import tqdm
 
 import jaxspec
+from machine import machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -126,16 +126,6 @@ def parse_args(argv=None):
 
 def ints(text):
     return [int(x) for x in text.split(",")]
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def source_state() -> dict:
@@ -335,9 +325,7 @@ def main(argv=None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "quick": args.quick,
         "machine": {
-            "platform": platform.platform(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
-            "python": platform.python_version(), "jax": jax.__version__, "jax_backend": jax.default_backend(),
-            "jaxspec": jaxspec.__version__, **code,
+            **machine_info(), **code,
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
         },

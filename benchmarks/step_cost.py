@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -26,6 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import jaxspec
+from machine import machine_info
 from jaxspec import Model, ModelConfig, Transformer
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -81,7 +80,7 @@ def main(argv=None) -> int:
         r["step_cost_ratio"] = r["seconds_per_step"] / base
     name = args.synthetic or Path(model.source).stem
     result = dict(model=name, params=model.config.num_params, dtype=args.dtype, rows=rows,
-                  device=str(jax.devices()[0]), platform=platform.platform(), jax=jax.__version__,
+                  machine=machine_info(), device=str(jax.devices()[0]),
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   command="python " + " ".join(sys.argv))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,6 @@ A forward over T query tokens never writes the cache: it returns the block's K/V
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import struct
 from jaxtyping import Array, Float, Int

@@ -17,7 +17,6 @@ Everything is fixed-shape: empty candidate slots are masked out, never a shape c
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp

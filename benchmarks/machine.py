@@ -1,0 +1,29 @@
+"""What every benchmark records about the machine it ran on."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+import jax
+
+import jaxspec
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info() -> dict:
+    return {
+        "platform": platform.platform(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+        "python": platform.python_version(), "jax": jax.__version__, "jax_backend": jax.default_backend(),
+        "device": str(jax.devices()[0]), "jaxspec": jaxspec.__version__,
+    }
