@@ -25,7 +25,7 @@ from jaxspec.checkpoint.safetensors_io import read_safetensors, write_safetensor
 from jaxspec.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-STORIES = REPO.parent / "shared" / "models" / "stories260K"
+STORIES = jaxspec.loading.shared_dir() / "models" / "stories260K"
 CHECKPOINT = STORIES / "stories260K.bin"
 REFERENCE = STORIES / "greedy_reference.json"
 needs_stories = pytest.mark.skipif(

@@ -33,8 +33,7 @@ from jaxspec.decoding.lookahead import LookaheadConfig, StepLayout
 from jaxspec.methods import METHODS as METHODS_REGISTRY
 from jaxspec.methods import lookahead_defaults, resolve_method
 
-REPO = Path(__file__).resolve().parents[1]
-STORIES = REPO.parent / "shared" / "models" / "stories260K"
+STORIES = jaxspec.loading.shared_dir() / "models" / "stories260K"
 REFERENCE = STORIES / "greedy_reference.json"
 needs_stories = pytest.mark.skipif(
     not ((STORIES / "stories260K.bin").exists() and REFERENCE.exists()),

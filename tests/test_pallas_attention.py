@@ -23,7 +23,7 @@ from jaxspec.decoding.lookahead import StepLayout
 from pallas_kernels import decode_attention
 
 ROOT = Path(__file__).resolve().parents[1]
-STORIES = ROOT.parent / "shared" / "models" / "stories260K"
+STORIES = jaxspec.loading.shared_dir() / "models" / "stories260K"
 
 _pallas = jax.jit(decode_attention, static_argnames=("sliding_window", "block_s"))
 _xla = jax.jit(xla_attention, static_argnames=("sliding_window",))

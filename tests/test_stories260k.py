@@ -9,7 +9,6 @@ The checkpoint lives outside the repository, in ../shared/models/stories260K/.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +16,7 @@ import pytest
 
 import jaxspec
 
-STORIES = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "stories260K"
+STORIES = jaxspec.loading.shared_dir() / "models" / "stories260K"
 CHECKPOINT = STORIES / "stories260K.bin"
 REFERENCE = STORIES / "greedy_reference.json"
 
