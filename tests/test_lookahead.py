@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
