@@ -109,11 +109,11 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
     tokens = [row[:n].tolist() for row, n in zip(np.asarray(state.tokens), num)]
     steps = np.asarray(state.steps).tolist()
     compression = [n / s for n, s in zip(num.tolist(), steps)]
-    extras = {k: np.asarray(v).tolist() for k, v in stats.items()}
+    one = (lambda x: x) if batched else (lambda x: x[0])  # per-row values, unwrapped for one prompt
+    extras = {k: one(np.asarray(v).tolist()) for k, v in stats.items()}
     text = None
     if model.tokenizer is not None:
         text = [model.tokenizer.decode(t) for t in tokens]
-    one = (lambda x: x) if batched else (lambda x: x[0])
     return GenerateOutput(
         tokens=one(tokens), steps=one(steps), compression=one(compression), seconds=seconds,
         tokens_per_second=float(num.sum()) / max(seconds, 1e-9),

@@ -27,6 +27,8 @@ class Method:
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     # The longest run of block tokens one step may commit (cache headroom past the budget).
     max_commit: Callable[[dict], int] = lambda options: 1
+    # Fills in model-dependent defaults and validates: (model config, options) -> options.
+    resolve: Callable[[ModelConfig, dict], dict] = lambda cfg, options: options
 
 
 def lookahead_defaults(cfg: ModelConfig, path: Path | None = None) -> LookaheadConfig:
@@ -59,10 +61,11 @@ METHODS: dict[str, Method] = {
     "lookahead": Method(lookahead_decode,
                         options={"window": None, "ngram": None, "guesses": None, "pool_from_prompt": True,
                                  "verify_window": True},
-                        max_commit=lambda o: o["window"] + o["ngram"]),
+                        max_commit=lambda o: o["window"] + o["ngram"], resolve=_lookahead_options),
     "prompt-lookup": Method(prompt_lookup_decode, options={"ngram": None, "guesses": None},
-                            max_commit=lambda o: o["ngram"]),
-    "jacobi": Method(jacobi_decode, options={"window": None}, max_commit=lambda o: o["window"] + 1),
+                            max_commit=lambda o: o["ngram"], resolve=_lookahead_options),
+    "jacobi": Method(jacobi_decode, options={"window": None}, max_commit=lambda o: o["window"] + 1,
+                     resolve=_lookahead_options),
 }
 ALIASES = {"greedy": "autoregressive"}
 
@@ -83,6 +86,4 @@ def resolve_method(name: str, cfg: ModelConfig, options: dict) -> tuple[str, Met
             f"method {canonical!r} has no option {unknown[0]!r}; its options: {', '.join(method.options) or 'none'}"
         )
     merged = {**method.options, **{k: v for k, v in options.items() if v is not None}}
-    if canonical != "autoregressive":
-        merged = _lookahead_options(cfg, merged)
-    return canonical, method, merged
+    return canonical, method, method.resolve(cfg, merged)

@@ -392,7 +392,7 @@ def test_defaults_come_from_configs_lookahead_toml(tiny):
     defaults = lookahead_defaults(tiny.config)
     assert (defaults.window, defaults.ngram, defaults.guesses) == (15, 5, 15)  # the "small" entry
     def resolved(method, options):
-        return resolve_method(method, tiny.config, options, 0.0)[2]
+        return resolve_method(method, tiny.config, options)[2]
 
     la = resolved("lookahead", {})
     assert (la["window"], la["ngram"], la["guesses"], la["pool_from_prompt"]) == (15, 5, 15, True)
