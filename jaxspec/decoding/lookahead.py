@@ -5,8 +5,10 @@ One step is ONE forward over the block `[last token] + lookahead window + G cand
 * the lookahead window holds N-1 levels of W tokens: a 2D Jacobi iteration whose columns
   yield W fresh n-grams per step for the n-gram pool;
 * the verification branch holds up to G candidate (N-1)-grams from the pool, keyed by the
-  last committed token; the longest prefix that matches the model's own argmax is accepted
-  together with one bonus token (up to N tokens per step);
+  last committed token; every causal chain that starts at the last token (each candidate
+  and, with `verify_window`, each diagonal of the window) is verified in `verify.py`, and the
+  longest accepted prefix is emitted with one bonus token (greedy: the argmax; sampling: the
+  paper's Algorithm 4, so the output keeps the target distribution);
 * only the accepted tokens' K/V are committed, so the output equals greedy decoding.
 
 `prompt-lookup` is the same step without a window (the pool is fed by the prompt and the
