@@ -28,7 +28,7 @@ from pathlib import Path
 
 
 import jaxspec
-from machine import machine_info
+from machine import machine_info, repo_relative
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -111,7 +111,7 @@ def main(argv=None) -> dict:
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
         },
-        "model": model.source, "prompt": prompt, "new_tokens": n, "repeats": args.repeats,
+        "model": repo_relative(model.source), "prompt": prompt, "new_tokens": n, "repeats": args.repeats,
         "identical_tokens": bool(identical), "first_difference_at": first_diff,
         "jaxspec": {
             "compile_seconds": warm.compile_seconds,

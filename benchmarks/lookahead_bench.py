@@ -48,7 +48,7 @@ import numpy as np
 from tqdm import tqdm
 
 import jaxspec
-from machine import machine_info
+from machine import machine_info, repo_relative
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -329,8 +329,8 @@ def main(argv=None) -> int:
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
         },
-        "model": model.source,
-        "reference_file": str(REFERENCE),
+        "model": repo_relative(model.source),
+        "reference_file": repo_relative(REFERENCE),
         "held_out": {"prompts": held, "new_tokens": HELD_OUT_NEW_TOKENS,
                      "recipe": "[1] + generate(model, [1], 48, temperature=1.0, seed=1000+i).tokens[:8 + i % 24]"},
         "grid": {"windows": windows, "ngrams": ngrams, "jacobi_windows": jacobi_windows},

@@ -11,6 +11,14 @@ import jax
 import jaxspec
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def repo_relative(path) -> str:
+    """A path as results should record it: relative to the repository, not this machine."""
+    return os.path.relpath(path, ROOT)
+
+
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -345,10 +345,8 @@ def test_step_layout_relation_properties(layout):
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: f"W{lay.window}-lv{lay.levels}-G{lay.guesses}-L{lay.cand_len}")
 @pytest.mark.parametrize("verify_window", [False, True])
 def test_step_layout_verification_paths_are_causal_chains(layout, verify_window):
-    """Each verified path (if the layout defines them) is a chain p+1, p+2, ... whose token k sees
-    exactly the last token and the path's tokens before it: accepting its matching prefix is greedy."""
-    if not hasattr(StepLayout, "paths"):
-        pytest.skip("StepLayout has no paths() in this version")
+    """Each verified path is a chain p+1, p+2, ... whose token k sees exactly the last token and
+    the path's tokens before it: accepting its matching prefix is greedy."""
     layout = dataclasses.replace(layout, verify_window=verify_window)
     mask, pos, paths = layout.attention_relation(), layout.position_offsets(), layout.paths()
     assert paths.ndim == 2
