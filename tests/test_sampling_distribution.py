@@ -14,9 +14,11 @@ and compared with ROWS = 20 000 rows drawn by ONE batched `generate` call per (m
   margin sqrt(ln(1/DELTA) / 2N), DELTA = 1e-4 (one of the N draws changes TV by <= 1/N, so
   P(TV >= E[TV] + t) <= exp(-2 N t^2)); the margin is 0.015 at N = 20 000.
 
-A negative control runs the same harness with deliberately wrong verifiers (the real
-`verify_sampled` with one line changed) and asserts that the check rejects them. stories260K
-checks the per-token log-likelihood of lookahead samples against autoregressive ones.
+A negative control runs the same harness with a deliberately wrong verifier (the real
+`verify_sampled` with one line changed) and asserts that the check rejects it. On stories260K,
+the per-token log-likelihood of lookahead samples is compared with autoregressive ones, and each
+sampler's calibration E[log p(x_t) + H(p_t)] = 0 is checked. Temperature 0 and top-k = 1 must
+reproduce greedy decoding exactly, and the seed must determine the output.
 
 Compile count: all sampled programs share batch ROWS and budget BUDGET, and SamplingParams are
 dynamic arrays, so the 5 (method, options) programs compile once and serve every warping, the
@@ -33,7 +35,6 @@ import functools
 import inspect
 import math
 import textwrap
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +47,7 @@ import jaxspec
 import jaxspec.decoding.lookahead as lookahead_module
 import jaxspec.decoding.verify as verify_module
 from jaxspec.kv_cache import KVCache
+from jaxspec.loading import NAMED_MODELS
 from jaxspec.model import causal_mask
 from jaxspec.sampling import SamplingParams, target_probs
 
@@ -79,20 +81,28 @@ WARPINGS = {
     "top_p0.8": dict(temperature=1.0, top_p=0.8),
 }
 SEEDS = {warping: i for i, warping in enumerate(WARPINGS)}  # independent draws across warpings
-# (method, warping) pairs checked: every method at every warping, except the pool-only lookahead
-# config at T1.0 only (with BUDGET 3 it draws the same candidates as prompt-lookup but for the
-# window's n-grams, and its warped runs would mostly repeat prompt-lookup's).
+# (method, warping) pairs checked (each run ~1.5 s, each new program ~8 s on 2 busy cores):
+# autoregressive and lookahead at every warping; prompt-lookup and jacobi at T1.0 and at the
+# warpings that zero tokens (top-k, top-p: drafts with p(x) = 0, residuals with zeros), where
+# T0.7 would only repeat T1.0's code path; the pool-only lookahead config at T1.0 (with BUDGET
+# 3 its candidates are prompt-lookup's but for the window's n-grams).
+SKIP_WARPINGS = {
+    "prompt-lookup": {"T0.7"},
+    "jacobi": {"T0.7"},
+    "lookahead-pool-only": {"T0.7", "top_k3", "top_p0.8"},
+}
 CASES = [(name, warping) for name in METHODS for warping in WARPINGS
-         if name != "lookahead-pool-only" or warping == "T1.0"]
-# Lower bound on the mean compression S (new tokens / forwards; 1.0 = autoregressive): drafts
-# must really be accepted, or the comparison says nothing about the verifier.
-MIN_COMPRESSION = {"lookahead": 1.05, "lookahead-pool-only": 1.05, "prompt-lookup": 1.02, "jacobi": 1.02}
+         if warping not in SKIP_WARPINGS.get(name, ())]
+# Lower bound on the mean compression S (new tokens / forwards; 1.0 = autoregressive) of the
+# speculative methods: drafts must really be accepted, or the check says nothing about the
+# verifier. (S = 3 / forwards here: 1.5 when the first step accepts a draft, else 1.0.)
+MIN_COMPRESSION = 1.05
 
-STORIES = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "stories260K" / "stories260K.bin"
+STORIES = NAMED_MODELS["stories260K"]()  # where `jaxspec.load("stories260K")` looks
 # Lookahead (15, 5, 15) on stories260K costs ~8 ms per row per step on 2 CPU cores (a 120-token
 # block through 5 layers), and a sampled batch always runs STORIES_NEW steps (some row accepts
-# nothing): 32 rows x 48 tokens is ~13 s; 256 rows would be ~100 s.
-STORIES_ROWS = 32
+# nothing): 24 rows x 48 tokens is ~10 s; 256 rows would be ~100 s.
+STORIES_ROWS = 24
 STORIES_NEW = 48
 STORIES_LOOKAHEAD = dict(window=15, ngram=5, guesses=15)
 
@@ -272,16 +282,16 @@ def test_samples_follow_the_exact_joint_distribution(tiny, exact, name, warping)
     if name == "autoregressive":
         assert compression == 1.0
     else:  # drafts were accepted: the verifier, not just the bonus token, produced these samples
-        assert compression > MIN_COMPRESSION[name], compression
+        assert compression > MIN_COMPRESSION, compression
 
 
 # ----------------------------------------------------------------------------- negative control
 
 ACCEPT_LINE = "accept = first & (u * (1.0 - rejected_before) < px)"
 MUTANTS = {
-    # Accepts the first draft token the target allows at all, whatever its probability.
-    "accepts-every-allowed-draft": (ACCEPT_LINE, "accept = first & (px > 0)"),
-    # Accepts the k-th distinct draft with p(x) instead of p(x) / (mass not yet rejected).
+    # Accepts the k-th distinct draft with p(x) instead of p(x) / (mass not yet rejected): a
+    # subtle bug (exact with one draft per position). Each mutant costs a compile (~8 s), so
+    # the grosser one, `accept = first & (px > 0)` (TV 0.89, chi2 ~2.8e5 / 166), is left out.
     "no-renormalization-after-rejection": (ACCEPT_LINE, "accept = first & (u < px)"),
 }
 
@@ -313,7 +323,7 @@ def test_negative_control_wrong_verifier_fails_the_same_check(tiny, exact, monke
     tokens, compression = draw(fresh, "lookahead", WARPINGS["T1.0"], seed=SEEDS["T1.0"], rows=rows)
     monkeypatch.undo()
     assert traced, "the mutant verifier was not traced into the program"
-    assert compression > MIN_COMPRESSION["lookahead"]  # drafts were present for the mutant to misjudge
+    assert compression > MIN_COMPRESSION  # drafts were present for the mutant to misjudge
     fit = goodness_of_fit(tokens, exact("T1.0"))
     print(f"\nNEGATIVE CONTROL {mutant}: S {compression:.3f}  {fit}")
     assert not fit.passes
@@ -324,6 +334,7 @@ def test_negative_control_wrong_verifier_fails_the_same_check(tiny, exact, monke
 
 GREEDY_PROMPTS = [PROMPT, [1], [1, 4, 2, 4, 3, 5]]
 GREEDY_NEW = 12
+GREEDY_METHODS = [name for name in METHODS if name != "lookahead-pool-only"]  # one config per method
 
 
 @pytest.fixture(scope="module")
@@ -331,7 +342,7 @@ def greedy_rows(tiny) -> list[list[int]]:
     return reference_greedy(tiny, GREEDY_PROMPTS, GREEDY_NEW)
 
 
-@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("name", GREEDY_METHODS)
 def test_temperature_zero_is_exactly_greedy(tiny, greedy_rows, name):
     """temperature 0 takes the static greedy path whatever the other knobs say."""
     method, options = METHODS[name]
@@ -343,7 +354,7 @@ def test_temperature_zero_is_exactly_greedy(tiny, greedy_rows, name):
         assert max(out.compression) > 1.0
 
 
-@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("name", GREEDY_METHODS)
 def test_top_k_one_is_greedy_in_every_row(tiny, greedy_rows, name):
     """top_k = 1 at temperature 1: the target is one-hot, so every sampled row is the greedy row."""
     tokens, compression = draw(tiny, name, dict(temperature=1.0, top_k=1), seed=11)

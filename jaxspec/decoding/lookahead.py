@@ -254,9 +254,12 @@ def speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling: S
 
         pool = state.pool
         if mode == "jacobi":
-            # Next guess: the model's predictions past the accepted run, padded with the last one.
+            # Next guess: the model's argmax predictions past the accepted run, padded with the
+            # last one (argmax even when sampling: drafts stay deterministic; `emitted` holds
+            # sampled tokens only up to the first rejection).
+            path_preds = jnp.take_along_axis(preds, take, axis=1)
             idx = jnp.minimum(n_acc[:, None] + 1 + jnp.arange(L)[None], L)
-            window_tokens = jnp.take_along_axis(emitted, idx, axis=1)[:, None, :]
+            window_tokens = jnp.take_along_axis(path_preds, idx, axis=1)[:, None, :]
         else:
             keys_list, values_list, valid_list = [], [], []
             if layout.levels:
