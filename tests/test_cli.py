@@ -25,13 +25,7 @@ from jaxspec.checkpoint.safetensors_io import read_safetensors, write_safetensor
 from jaxspec.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-STORIES = jaxspec.loading.shared_dir() / "models" / "stories260K"
-CHECKPOINT = STORIES / "stories260K.bin"
-REFERENCE = STORIES / "greedy_reference.json"
-needs_stories = pytest.mark.skipif(
-    not (CHECKPOINT.exists() and REFERENCE.exists()),
-    reason=f"stories260K checkpoint or reference not found under {STORIES} (it is kept outside the repo)",
-)
+from stories import CHECKPOINT, REFERENCE, STORIES, needs_stories
 
 JSON_KEYS = {"tokens", "text", "steps", "compression", "seconds", "tokens_per_second", "method", "config"}
 

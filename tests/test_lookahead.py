@@ -32,13 +32,7 @@ from jaxspec.decoding.lookahead import LookaheadConfig, StepLayout
 from jaxspec.methods import METHODS as METHODS_REGISTRY
 from jaxspec.methods import lookahead_defaults, resolve_method
 
-STORIES = jaxspec.loading.shared_dir() / "models" / "stories260K"
-REFERENCE = STORIES / "greedy_reference.json"
-needs_stories = pytest.mark.skipif(
-    not ((STORIES / "stories260K.bin").exists() and REFERENCE.exists()),
-    reason=f"stories260K checkpoint or reference not found under {STORIES} (it is kept outside the repo)",
-)
-CASES = json.loads(REFERENCE.read_text())["cases"] if REFERENCE.exists() else []
+from stories import CASES, needs_stories
 
 # EOS ids chosen with the model below: with EOS_PROMPTS the three rows stop after different
 # numbers of tokens and steps: row 0 at its first (prefill) token 43, and with lookahead

@@ -6,7 +6,6 @@ GPU (without that hardware) is checked by running `python -m pallas_kernels --ch
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from jaxspec.decoding.lookahead import StepLayout
 from pallas_kernels import decode_attention
 
 ROOT = Path(__file__).resolve().parents[1]
-STORIES = jaxspec.loading.shared_dir() / "models" / "stories260K"
+from stories import CASES as STORIES_CASES, CHECKPOINT, needs_stories
 
 _pallas = jax.jit(decode_attention, static_argnames=("sliding_window", "block_s"))
 _xla = jax.jit(xla_attention, static_argnames=("sliding_window",))
@@ -112,11 +111,11 @@ def test_registered_as_the_pallas_backend():
     assert "pallas" in jaxspec.attention.available_attention()
 
 
-@pytest.mark.skipif(not (STORIES / "stories260K.bin").exists(), reason="stories260K is kept outside the repo")
+@needs_stories
 def test_stories260k_lookahead_and_greedy_with_pallas_match_reference():
-    greedy = json.loads((STORIES / "greedy_reference.json").read_text())["cases"][0]
+    greedy = STORIES_CASES[0]
     assert greedy["prompt"] == [1]
-    model = jaxspec.load(str(STORIES / "stories260K.bin"), attention="pallas")
+    model = jaxspec.load(str(CHECKPOINT), attention="pallas")
     out = jaxspec.generate(model, [1], method="lookahead", window=4, ngram=3, guesses=4,
                            max_new_tokens=24, stop_at_eos=False)
     assert out.tokens == greedy["greedy"][:24]

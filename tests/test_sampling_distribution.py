@@ -47,7 +47,7 @@ import jaxspec
 import jaxspec.decoding.lookahead as lookahead_module
 import jaxspec.decoding.verify as verify_module
 from jaxspec.kv_cache import KVCache
-from jaxspec.loading import NAMED_MODELS
+from stories import needs_stories
 from jaxspec.model import causal_mask
 from jaxspec.sampling import SamplingParams, target_probs
 
@@ -98,7 +98,6 @@ CASES = [(name, warping) for name in METHODS for warping in WARPINGS
 # verifier. (S = 3 / forwards here: 1.5 when the first step accepts a draft, else 1.0.)
 MIN_COMPRESSION = 1.05
 
-STORIES = NAMED_MODELS["stories260K"]()  # where `jaxspec.load("stories260K")` looks
 # Lookahead (15, 5, 15) on stories260K costs ~8 ms per row per step on 2 CPU cores (a 120-token
 # block through 5 layers), and a sampled batch always runs STORIES_NEW steps (some row accepts
 # nothing): 24 rows x 48 tokens is ~10 s; 256 rows would be ~100 s.
@@ -398,7 +397,7 @@ def mean_loglik_and_entropy(model: jaxspec.Model, prompt: list[int], rows: list[
     return taken.mean(-1), entropy.mean(-1)
 
 
-@pytest.mark.skipif(not STORIES.exists(), reason=f"stories260K checkpoint not found at {STORIES}")
+@needs_stories
 def test_stories260k_lookahead_samples_have_the_autoregressive_likelihood():
     model = jaxspec.load("stories260K")
     prompts = [[1]] * STORIES_ROWS

@@ -8,7 +8,6 @@ The checkpoint lives outside the repository, in ../shared/models/stories260K/.
 
 from __future__ import annotations
 
-import json
 
 import jax
 import jax.numpy as jnp
@@ -16,16 +15,9 @@ import pytest
 
 import jaxspec
 
-STORIES = jaxspec.loading.shared_dir() / "models" / "stories260K"
-CHECKPOINT = STORIES / "stories260K.bin"
-REFERENCE = STORIES / "greedy_reference.json"
+from stories import CASES, CHECKPOINT, needs_stories
 
-pytestmark = pytest.mark.skipif(
-    not (CHECKPOINT.exists() and REFERENCE.exists()),
-    reason=f"stories260K checkpoint or reference not found under {STORIES} (it is kept outside the repo)",
-)
-
-CASES = json.loads(REFERENCE.read_text())["cases"] if REFERENCE.exists() else []
+pytestmark = needs_stories
 
 
 @pytest.fixture(scope="module")
