@@ -3,7 +3,9 @@
 Every forward attends from a block of T query tokens to (a) the committed KV cache, a
 length mask per row, and (b) the block's own T keys under an arbitrary boolean relation
 `block_mask[b, i, j]` ("query i sees block token j"). Lookahead, verification, drafting
-and prefill differ only in that relation and in the position ids.
+and prefill differ only in that relation and in the position ids. `block_mask` is a dense
+array or a compact spec from `jaxspec.masks` (`LookaheadMask`, `PardMask`): a backend may
+compute a spec's relation itself (the Pallas kernels do) or call `dense_block_mask`.
 
 `xla` is the reference implementation; Pallas kernels register themselves under other
 names (see `pallas_kernels`) and are chosen with `jaxspec.load(..., attention=NAME)`.
@@ -15,9 +17,10 @@ from typing import Callable, Protocol
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Float, Int
 
 from jaxspec.errors import ConfigError
+from jaxspec.masks import BlockMask, dense_block_mask
 
 # Large finite negative instead of -inf: a fully masked row (padding) gives a uniform
 # distribution over garbage rather than NaN, and padding rows are never read.
@@ -33,15 +36,25 @@ class AttentionFn(Protocol):
         cache_lengths: Int[Array, " b"],
         k_new: Float[Array, "b t kv d"],
         v_new: Float[Array, "b t kv d"],
-        block_mask: Bool[Array, "b t t"],
+        block_mask: BlockMask,
         q_positions: Int[Array, "b t"],
         sliding_window: int | None,
     ) -> Float[Array, "b t h d"]: ...
 
 
-def xla_attention(q, k_cache, v_cache, cache_lengths, k_new, v_new, block_mask, q_positions,
-                  sliding_window=None):
+def xla_attention(
+    q: Float[Array, "b t h d"],
+    k_cache: Float[Array, "b s kv d"],
+    v_cache: Float[Array, "b s kv d"],
+    cache_lengths: Int[Array, " b"],
+    k_new: Float[Array, "b t kv d"],
+    v_new: Float[Array, "b t kv d"],
+    block_mask: BlockMask,
+    q_positions: Int[Array, "b t"],
+    sliding_window: int | None = None,
+) -> Float[Array, "b t h d"]:
     """Reference attention in plain XLA ops: scores and softmax in float32, GQA by grouping."""
+    block_mask = dense_block_mask(block_mask, q_positions)
     b, t, h, d = q.shape
     kv = k_cache.shape[2]
     s = k_cache.shape[1]
@@ -75,7 +88,8 @@ _BACKENDS: dict[str, Callable] = {"xla": xla_attention}
 
 
 def register_attention(name: str, fn: Callable) -> None:
-    """Make `fn` (same signature as `xla_attention`) selectable as `attention=name`."""
+    """Make `fn` (same signature as `xla_attention`, accepting every `BlockMask`) selectable
+    as `attention=name`."""
     _BACKENDS[name] = fn
 
 

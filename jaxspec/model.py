@@ -5,8 +5,8 @@ Parameter names follow Hugging Face's (`layers[i].self_attn.q_proj.kernel` is
 
 The single entry point is `Transformer.__call__(tokens, positions, block_mask, cache)`:
 a block of T query tokens at explicit positions, an arbitrary attention relation inside
-the block, the committed cache visible to every query. It returns float32 logits and the
-block's K/V (`BlockKV`) for the caller to `commit`.
+the block (a dense mask or a `jaxspec.masks` spec), the committed cache visible to every
+query. It returns float32 logits and the block's K/V (`BlockKV`) for the caller to `commit`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from jaxtyping import Array, Bool, Float, Int
 from jaxspec.attention import get_attention
 from jaxspec.config import ModelConfig
 from jaxspec.kv_cache import BlockKV, KVCache
+from jaxspec.masks import BlockMask
 
 
 class RMSNorm(nnx.Module):
@@ -126,7 +127,7 @@ class Transformer(nnx.Module):
         self,
         tokens: Int[Array, "b t"],
         positions: Int[Array, "b t"],
-        block_mask: Bool[Array, "b t t"],
+        block_mask: BlockMask,
         cache: KVCache,
         hidden_layers: tuple[int, ...] = (),
     ) -> ForwardOutput:

@@ -1,8 +1,20 @@
-"""Pallas kernels for jaxspec; importing this package registers the `"pallas"` attention backend."""
+"""Pallas kernels for jaxspec; importing this package registers the `"pallas"` attention backend.
+
+* `decode_attention`: a block of queries over the KV cache plus the block itself; the
+  lookahead / verification relation (`jaxspec.masks.LookaheadMask`) is computed in the
+  kernel, other relations are read as a dense mask;
+* `pard_attention`: the PARD drafter-training forward (`jaxspec.masks.PardMask`, no cache);
+* `pallas_attention`: the registered backend, which picks one of the two by mask.
+
+Backends (TPU Mosaic, GPU Triton, CPU interpret) are described in `pallas_kernels.backend`;
+`python -m pallas_kernels --check-lowering` lowers every kernel for TPU and CUDA.
+"""
 
 from jaxspec.attention import register_attention
+from pallas_kernels.attention import pallas_attention
 from pallas_kernels.decode_attention import decode_attention
+from pallas_kernels.pard_attention import pard_attention, pard_reference
 
-register_attention("pallas", decode_attention)
+register_attention("pallas", pallas_attention)
 
-__all__ = ["decode_attention"]
+__all__ = ["decode_attention", "pallas_attention", "pard_attention", "pard_reference"]

@@ -1,8 +1,14 @@
-"""`python -m pallas_kernels --check-lowering`: prove the kernels compile for TPU and GPU from here.
+"""`python -m pallas_kernels --check-lowering`: lower every kernel for TPU and GPU from this machine.
 
-Each (platform, shape) is lowered (not interpreted) with `jax.export`, which runs the Pallas
-lowering for the target platform (Mosaic for TPU, Triton for CUDA) without that hardware.
-Prints one OK/FAIL line per case and exits non-zero if any case fails.
+Each (platform, case) is lowered (not interpreted) with `jax.export`, which runs the Pallas
+lowering for the target platform (Mosaic for TPU, Triton for CUDA) without that hardware;
+the cases cover every kernel and mask kind (dense, lookahead computed in the kernel,
+PARD). Prints one OK/FAIL line per case and exits non-zero if any case fails.
+
+What this proves is that JAX lowers each kernel to the platform's kernel IR (Mosaic MLIR,
+Triton IR) and that the result is embedded as the platform's custom call. The final
+compilation of that IR (Mosaic's layout passes, Triton to PTX) runs inside the TPU / GPU
+compiler, so it is checked only on the hardware.
 """
 
 from __future__ import annotations
@@ -15,39 +21,66 @@ import traceback
 import jax
 import jax.numpy as jnp
 
+from jaxspec.masks import LookaheadMask
 from pallas_kernels.decode_attention import decode_attention
+from pallas_kernels.pard_attention import pard_attention
 
 PLATFORMS = ("tpu", "cuda")
 DISABLED_CHECKS = (jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton"),)
+sds = jax.ShapeDtypeStruct
 
-# (name, batch, block tokens, query heads, kv heads, head_dim, cache slots, dtype, window)
-SHAPES = (
-    ("decode d64 gqa4 bf16", 2, 1, 16, 4, 64, 1024, jnp.bfloat16, None),
-    ("lookahead d128 gqa4 bf16", 2, 14, 32, 8, 128, 2048, jnp.bfloat16, None),
-    ("lookahead d64 gqa4 fp32", 1, 33, 8, 2, 64, 500, jnp.float32, None),
-    ("lookahead d128 gqa4 fp32 window", 1, 14, 8, 2, 128, 1024, jnp.float32, 256),
+
+def _decode_case(b, t, h, kv, d, s, dtype, window=None, step: LookaheadMask | None = None):
+    """decode_attention with a dense mask, or with `step`'s relation computed in the kernel."""
+    if step is not None:
+        t = step.size
+    args = [sds((b, t, h, d), dtype), sds((b, s, kv, d), dtype), sds((b, s, kv, d), dtype), sds((b,), jnp.int32),
+            sds((b, t, kv, d), dtype), sds((b, t, kv, d), dtype)]
+    if step is None:
+        args.append(sds((b, t, t), jnp.bool_))
+    args.append(sds((b, t), jnp.int32))
+
+    def build(platform):
+        def fn(*a):
+            mask, pos = (a[6], a[7]) if step is None else (step, a[6])
+            return decode_attention(*a[:6], mask, pos, window, interpret=False, platform=platform)
+        return fn
+    return build, args
+
+
+def _pard_case(b, n, h, kv, d, dtype, window=None):
+    args = [sds((b, n, h, d), dtype), sds((b, n, kv, d), dtype), sds((b, n, kv, d), dtype),
+            sds((b, n), jnp.int32), sds((b, n), jnp.int32)]
+    return (lambda platform: functools.partial(pard_attention, sliding_window=window, interpret=False,
+                                               platform=platform)), args
+
+
+# (name, (function of the platform, abstract arguments)): every kernel, each mask kind.
+CASES = (
+    ("decode dense d64 gqa4 bf16", _decode_case(2, 1, 16, 4, 64, 1024, jnp.bfloat16)),
+    ("decode dense d128 gqa4 fp32 window", _decode_case(1, 14, 8, 2, 128, 1024, jnp.float32, window=256)),
+    ("lookahead (15,5,15) d128 gqa4 bf16", _decode_case(2, 0, 32, 8, 128, 2048, jnp.bfloat16,
+                                                        step=LookaheadMask(15, 4, 15, 4))),
+    ("lookahead (1,3,0) d64 gqa8 fp32", _decode_case(1, 0, 8, 1, 64, 500, jnp.float32,
+                                                     step=LookaheadMask(1, 2, 0, 2))),
+    ("lookahead (4,3,4) d128 gqa1 fp32 window", _decode_case(1, 0, 4, 4, 128, 700, jnp.float32, window=64,
+                                                             step=LookaheadMask(4, 2, 4, 2))),
+    ("jacobi (0,0,1) d64 gqa4 bf16", _decode_case(1, 0, 8, 2, 64, 300, jnp.bfloat16,
+                                                  step=LookaheadMask(0, 0, 1, 8))),
+    ("pard d128 gqa4 bf16", _pard_case(2, 1024, 32, 8, 128, jnp.bfloat16)),
+    ("pard d64 gqa1 fp32 window", _pard_case(1, 300, 4, 4, 64, jnp.float32, window=128)),
 )
 
 
-def attention_args(b, t, h, kv, d, s, dtype):
-    sds = jax.ShapeDtypeStruct
-    return (sds((b, t, h, d), dtype), sds((b, s, kv, d), dtype), sds((b, s, kv, d), dtype),
-            sds((b,), jnp.int32), sds((b, t, kv, d), dtype), sds((b, t, kv, d), dtype),
-            sds((b, t, t), jnp.bool_), sds((b, t), jnp.int32))
-
-
-def check_lowering(platforms=PLATFORMS, shapes=SHAPES, verbose=False) -> int:
+def check_lowering(platforms=PLATFORMS, cases=CASES, verbose=False) -> int:
     failures = 0
     for platform in platforms:
-        for name, b, t, h, kv, d, s, dtype, window in shapes:
-            fn = functools.partial(decode_attention, sliding_window=window, interpret=False,
-                                   platform=platform)
+        for name, (build, args) in cases:
             try:
                 # Triton kernels travel as an opaque custom call without jax.export's
                 # stability guarantee; allow it explicitly (lowering is what we check here).
-                exported = jax.export.export(jax.jit(fn), platforms=(platform,),
-                                             disabled_checks=DISABLED_CHECKS)(
-                    *attention_args(b, t, h, kv, d, s, dtype))
+                exported = jax.export.export(jax.jit(build(platform)), platforms=(platform,),
+                                             disabled_checks=DISABLED_CHECKS)(*args)
                 text = exported.mlir_module()
                 # The kernel must be in the module as a custom call, not silently interpreted.
                 target = "tpu_custom_call" if platform == "tpu" else "__gpu$xla.gpu.triton"

@@ -1,4 +1,4 @@
-"""Block-decode attention as one Pallas kernel: the `"pallas"` attention backend.
+"""Block-decode attention as one Pallas kernel: the `"pallas"` attention backend's decode path.
 
 Computes exactly what `jaxspec.attention.xla_attention` computes (same signature, same
 masking rules, scores and softmax in float32) for a block of T queries:
@@ -7,26 +7,26 @@ masking rules, scores and softmax in float32) for a block of T queries:
   visited in blocks of `block_s` keys with an online softmax (running max, denominator and
   accumulator in float32); cache blocks wholly past a row's length, or wholly before every
   query's sliding window, are never loaded: the loop runs over only the needed blocks;
-* then the block's own T keys under `block_mask[b, i, j]` ("query i sees block key j").
+* then the block's own T keys under the block relation ("query i sees block key j"):
+  - a `jaxspec.masks.LookaheadMask` (the lookahead / verification step): the relation is
+    computed in the kernel from (W, levels, G, candidate length) and the query / key
+    block indices (`jaxspec.masks.lookahead_relation`, a few comparisons per element);
+    no mask is read from memory;
+  - any other relation as a dense `[b, T, T]` mask (an int32 copy, tiled over the query
+    group): the fallback for prefill, arbitrary masks and tests.
 
-One kernel instance per (batch row, KV head): its `h // kv` query heads x T queries form
-one `[g*T, d]` matrix (row = group * T + i), so GQA costs one K/V read per group.
+One kernel instance per (batch row, KV head, tile of query rows): the KV head's `h // kv`
+query heads x T queries form one `[g*T, d]` matrix (row = group * T + i), so GQA costs
+one K/V read per group (per row tile: on TPU the default is a single tile).
 
-This first version takes the block relation as a dense `[b, T, T]` mask (an int32 copy,
-tiled over the query group). The Pallas issue asks for it to be computed in-kernel from the
-step layout (window W, levels N, guesses G): the relation is a handful of comparisons of
-the block index against W / N / G, so the dense mask and its DMA can go away.
+Backends (TPU Mosaic, GPU Triton, CPU interpret) and why not Mosaic GPU: see
+`pallas_kernels.backend`. Triton needs power-of-two block shapes, so rows, block keys and
+(on GPU) the cache length are padded.
 
-Platforms: on CPU the kernel runs in interpret mode (chosen automatically); on TPU it
-lowers through Mosaic (lengths in SMEM); on GPU through the Triton backend (explicit
-`CompilerParams`: Mosaic GPU, the default GPU backend, needs warpgroup-shaped tiles and
-`plgpu.kernel`, which this grid-over-(row, head) kernel does not use yet). Triton needs
-power-of-two block shapes, so rows, block keys and (on GPU) the cache length are padded.
-
-Known costs of this first version: the wrapper transposes the cache to `[b, kv, s, d]`
-(one copy per call; a head-major cache layout in jaxspec or manual DMA would avoid it) and
-each kernel instance holds its (row, head) slice of the cache in fast memory, which bounds
-the cache length on TPU by VMEM (~s * d * 2 arrays * dtype size).
+Known costs: the wrapper transposes the cache to `[b, kv, s, d]` (one copy per call; a
+head-major cache layout in jaxspec or manual DMA would avoid it) and each kernel instance
+holds its (row, head) slice of the cache in fast memory, which bounds the cache length on
+TPU by VMEM (~s * d * 2 arrays * dtype size).
 """
 
 from __future__ import annotations
@@ -37,44 +37,43 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Float, Int
 
-# Same large finite negative as the XLA reference: fully masked rows stay finite (no NaN).
-_MASKED = -1e30
-_MIN_ROWS = 16  # Triton dots need every dim >= 16; bf16 sublane tiles on TPU are 16 rows
+from jaxspec.errors import ConfigError
+from jaxspec.masks import BlockMask, LookaheadMask, dense_block_mask
+from pallas_kernels.backend import MASKED, MIN_ROWS, compiler_params, next_pow2, pv, qk, resolve, round_up
 
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
-def _round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
+_GPU_ROWS = 64  # query rows per Triton program (its float32 accumulator lives in registers)
 
 
 def _online_update(m, l, acc, scores, visible, v):
     """Fold one block of scores [R, K] (float32) and values [K, d] into the running softmax."""
-    scores = jnp.where(visible, scores, _MASKED)
+    scores = jnp.where(visible, scores, MASKED)
     m_new = jnp.maximum(m, jnp.max(scores, axis=1, keepdims=True))
     alpha = jnp.exp(m - m_new)
     p = jnp.exp(scores - m_new)
     l_new = alpha * l + jnp.sum(p, axis=1, keepdims=True)
-    pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
-                         preferred_element_type=jnp.float32)
-    return m_new, l_new, alpha * acc + pv
+    return m_new, l_new, alpha * acc + pv(p, v)
 
 
-def _qk(q, k, scale):
-    # q [R, d] . k [K, d]^T in float32, scaled after the matmul as the reference does.
-    return lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
+def _step_relation(step: LookaheadMask, first_row, rows: int, keys: int, t: int, groups: int):
+    """The lookahead relation on the kernel's [rows, keys] tile (row = group * t + i)."""
+    row = first_row + lax.broadcasted_iota(jnp.int32, (rows, 1), 0)
+    j = lax.broadcasted_iota(jnp.int32, (1, keys), 1)
+    group = row * 0
+    for k in range(1, groups):  # row // t without vector integer division
+        group = group + (row >= k * t).astype(jnp.int32)
+    return step.relation(row - group * t, j) & (j < t)
 
 
-def _kernel(len_ref, lo_ref, q_ref, kc_ref, vc_ref, kn_ref, vn_ref, mask_ref, qpos_ref, kpos_ref,
-            o_ref, *, block_s: int, scale: float, window: int | None, scalars_whole: bool):
+def _kernel(len_ref, lo_ref, q_ref, kc_ref, vc_ref, kn_ref, vn_ref, qpos_ref, kpos_ref, *refs,
+            block_s: int, scale: float, window: int | None, scalars_whole: bool,
+            step: LookaheadMask | None, t: int, groups: int):
+    mask_ref, o_ref = refs if step is None else (None, *refs)
     # On TPU the scalar arrays sit whole in SMEM; elsewhere each instance gets its own (1,) block.
-    row = pl.program_id(0) if scalars_whole else 0
-    length = len_ref[row]
-    first_block = lo_ref[row]
+    batch_row = pl.program_id(0) if scalars_whole else 0
+    length = len_ref[batch_row]
+    first_block = lo_ref[batch_row]
     q = q_ref[...]
     qpos = qpos_ref[...]  # [R, 1] int32
     rows, d = q.shape
@@ -88,31 +87,23 @@ def _kernel(len_ref, lo_ref, q_ref, kc_ref, vc_ref, kn_ref, vn_ref, mask_ref, qp
         visible = col < length
         if window is not None:
             visible = visible & (qpos - col < window)
-        return _online_update(m, l, acc, _qk(q, k, scale), visible, v)
+        return _online_update(m, l, acc, qk(q, k, scale), visible, v)
 
-    carry = (jnp.full((rows, 1), _MASKED, jnp.float32), jnp.zeros((rows, 1), jnp.float32),
+    carry = (jnp.full((rows, 1), MASKED, jnp.float32), jnp.zeros((rows, 1), jnp.float32),
              jnp.zeros((rows, d), jnp.float32))
     # lax.div: lengths are non-negative, and `//` lowers through `sign` (device-specific on TPU).
     last_block = lax.div(length + block_s - 1, block_s)  # blocks from here on hold no key
     m, l, acc = lax.fori_loop(first_block, last_block, cache_block, carry)
 
-    visible = mask_ref[...] != 0  # [R, T]
+    keys = kn_ref.shape[0]
+    if step is None:
+        visible = mask_ref[...] != 0  # [R, T]
+    else:
+        visible = _step_relation(step, pl.program_id(2) * rows, rows, keys, t, groups)
     if window is not None:
         visible = visible & (qpos - kpos_ref[...] < window)
-    m, l, acc = _online_update(m, l, acc, _qk(q, kn_ref[...], scale), visible, vn_ref[...])
+    m, l, acc = _online_update(m, l, acc, qk(q, kn_ref[...], scale), visible, vn_ref[...])
     o_ref[...] = (acc / l).astype(o_ref.dtype)
-
-
-def _platform_params(platform: str, interpret: bool):
-    if interpret:
-        return None
-    if platform == "tpu":
-        from jax.experimental.pallas import tpu as pltpu
-        return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"))
-    if platform in ("gpu", "cuda", "rocm"):
-        from jax.experimental.pallas import triton as pltriton
-        return pltriton.CompilerParams(num_warps=4, num_stages=2)
-    raise ValueError(f"no compiled Pallas backend for platform {platform!r}; use interpret=True")
 
 
 def decode_attention(
@@ -122,40 +113,50 @@ def decode_attention(
     cache_lengths: Int[Array, " b"],
     k_new: Float[Array, "b t kv d"],
     v_new: Float[Array, "b t kv d"],
-    block_mask: Bool[Array, "b t t"],
+    block_mask: BlockMask,
     q_positions: Int[Array, "b t"],
     sliding_window: int | None = None,
     *,
     block_s: int = 128,
+    block_rows: int | None = None,
     interpret: bool | None = None,
     platform: str | None = None,
 ) -> Float[Array, "b t h d"]:
     """Pallas attention with `xla_attention`'s signature and results.
 
-    `block_s` (a power of two) is the number of cache keys per online-softmax step.
-    `platform` ("cpu" | "tpu" | "gpu"/"cuda") selects the backend-specific layout; it
-    defaults to `jax.default_backend()`, and `interpret` defaults to running on CPU. Pass
-    both to lower for another platform (e.g. `jax.export` for TPU from a CPU machine).
+    `block_mask` is a `LookaheadMask` (relation computed in the kernel) or anything
+    `jaxspec.masks.dense_block_mask` accepts (read as a dense mask). `block_s` (a power of
+    two) is the number of cache keys per online-softmax step. `block_rows` (a power of two
+    >= 16) splits each instance's `g*T` query rows into tiles of that many rows, one grid
+    step each (each re-reads the cache); default: one tile on TPU and in interpret mode,
+    64 rows on GPU, where a Triton program keeps its tile's accumulator in registers.
+    `platform` and `interpret`: see `pallas_kernels.backend`.
     """
-    platform = platform or jax.default_backend()
-    if interpret is None:
-        interpret = platform == "cpu"
+    platform, interpret = resolve(platform, interpret)
     if block_s < 16 or block_s & (block_s - 1):
-        raise ValueError(f"block_s must be a power of two >= 16, got {block_s}")
+        raise ConfigError(f"block_s must be a power of two >= 16, got {block_s}")
     b, t, h, d = q.shape
     s, kv = k_cache.shape[1], k_cache.shape[2]
     if h % kv:
-        raise ValueError(f"query heads ({h}) must be a multiple of KV heads ({kv})")
+        raise ConfigError(f"query heads ({h}) must be a multiple of KV heads ({kv})")
     g = h // kv
-    gpu = platform in ("gpu", "cuda", "rocm") and not interpret
+    gpu = not interpret and platform != "tpu"
     tpu = platform == "tpu" and not interpret
+    step = block_mask if isinstance(block_mask, LookaheadMask) else None
+    if step is not None and step.size != t:
+        raise ConfigError(f"LookaheadMask describes a block of {step.size} tokens, the forward has {t}")
 
-    rows = max(_next_pow2(g * t), _MIN_ROWS)
-    keys = max(_next_pow2(t), _MIN_ROWS)
-    bs = min(block_s, max(_next_pow2(s), 16))
-    s_pad = _round_up(max(s, 1), bs)
+    rows = max(next_pow2(g * t), MIN_ROWS)
+    if block_rows is None:
+        block_rows = min(rows, _GPU_ROWS) if gpu else rows
+    if block_rows < MIN_ROWS or block_rows & (block_rows - 1):
+        raise ConfigError(f"block_rows must be a power of two >= {MIN_ROWS}, got {block_rows}")
+    block_rows = min(block_rows, rows)
+    keys = max(next_pow2(t), MIN_ROWS)
+    bs = min(block_s, max(next_pow2(s), 16))
+    s_pad = round_up(max(s, 1), bs)
     if gpu:
-        s_pad = _next_pow2(s_pad)  # Triton block shapes are powers of two
+        s_pad = next_pow2(s_pad)  # Triton block shapes are powers of two
 
     def heads_major(x, length):  # [b, n, kv, d] -> [b, kv, length, d], zero padded
         x = x.transpose(0, 2, 1, 3)
@@ -165,8 +166,6 @@ def decode_attention(
     qg = jnp.pad(qg, ((0, 0), (0, 0), (0, rows - g * t), (0, 0)))
     kc, vc = heads_major(k_cache, s_pad), heads_major(v_cache.astype(k_cache.dtype), s_pad)
     kn, vn = heads_major(k_new.astype(k_cache.dtype), keys), heads_major(v_new.astype(k_cache.dtype), keys)
-    mask = jnp.tile(block_mask.astype(jnp.int32), (1, g, 1))  # row = group * t + i
-    mask = jnp.pad(mask, ((0, 0), (0, rows - g * t), (0, keys - t)))
     q_positions = q_positions.astype(jnp.int32)
     qpos = jnp.pad(jnp.tile(q_positions, (1, g)), ((0, 0), (0, rows - g * t)))[:, :, None]
     kpos = jnp.pad(q_positions, ((0, 0), (0, keys - t)))[:, None, :]
@@ -183,30 +182,29 @@ def decode_attention(
         from jax.experimental.pallas import tpu as pltpu
         scalar_spec = pl.BlockSpec(memory_space=pltpu.SMEM)
     else:
-        scalar_spec = pl.BlockSpec((1,), lambda i, j: (i,))
-    per_head = lambda n: pl.BlockSpec((None, None, n, d), lambda i, j: (i, j, 0, 0))  # noqa: E731
+        scalar_spec = pl.BlockSpec((1,), lambda i, j, r: (i,))
+    per_head = lambda n: pl.BlockSpec((None, None, n, d), lambda i, j, r: (i, j, 0, 0))  # noqa: E731
+    row_tile = pl.BlockSpec((None, None, block_rows, d), lambda i, j, r: (i, j, r, 0))
+    per_row = lambda *shape: pl.BlockSpec((None, *shape), lambda i, j, r: (i, r, 0))  # noqa: E731
+    args = [lengths, first, qg, kc, vc, kn, vn, qpos, kpos]
+    in_specs = [scalar_spec, scalar_spec, row_tile, per_head(s_pad), per_head(s_pad), per_head(keys),
+                per_head(keys), per_row(block_rows, 1), pl.BlockSpec((None, 1, keys), lambda i, j, r: (i, 0, 0))]
+    if step is None:
+        mask = dense_block_mask(block_mask, q_positions)
+        mask = jnp.tile(mask.astype(jnp.int32), (1, g, 1))  # row = group * t + i
+        args.append(jnp.pad(mask, ((0, 0), (0, rows - g * t), (0, keys - t))))
+        in_specs.append(per_row(block_rows, keys))
     kernel = functools.partial(_kernel, block_s=bs, scale=d ** -0.5, window=sliding_window,
-                               scalars_whole=tpu)
+                               scalars_whole=tpu, step=step, t=t, groups=g)
     out = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((b, kv, rows, d), q.dtype),
-        grid=(b, kv),
-        in_specs=[
-            scalar_spec,
-            scalar_spec,
-            per_head(rows),
-            per_head(s_pad),
-            per_head(s_pad),
-            per_head(keys),
-            per_head(keys),
-            pl.BlockSpec((None, rows, keys), lambda i, j: (i, 0, 0)),
-            pl.BlockSpec((None, rows, 1), lambda i, j: (i, 0, 0)),
-            pl.BlockSpec((None, 1, keys), lambda i, j: (i, 0, 0)),
-        ],
-        out_specs=per_head(rows),
+        grid=(b, kv, rows // block_rows),
+        in_specs=in_specs,
+        out_specs=row_tile,
         interpret=interpret,
-        compiler_params=_platform_params(platform, interpret),
-        name="jaxspec_decode_attention",
-    )(lengths, first, qg, kc, vc, kn, vn, mask, qpos, kpos)
+        compiler_params=compiler_params(platform, interpret, 3),
+        name="jaxspec_decode_attention" if step is None else "jaxspec_lookahead_attention",
+    )(*args)
     out = out[:, :, :g * t].reshape(b, kv, g, t, d).transpose(0, 3, 1, 2, 4)
     return out.reshape(b, t, h, d)

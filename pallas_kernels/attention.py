@@ -1,0 +1,33 @@
+"""The `"pallas"` attention backend: one entry point, the kernel chosen by the mask.
+
+* `PardMask` over an empty cache (a training forward): `pard_attention`;
+* everything else (`LookaheadMask`, dense masks, `PardMask` over a cache):
+  `decode_attention`, which computes a `LookaheadMask` in the kernel and reads the others
+  as a dense mask.
+"""
+
+from __future__ import annotations
+
+from jaxtyping import Array, Float, Int
+
+from jaxspec.masks import BlockMask, PardMask
+from pallas_kernels.decode_attention import decode_attention
+from pallas_kernels.pard_attention import pard_attention
+
+
+def pallas_attention(
+    q: Float[Array, "b t h d"],
+    k_cache: Float[Array, "b s kv d"],
+    v_cache: Float[Array, "b s kv d"],
+    cache_lengths: Int[Array, " b"],
+    k_new: Float[Array, "b t kv d"],
+    v_new: Float[Array, "b t kv d"],
+    block_mask: BlockMask,
+    q_positions: Int[Array, "b t"],
+    sliding_window: int | None = None,
+) -> Float[Array, "b t h d"]:
+    """`jaxspec.attention.xla_attention`'s signature and results, with Pallas kernels."""
+    if isinstance(block_mask, PardMask) and k_cache.shape[1] == 0:
+        return pard_attention(q, k_new, v_new, block_mask.block_ids, q_positions, sliding_window)
+    return decode_attention(q, k_cache, v_cache, cache_lengths, k_new, v_new, block_mask, q_positions,
+                            sliding_window)
