@@ -62,6 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="do not seed the n-gram pool with the prompt's n-grams")
     la.add_argument("--no-verify-window", dest="verify_window", action="store_false", default=None,
                     help="verify pool candidates only, not the lookahead window's own diagonals")
+    la.add_argument("--lp-devices", dest="lp_devices", type=int,
+                    help="lookahead parallelism: split each step over this many devices (greedy only)")
+    _add_distributed_options(g)
+
+    t = sub.add_parser("train", help="train a model from a config in configs/ (tokenizer, data, model)")
+    t.add_argument("--config", required=True, help="training config TOML, e.g. configs/pycode.toml")
+    t.add_argument("--out", help="run folder (default: runs/<config name>)")
+    t.add_argument("--steps", type=int, help="override [train] steps (the schedule's length)")
+    t.add_argument("--resume", action="store_true", help="continue from the newest readable checkpoint in --out")
+    t.add_argument("--no-export", dest="export", action="store_false", help="skip the HF folder export at the end")
+    t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    t.add_argument("--json", action="store_true", help="print one JSON object with the final metrics")
 
     e = sub.add_parser("export", help="save a checkpoint as an HF folder that transformers loads")
     e.add_argument("--model", required=True)
@@ -70,11 +82,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_distributed_options(parser: argparse.ArgumentParser) -> None:
+    d = parser.add_argument_group(
+        "multi-process runs (every process runs the same command with its own --process-id; "
+        "defaults: JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID)")
+    d.add_argument("--coordinator", help="HOST:PORT of process 0's coordinator, e.g. 10.0.0.1:1234")
+    d.add_argument("--num-processes", type=int, help="number of processes in the run")
+    d.add_argument("--process-id", type=int, help="this process's index in [0, num_processes)")
+
+
+def _initialize_distributed(args) -> None:
+    """Join the multi-process run the options (or environment) describe, before JAX starts."""
+    from jaxspec.parallel import initialize_distributed
+
+    initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+
+
 # Method options the CLI forwards to `jaxspec.generate` when given.
-METHOD_FLAGS = ("window", "ngram", "guesses", "pool_from_prompt", "verify_window")
+METHOD_FLAGS = ("window", "ngram", "guesses", "pool_from_prompt", "verify_window", "lp_devices")
 
 
 def _generate(args) -> int:
+    _initialize_distributed(args)
     import jaxspec
 
     model = jaxspec.load(args.model, dtype=args.dtype, attention=args.attention)
@@ -103,6 +132,27 @@ def _generate(args) -> int:
     return 0
 
 
+def _train(args) -> int:
+    from jaxspec.train.config import load_train_config
+    from jaxspec.train.trainer import train
+
+    overrides = {"train": {"steps": args.steps}} if args.steps is not None else None
+    cfg = load_train_config(args.config, overrides)
+    out_dir = args.out or f"runs/{cfg.name}"
+    log = (lambda *a, **k: print(*a, file=sys.stderr, **k))
+    result = train(cfg, out_dir, resume=args.resume, log=log, progress=args.progress, export=args.export)
+    summary = {"out_dir": str(result.out_dir), "steps": result.steps, "final_loss": result.final_loss,
+               "eval_loss": result.eval_loss, "eval_bits_per_byte": result.eval_bits_per_byte,
+               "seconds": result.seconds, "tokens_seen": result.tokens_seen,
+               "export_dir": None if result.export_dir is None else str(result.export_dir)}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"trained {cfg.name}: held-out loss {result.eval_loss:.4f} nats/token, "
+              f"{result.eval_bits_per_byte:.4f} bits/byte; run folder {result.out_dir}")
+    return 0
+
+
 def _export(args) -> int:
     import jaxspec
 
@@ -115,7 +165,7 @@ def _export(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": _generate, "export": _export}[args.command](args)
+        return {"generate": _generate, "train": _train, "export": _export}[args.command](args)
     except JaxspecError as e:
         print(f"jaxspec: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

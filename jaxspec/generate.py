@@ -13,6 +13,7 @@ import numpy as np
 from jaxspec.errors import GenerationError, PromptError
 from jaxspec.loading import Model
 from jaxspec.methods import resolve_method
+from jaxspec.parallel import lp_mesh, replicate
 from jaxspec.sampling import SamplingParams
 
 
@@ -62,7 +63,12 @@ def normalize_prompts(model: Model, prompt) -> tuple[list[list[int]], bool]:
 def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "autoregressive",
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              stop_at_eos: bool = True, **method_options) -> GenerateOutput:
-    """Generate with any registered method; the whole loop is one compiled `lax.while_loop`."""
+    """Generate with any registered method; the whole loop is one compiled `lax.while_loop`.
+
+    `method="lookahead", lp_devices=D` splits each step over the first D devices (lookahead
+    parallelism, greedy only; see docs/scaling.md); in a multi-process run every process
+    calls this with the same arguments and gets the same output.
+    """
     name, spec, options = resolve_method(method, model.config, method_options)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise GenerationError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -92,6 +98,9 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
                    **options)
     args = (model.graphdef, model.params, jnp.asarray(prompts), jnp.asarray(lengths),
             jax.random.key(seed), sampling)
+    if options.get("lp_devices", 1) > 1:
+        # Lookahead parallelism: inputs replicated on the `lp` mesh (across processes too).
+        args = (args[0], *replicate(args[1:], lp_mesh(options["lp_devices"])))
 
     key = (name, prompts.shape, tuple(sorted(statics.items())))
     compile_seconds = 0.0

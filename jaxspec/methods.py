@@ -15,7 +15,9 @@ from typing import Any, Callable
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.autoregressive import autoregressive_decode
 from jaxspec.decoding.lookahead import LookaheadConfig, jacobi_decode, lookahead_decode, prompt_lookup_decode
+from jaxspec.decoding.lookahead_parallel import lookahead_parallel_decode
 from jaxspec.errors import ConfigError, GenerationError
+from jaxspec.parallel import check_lp_devices
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
@@ -53,14 +55,24 @@ def _lookahead_options(cfg: ModelConfig, options: dict) -> dict:
     LookaheadConfig(**{k: resolved.get(k, getattr(defaults, k)) for k in ("window", "ngram", "guesses")},
                     pool_from_prompt=resolved.get("pool_from_prompt", True),
                     verify_window=resolved.get("verify_window", True))  # validates
+    if "lp_devices" in resolved:
+        resolved["lp_devices"] = check_lp_devices(resolved["lp_devices"])
     return resolved
+
+
+def _lookahead(graphdef, params, prompts, prompt_lengths, rng, sampling, *, lp_devices: int = 1, **options):
+    """Single-device lookahead, or the same steps split over `lp_devices` devices (LP)."""
+    if lp_devices > 1:
+        return lookahead_parallel_decode(graphdef, params, prompts, prompt_lengths, rng, sampling,
+                                         lp_devices=lp_devices, **options)
+    return lookahead_decode(graphdef, params, prompts, prompt_lengths, rng, sampling, **options)
 
 
 METHODS: dict[str, Method] = {
     "autoregressive": Method(autoregressive_decode),
-    "lookahead": Method(lookahead_decode,
+    "lookahead": Method(_lookahead,
                         options={"window": None, "ngram": None, "guesses": None, "pool_from_prompt": True,
-                                 "verify_window": True},
+                                 "verify_window": True, "lp_devices": 1},
                         max_commit=lambda o: o["window"] + o["ngram"], resolve=_lookahead_options),
     "prompt-lookup": Method(prompt_lookup_decode, options={"ngram": None, "guesses": None},
                             max_commit=lambda o: o["ngram"], resolve=_lookahead_options),

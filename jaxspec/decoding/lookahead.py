@@ -31,6 +31,7 @@ from jaxspec.decoding.state import DecodeState, append
 from jaxspec.decoding.verify import verify_greedy, verify_sampled
 from jaxspec.errors import GenerationError
 from jaxspec.kv_cache import KVCache, commit
+from jaxspec.masks import LookaheadMask
 from jaxspec.ngram_pool import NGramPool, insert, sequence_ngrams
 from jaxspec.sampling import SamplingParams, next_token
 
@@ -156,14 +157,77 @@ def _random_prompt_tokens(key, prompts, prompt_lengths, shape):
     return jnp.take_along_axis(prompts, idx.reshape(prompts.shape[0], -1), axis=1).reshape(idx.shape)
 
 
+def start_state(model, prompts, prompt_lengths, rng, sampling: SamplingParams, *, max_new_tokens: int,
+                cache_len: int, eos_ids: tuple[int, ...], greedy: bool, window_shape: tuple[int, int], ngram: int,
+                guesses: int, uses_pool: bool, pool_from_prompt: bool, max_emit: int) -> LookaheadState:
+    """Prefill, the first token, the initial window (random prompt tokens) and the n-gram pool."""
+    cfg = model.config
+    batch, p = prompts.shape
+    rows = jnp.arange(batch)
+    dtype = model.embed_tokens.embedding.dtype
+    cache = KVCache.zeros(cfg.num_layers, batch, cache_len, cfg.num_kv_heads, cfg.head_dim, dtype)
+    logits, cache = prefill(model, prompts, prompt_lengths, cache)
+    rng, init_key, first_key = jax.random.split(rng, 3)
+    first = next_token(logits, first_key, sampling, greedy)
+    decode = DecodeState.start(batch, max_new_tokens, cache, rng)
+    decode, _ = append(decode, first[:, None], jnp.ones((batch,), jnp.int32), eos_ids)
+    decode = decode.replace(steps=jnp.ones((batch,), jnp.int32))
+
+    history = jnp.zeros((batch, p + max_new_tokens), jnp.int32).at[:, :p].set(prompts)
+    history = history.at[rows, prompt_lengths].set(first)
+    pool = NGramPool.empty(batch, cfg.vocab_size if uses_pool else 1, guesses, ngram if uses_pool else 2)
+    if uses_pool and pool_from_prompt:
+        starts = jnp.broadcast_to(jnp.arange(p), (batch, p))
+        keys, values, valid = sequence_ngrams(history, prompt_lengths + 1, ngram, starts)
+        pool = insert(pool, keys, values, valid)
+    window_tokens = _random_prompt_tokens(init_key, prompts, prompt_lengths, window_shape)
+    return LookaheadState(
+        decode=decode, window=window_tokens, pool=pool, history=history,
+        history_len=prompt_lengths + 1, stats={"accept_histogram": jnp.zeros((batch, max_emit + 1), jnp.int32)},
+    )
+
+
+def finish_step(state: LookaheadState, decode: DecodeState, emitted: Int[Array, "b e"], kept: Int[Array, " b"],
+                active, window_grams, next_window, *, ngram: int, uses_pool: bool) -> LookaheadState:
+    """Extend the history with the kept tokens, feed the pool (the window's n-grams `window_grams`
+    `[b, N, W]` when given, and the n-grams ending in the new tokens) and count the step."""
+    batch = emitted.shape[0]
+    rows = jnp.arange(batch)
+    j = jnp.arange(emitted.shape[1])[None]
+    dest = jnp.where(j < kept[:, None], state.history_len[:, None] + j, state.history.shape[1])
+    history = state.history.at[rows[:, None], dest].set(emitted, mode="drop")
+    history_len = state.history_len + kept
+
+    pool = state.pool
+    if uses_pool:
+        keys_list, values_list, valid_list = [], [], []
+        if window_grams is not None:
+            keys_list.append(window_grams[:, 0])
+            values_list.append(jnp.swapaxes(window_grams[:, 1:], 1, 2))
+            # From the first step on: n-grams of the random initial levels are mostly noise,
+            # but they cost nothing and the pool's LRU evicts them (measured: no gating is
+            # better than waiting N-2 steps for the levels to fill).
+            valid_list.append(jnp.broadcast_to(active[:, None], window_grams[:, 0].shape))
+        # n-grams that end in the tokens just generated
+        starts = state.history_len[:, None] + j - (ngram - 1)
+        keys, values, valid = sequence_ngrams(history, history_len, ngram, starts)
+        keys_list.append(keys)
+        values_list.append(values)
+        valid_list.append(valid)
+        pool = insert(pool, jnp.concatenate(keys_list, 1), jnp.concatenate(values_list, 1),
+                      jnp.concatenate(valid_list, 1))
+    hist = state.stats["accept_histogram"].at[rows, kept].add(active.astype(jnp.int32))
+    return LookaheadState(decode=decode, window=next_window, pool=pool, history=history, history_len=history_len,
+                          stats={"accept_histogram": hist})
+
+
 def speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling: SamplingParams, *,
                      max_new_tokens: int, cache_len: int, eos_ids: tuple[int, ...], greedy: bool,
                      mode: str, window: int, ngram: int, guesses: int, pool_from_prompt: bool,
                      verify_window: bool = False) -> tuple[DecodeState, dict]:
     """The whole generation as one `lax.while_loop`; `mode` is lookahead | prompt-lookup | jacobi."""
     model = nnx.merge(graphdef, params)
-    cfg = model.config
-    batch, p = prompts.shape
+    batch = prompts.shape[0]
     if mode == "jacobi":
         layout = StepLayout(window=0, levels=0, guesses=1, cand_len=window)
     else:
@@ -180,34 +244,14 @@ def speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling: S
         return jnp.concatenate([cand_valid, jnp.ones((batch, window_paths), bool)], axis=1)
 
     offsets = jnp.asarray(layout.position_offsets())
-    relation = jnp.broadcast_to(jnp.asarray(layout.attention_relation()), (batch, layout.size, layout.size))
+    relation = LookaheadMask.from_layout(layout)  # attention_relation(); Pallas computes it in-kernel
     rows = jnp.arange(batch)
-
-    dtype = model.embed_tokens.embedding.dtype
-    cache = KVCache.zeros(cfg.num_layers, batch, cache_len, cfg.num_kv_heads, cfg.head_dim, dtype)
-    logits, cache = prefill(model, prompts, prompt_lengths, cache)
-    rng, init_key, first_key = jax.random.split(rng, 3)
-    first = next_token(logits, first_key, sampling, greedy)
-    decode = DecodeState.start(batch, max_new_tokens, cache, rng)
-    decode, _ = append(decode, first[:, None], jnp.ones((batch,), jnp.int32), eos_ids)
-    decode = decode.replace(steps=jnp.ones((batch,), jnp.int32))
-
-    history = jnp.zeros((batch, p + max_new_tokens), jnp.int32).at[:, :p].set(prompts)
-    history = history.at[rows, prompt_lengths].set(first)
     uses_pool = mode != "jacobi" and G > 0
-    pool = NGramPool.empty(batch, cfg.vocab_size if uses_pool else 1, G, ngram if uses_pool else 2)
-    if uses_pool and pool_from_prompt:
-        starts = jnp.broadcast_to(jnp.arange(p), (batch, p))
-        keys, values, valid = sequence_ngrams(history, prompt_lengths + 1, ngram, starts)
-        pool = insert(pool, keys, values, valid)
-    if mode == "jacobi":
-        window_tokens = _random_prompt_tokens(init_key, prompts, prompt_lengths, (1, window))
-    else:
-        window_tokens = _random_prompt_tokens(init_key, prompts, prompt_lengths, (layout.levels, layout.window))
-    state = LookaheadState(
-        decode=decode, window=window_tokens, pool=pool, history=history,
-        history_len=prompt_lengths + 1, stats={"accept_histogram": jnp.zeros((batch, max_path + 2), jnp.int32)},
-    )
+    state = start_state(model, prompts, prompt_lengths, rng, sampling, max_new_tokens=max_new_tokens,
+                        cache_len=cache_len, eos_ids=eos_ids, greedy=greedy,
+                        window_shape=(1, window) if mode == "jacobi" else (layout.levels, layout.window),
+                        ngram=ngram, guesses=G, uses_pool=uses_pool, pool_from_prompt=pool_from_prompt,
+                        max_emit=max_path + 1)
 
     def step(state: LookaheadState) -> LookaheadState:
         decode = state.decode
@@ -246,13 +290,7 @@ def speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling: S
         decode, kept = append(decode.replace(cache=cache, rng=rng), emitted, count, eos_ids)
         decode = decode.replace(steps=decode.steps + active)
 
-        # Generated text extends the history (and through it the pool).
-        j = jnp.arange(emitted.shape[1])[None]
-        dest = jnp.where(j < kept[:, None], state.history_len[:, None] + j, state.history.shape[1])
-        history = state.history.at[rows[:, None], dest].set(emitted, mode="drop")
-        history_len = state.history_len + kept
-
-        pool = state.pool
+        grams = None
         if mode == "jacobi":
             # Next guess: the model's argmax predictions past the accepted run, padded with the
             # last one (argmax even when sampling: drafts stay deterministic; `emitted` holds
@@ -260,33 +298,13 @@ def speculative_loop(graphdef, params, prompts, prompt_lengths, rng, sampling: S
             path_preds = jnp.take_along_axis(preds, take, axis=1)
             idx = jnp.minimum(n_acc[:, None] + 1 + jnp.arange(L)[None], L)
             window_tokens = jnp.take_along_axis(path_preds, idx, axis=1)[:, None, :]
-        else:
-            keys_list, values_list, valid_list = [], [], []
-            if layout.levels:
-                top = (layout.levels - 1) * layout.window
-                new_level = preds[:, top:top + layout.window]
-                grams = jnp.concatenate([window_tokens, new_level[:, None]], axis=1)  # [b, N, W]
-                keys_list.append(grams[:, 0])
-                values_list.append(jnp.swapaxes(grams[:, 1:], 1, 2))
-                # From the first step on: n-grams of the random initial levels are mostly noise,
-                # but they cost nothing and the pool's LRU evicts them (measured: no gating is
-                # better than waiting N-2 steps for the levels to fill).
-                valid_list.append(jnp.broadcast_to(active[:, None], (batch, layout.window)))
-                window_tokens = grams[:, 1:]
-            if G > 0:
-                # n-grams that end in the tokens just generated
-                starts = state.history_len[:, None] + jnp.arange(emitted.shape[1])[None] - (ngram - 1)
-                keys, values, valid = sequence_ngrams(history, history_len, ngram, starts)
-                keys_list.append(keys)
-                values_list.append(values)
-                valid_list.append(valid)
-            if G > 0 and keys_list:
-                pool = insert(pool, jnp.concatenate(keys_list, 1), jnp.concatenate(values_list, 1),
-                              jnp.concatenate(valid_list, 1))
-        hist = state.stats["accept_histogram"]
-        hist = hist.at[rows, kept].add(active.astype(jnp.int32))
-        return LookaheadState(decode=decode, window=window_tokens, pool=pool,
-                              history=history, history_len=history_len, stats={"accept_histogram": hist})
+        elif layout.levels:
+            top = (layout.levels - 1) * layout.window
+            new_level = preds[:, top:top + layout.window]
+            grams = jnp.concatenate([window_tokens, new_level[:, None]], axis=1)  # [b, N, W]
+            window_tokens = grams[:, 1:]
+        return finish_step(state, decode, emitted, kept, active, grams, window_tokens, ngram=ngram,
+                           uses_pool=uses_pool)
 
     final = jax.lax.while_loop(lambda s: ~jnp.all(s.decode.done), step, state)
     return final.decode, final.stats
