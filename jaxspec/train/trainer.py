@@ -1,0 +1,316 @@
+"""`train(config, out_dir)`: the language-model training loop.
+
+Everything the loop does at step s is a function of (config, s): the batch comes from
+`corpus.training_order`, the learning rate from the schedule, and the state from the last
+checkpoint. A run killed at any point and resumed with `resume=True` therefore produces
+the same parameters and the same loss curve as an uninterrupted one.
+
+Output folder layout:
+  data/        tokenizer.model + packed train/held-out token arrays (built once, reused)
+  checkpoints/ Orbax steps (atomic, keep-last-N)
+  metrics.jsonl, loss.png, config.json (the resolved training config)
+  model/       the exported HF folder (config.json, model.safetensors, tokenizer.model, README.md)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxspec.errors import CheckpointError
+from jaxspec.model import Transformer
+from jaxspec.train import corpus
+from jaxspec.train.checkpoints import TrainCheckpoints
+from jaxspec.train.config import OptimConfig, TrainConfig
+from jaxspec.train.objective import token_nats
+from jaxspec.train.sharding import batch_sharding, global_array, make_mesh, tree_shardings
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass
+class TrainResult:
+    out_dir: Path
+    steps: int
+    final_loss: float
+    eval_loss: float
+    eval_bits_per_byte: float
+    seconds: float
+    tokens_seen: int
+    export_dir: Path | None
+
+
+def learning_rate_schedule(opt: OptimConfig, total_steps: int) -> optax.Schedule:
+    """Linear warmup, then cosine decay to learning_rate * final_lr_fraction at the last step."""
+    warmup = min(opt.warmup_steps, max(total_steps - 1, 0))
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=opt.learning_rate, warmup_steps=warmup,
+        decay_steps=max(total_steps, warmup + 1), end_value=opt.learning_rate * opt.final_lr_fraction)
+
+
+def make_optimizer(opt: OptimConfig, total_steps: int) -> optax.GradientTransformation:
+    # No weight decay on vectors (norm scales): only matrices and embeddings are decayed.
+    decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
+    return optax.chain(
+        optax.clip_by_global_norm(opt.clip_norm) if opt.clip_norm > 0 else optax.identity(),
+        optax.adamw(learning_rate_schedule(opt, total_steps), b1=opt.b1, b2=opt.b2,
+                    weight_decay=opt.weight_decay, mask=decay_mask),
+    )
+
+
+def init_params(cfg: TrainConfig):
+    """(float32 master params, graphdef in the compute dtype) for a freshly initialised model."""
+    model = Transformer(cfg.model_config(), dtype=jnp.float32, rngs=nnx.Rngs(cfg.train.seed))
+    _, params = nnx.split(model)
+    compute = DTYPES[cfg.train.dtype]
+    graphdef, _ = nnx.split(nnx.eval_shape(
+        lambda: Transformer(cfg.model_config(), dtype=compute, rngs=nnx.Rngs(0))))
+    return params, graphdef
+
+
+def make_steps(graphdef, optimizer, compute_dtype, param_shardings, opt_shardings):
+    """Jitted (train_step, eval_step) closed over the model graph and the optimizer."""
+
+    def mean_nats(params, tokens):
+        params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
+        return token_nats(nnx.merge(graphdef, params), tokens).mean()
+
+    def train_step(params, opt_state, micro_batches):
+        # Gradient accumulation: a scan over micro-batches, gradients summed in float32.
+        def accumulate(carry, tokens):
+            loss, grads = jax.value_and_grad(mean_nats)(params, tokens)
+            return jax.tree.map(jnp.add, carry, (loss, grads)), None
+
+        zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+        (loss, grads), _ = jax.lax.scan(accumulate, zeros, micro_batches)
+        n = micro_batches.shape[0]
+        loss, grads = loss / n, jax.tree.map(lambda g: g / n, grads)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        params = jax.lax.with_sharding_constraint(params, param_shardings)
+        opt_state = jax.lax.with_sharding_constraint(opt_state, opt_shardings)
+        return params, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+
+    def eval_step(params, tokens, byte_lengths):
+        params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
+        nats = token_nats(nnx.merge(graphdef, params), tokens)
+        return nats.sum(), byte_lengths[tokens[:, 1:]].sum()
+
+    return jax.jit(train_step, donate_argnums=(0, 1)), jax.jit(eval_step)
+
+
+def _progress(total: int, start: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=start, disable=not enabled, unit="step", dynamic_ncols=True,
+                desc="train")
+
+
+def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: Callable = print,
+          progress: bool = True, export: bool = True) -> TrainResult:
+    """Train `cfg` into `out_dir` (see the module docstring); returns the final metrics."""
+    out = Path(out_dir)
+    is_main = jax.process_index() == 0
+    ckpt_dir = out / "checkpoints"
+    if not resume and ckpt_dir.exists() and any(ckpt_dir.iterdir()):
+        raise CheckpointError(f"{out} already holds checkpoints; pass --resume to continue that run "
+                              "or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    say = log if is_main else (lambda *a, **k: None)
+
+    meta = corpus.prepare_data(cfg.data, cfg.tokenizer, out / "data", cfg.train.seed,
+                               cfg.fingerprint("data", "tokenizer"), log=say)
+    train_data = corpus.PackedData(out / "data" / "train.npy", cfg.data.seq_len)
+    heldout = corpus.PackedData(out / "data" / "heldout.npy", cfg.data.seq_len)
+    tokenizer_path = out / "data" / "tokenizer.model"
+    byte_lengths = jnp.asarray(corpus.piece_byte_lengths(tokenizer_path))
+    if is_main:
+        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+
+    mesh = make_mesh(cfg.mesh)
+    run = cfg.train
+    if run.batch_size % mesh.size:
+        from jaxspec.errors import ConfigError
+
+        raise ConfigError(f"[train] batch_size ({run.batch_size}) must be a multiple of the device count "
+                          f"({mesh.size})")
+    compute_dtype = DTYPES[run.dtype]
+    params, graphdef = init_params(cfg)
+    param_shardings = tree_shardings(mesh, params)
+    params = jax.device_put(params, param_shardings)
+    optimizer = make_optimizer(cfg.optim, run.steps)
+    opt_state = jax.jit(optimizer.init)(params)
+    opt_shardings = tree_shardings(mesh, opt_state)
+    opt_state = jax.device_put(opt_state, opt_shardings)
+    state = {"params": params, "opt_state": opt_state, "step": jnp.zeros((), jnp.int32)}
+
+    checkpoints = TrainCheckpoints(ckpt_dir, keep=run.keep_checkpoints)
+    start = 0
+    if resume:
+        restored = checkpoints.restore_latest(state, log=say)
+        if restored is not None:
+            start, state = restored
+            say(f"resumed from step {start} ({ckpt_dir / str(start)})")
+    metrics_path = out / "metrics.jsonl"
+    records = _read_metrics(metrics_path, upto=start) if resume else []
+    if is_main:
+        _write_metrics(metrics_path, records)  # drop anything logged after the restored step
+
+    train_step, eval_step = make_steps(graphdef, optimizer, compute_dtype, param_shardings, opt_shardings)
+    accum, batch = cfg.optim.grad_accum, run.batch_size
+    micro_sharding = batch_sharding(mesh, leading=1)
+    eval_sharding = batch_sharding(mesh)
+    examples_per_step = accum * batch
+    tokens_per_step = examples_per_step * cfg.data.seq_len
+
+    def batch_for(step: int) -> jax.Array:
+        ids = corpus.training_order(train_data.num_sequences, run.seed, step * examples_per_step,
+                                    examples_per_step)
+        return global_array(train_data.batch(ids).reshape(accum, batch, -1), micro_sharding)
+
+    def evaluate(params, num_batches: int | None) -> tuple[float, float]:
+        total_batches = heldout.num_sequences // batch
+        if total_batches == 0:
+            return float("nan"), float("nan")
+        n = total_batches if num_batches is None else min(num_batches, total_batches)
+        nats = nbytes = 0.0
+        for i in range(n):
+            tokens = global_array(heldout.batch(range(i * batch, (i + 1) * batch)), eval_sharding)
+            s, b = eval_step(params, tokens, byte_lengths)
+            nats, nbytes = nats + float(s), nbytes + float(b)
+        count = n * batch * cfg.data.seq_len
+        return nats / count, nats / math.log(2) / max(nbytes, 1.0)
+
+    params, opt_state = state["params"], state["opt_state"]
+    t_start = time.time()
+    window_start, window_steps = time.time(), 0
+    pending: list[tuple[int, Any]] = []
+    bar = _progress(run.steps, start, progress and is_main)
+    loss = float("nan")
+    schedule = learning_rate_schedule(cfg.optim, run.steps)
+    try:
+        for step in range(start, run.steps):
+            params, opt_state, m = train_step(params, opt_state, batch_for(step))
+            pending.append((step + 1, m))
+            window_steps += 1
+            done = step + 1
+            if done % run.log_every == 0 or done == run.steps:
+                # One host sync per log interval, not per step; it must precede the clock read
+                # because steps are dispatched asynchronously.
+                host = jax.device_get([mm for _, mm in pending])
+                elapsed = time.time() - window_start
+                tps = window_steps * tokens_per_step / max(elapsed, 1e-9)
+                for (s, _), mm in zip(pending, host):
+                    rec = {"step": s, "loss": float(mm["loss"]), "grad_norm": float(mm["grad_norm"]),
+                           "lr": float(schedule(s - 1)), "tokens_per_second": round(tps, 1),
+                           "tokens_seen": s * tokens_per_step}
+                    records.append(rec)
+                    if is_main:
+                        _append_metric(metrics_path, rec)
+                loss = records[-1]["loss"]
+                pending, window_start, window_steps = [], time.time(), 0
+                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}")
+            if done % run.eval_every == 0 and done != run.steps:
+                ev, bpb = evaluate(params, run.eval_batches)
+                rec = {"step": done, "eval_loss": ev, "eval_bits_per_byte": bpb}
+                records.append(rec)
+                if is_main:
+                    _append_metric(metrics_path, rec)
+                bar.write(f"step {done}: eval loss {ev:.4f}, {bpb:.4f} bits/byte")
+            if done % run.checkpoint_every == 0 or done == run.steps:
+                checkpoints.save(done, {"params": params, "opt_state": opt_state,
+                                        "step": jnp.asarray(done, jnp.int32)})
+            bar.update(1)
+    finally:
+        bar.close()
+        checkpoints.close()
+    seconds = time.time() - t_start
+
+    ev, bpb = evaluate(params, None)
+    rec = {"step": run.steps, "eval_loss": ev, "eval_bits_per_byte": bpb, "final": True}
+    records.append(rec)
+    if is_main:
+        _append_metric(metrics_path, rec)
+    say(f"done: {run.steps} steps, held-out loss {ev:.4f} nats/token, {bpb:.4f} bits/byte")
+    export_dir = None
+    if is_main:
+        _plot(records, out / "loss.png", cfg.name)
+    if export:
+        from jaxspec.train.export import export_model
+
+        params = jax.tree.map(_gather, params)
+        if is_main:
+            export_dir = export_model(cfg, params, tokenizer_path, out / "model", meta=meta,
+                                      eval_loss=ev, bits_per_byte=bpb, seconds=seconds, records=records)
+            say(f"exported {export_dir}")
+    return TrainResult(out_dir=out, steps=run.steps, final_loss=loss, eval_loss=ev, eval_bits_per_byte=bpb,
+                       seconds=seconds, tokens_seen=run.steps * tokens_per_step, export_dir=export_dir)
+
+
+def _gather(x: jax.Array) -> np.ndarray:
+    """Host copy of a (possibly multi-process, FSDP-split) array."""
+    if x.is_fully_addressable:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _read_metrics(path: Path, upto: int) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # a line torn by a kill mid-write
+            continue
+        if rec["step"] <= upto and not rec.get("final"):
+            out.append(rec)
+    return out
+
+
+def _write_metrics(path: Path, records: list[dict]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tmp.replace(path)
+
+
+def _append_metric(path: Path, rec: dict) -> None:
+    with path.open("a") as fh:
+        fh.write(json.dumps(rec) + "\n")
+
+
+def _plot(records: list[dict], png: Path, title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # plotting is a convenience; the numbers are in metrics.jsonl
+        return
+    train_pts = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    eval_pts = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if train_pts:
+        ax.plot(*zip(*train_pts), label="train loss", lw=1)
+    if eval_pts:
+        ax.plot(*zip(*eval_pts), "o-", label="held-out loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("nats / token")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
