@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate tokens from a prompt")
-    g.add_argument("--model", required=True, help="HF folder, llama2.c .bin, or a known name (stories260K)")
+    g.add_argument("--model", default=None,
+                   help="HF folder, llama2.c .bin, or a known name (pycode-5M, stories260K); default: pycode-5M")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (needs a tokenizer in the checkpoint)")
     src.add_argument("--prompt-ids", type=_ids, help="comma-separated prompt token ids, e.g. 1,14,220")
@@ -106,7 +107,7 @@ def _generate(args) -> int:
     _initialize_distributed(args)
     import jaxspec
 
-    model = jaxspec.load(args.model, dtype=args.dtype, attention=args.attention)
+    model = jaxspec.load(args.model or jaxspec.loading.DEFAULT_MODEL, dtype=args.dtype, attention=args.attention)
     prompt = args.prompt if args.prompt is not None else args.prompt_ids
     method_options = {k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k) is not None}
     out = jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens, method=args.method,

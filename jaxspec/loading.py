@@ -29,8 +29,16 @@ def shared_dir() -> Path:
     return Path(os.environ.get("JAXSPEC_SHARED", _PROJECT_ROOT.parent / "shared"))
 
 
-# Names a user can pass instead of a path. Checkpoints live outside the repository.
+ASSETS = Path(__file__).resolve().parent / "assets"
+
+# The model `jaxspec.load()` and `jaxspec generate` use when none is named: trained by
+# `jaxspec train --config configs/pycode.toml` and shipped inside the package.
+DEFAULT_MODEL = "pycode-5M"
+
+# Names a user can pass instead of a path: shipped models, and stories260K (kept outside
+# the repository, in the shared folder beside it).
 NAMED_MODELS = {
+    DEFAULT_MODEL: lambda: ASSETS / DEFAULT_MODEL,
     "stories260K": lambda: shared_dir() / "models" / "stories260K" / "stories260K.bin",
 }
 
@@ -82,8 +90,9 @@ def resolve(path_or_name: str | os.PathLike) -> Path:
     )
 
 
-def load(path_or_name: str | os.PathLike, dtype: str = "float32", attention: str = "xla") -> Model:
-    """Load a checkpoint for decoding. `attention` names the attention backend ("xla" | "pallas")."""
+def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str = "float32", attention: str = "xla") -> Model:
+    """Load a checkpoint for decoding (default: the shipped model). `attention` names the
+    attention backend ("xla" | "pallas")."""
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     get_attention(attention)  # fail now, not at the first generate

@@ -130,9 +130,14 @@ class Transformer(nnx.Module):
         block_mask: BlockMask,
         cache: KVCache,
         hidden_layers: tuple[int, ...] = (),
+        embed_offset: Float[Array, "b t d"] | None = None,
     ) -> ForwardOutput:
+        """`embed_offset` is added to the token embeddings (PARD-2 drafters add projected
+        target features there); `hidden_layers` names layers whose outputs are returned."""
         attention_fn = get_attention(self.attention)
         x = self.embed_tokens(tokens)
+        if embed_offset is not None:
+            x = x + embed_offset.astype(x.dtype)
         ks, vs, hidden = [], [], {}
         for i, layer in enumerate(self.layers):
             x, k, v = layer(x, positions, block_mask, cache.k[i], cache.v[i], cache.lengths, attention_fn)
