@@ -7,7 +7,9 @@ size), so no real token can collide with it. Drafts are the argmax over the firs
 `target_vocab_size` logits. In target-dependent mode (PARD-2) the input embedding at
 position t gets `feature_scale * features[t] @ projection` added, where `features[t]` is
 the concatenation of the target's hidden states at `target_layers` for token t-1 (zeros
-at t = 0; mask positions get the last real token's feature). The projection has no bias,
+at t = 0). For the input `[x_<n, m_1..m_j]` every mask gets the last real token's feature
+h_{n-2} (x_{n-1} is the bonus token, which the target has not run on yet); training uses
+the same alignment (`jaxspec.train.pard_batch.feature_index`). The projection has no bias,
 so target-independent use is exactly "features = 0", and needs only the drafter.
 
 On disk: an HF folder (config.json with a `"pard"` entry, model.safetensors, tokenizer)
@@ -81,6 +83,20 @@ class Drafter:
             np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}[dtype]
             write_safetensors(folder / PROJECTION_FILE, {"projection": np.asarray(self.projection, np_dtype)})
         return folder
+
+
+# The paper's target layers in HF `hidden_states` indexing (index 0 = the embeddings, -1 =
+# the last layer's output).
+PAPER_TARGET_LAYERS = (-1, -8, -16, -24)
+
+
+def default_target_layers(num_layers: int) -> tuple[int, ...]:
+    """The paper's [-1, -8, -16, -24] in jaxspec's `hidden_layers` convention (index i = output
+    of layer i): HF index -k is the output of layer num_layers - k. Indices below 0 (a target
+    shallower than 24 layers) are clipped to layer 0, then duplicates dropped, ascending:
+    a 6-layer target reads layers (0, 5), a 32-layer one (8, 16, 24, 31). (HF's -1 is after
+    the final norm; ours is its input — the same information up to a per-channel scale.)"""
+    return tuple(sorted({max(num_layers - k, 0) for k in (-i for i in PAPER_TARGET_LAYERS)}))
 
 
 def embed_offset(projection: Float[Array, "f d"], features: Float[Array, "b t f"], scale: float

@@ -122,15 +122,18 @@ _CHOICES = {
 }
 # Fields that may be 0 (or -1 for mesh.data); every other number must be positive.
 _NON_NEGATIVE = {("optim", "warmup_steps"), ("optim", "weight_decay"), ("train", "seed"),
-                 ("optim", "final_lr_fraction"), ("optim", "clip_norm")}
+                 ("optim", "final_lr_fraction"), ("optim", "clip_norm"),
+                 # drafter configs (jaxspec.train.drafter_config): loss weights and gating may be 0
+                 ("pard", "ce_alpha"), ("pard", "kd_alpha"), ("pard", "gate_prob")}
 _FRACTIONS = {("data", "heldout_fraction"), ("optim", "final_lr_fraction"), ("optim", "b1"), ("optim", "b2")}
 
 
 def _check_value(where: str, section: str, key: str, value: Any, annotation: Any) -> Any:
     hint = typing.get_origin(annotation)
     if hint is tuple:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{where}: [{section}] {key} must be a list of strings, got {value!r}")
+        item = typing.get_args(annotation)[0]
+        if not isinstance(value, list) or not all(isinstance(v, item) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{where}: [{section}] {key} must be a list of {item.__name__}s, got {value!r}")
         return tuple(value)
     expected = {"int": int, "float": float, "str": str, "bool": bool}[annotation]
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
@@ -154,7 +157,8 @@ def _check_value(where: str, section: str, key: str, value: Any, annotation: Any
     return value
 
 
-def _build(cls, raw: dict, where: str, section: str):
+def build_section(cls, raw: dict, where: str, section: str):
+    """A section's frozen dataclass from its TOML table, every key checked (ConfigError otherwise)."""
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - fields)
@@ -185,7 +189,7 @@ def parse_train_config(raw: dict, where: str = "<config>") -> TrainConfig:
         value = raw.get(section, {})
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: {section} must be a [{section}] table")
-        built[section] = _build(classes[section], value, where, section)
+        built[section] = build_section(classes[section], value, where, section)
     cfg = TrainConfig(name=name, **built)
     m = cfg.model
     if m.num_heads % m.num_kv_heads:
@@ -202,14 +206,18 @@ def parse_train_config(raw: dict, where: str = "<config>") -> TrainConfig:
 
 def load_train_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = None) -> TrainConfig:
     """Read a training TOML; `overrides` ({section: {key: value}}) replace file values (CLI flags)."""
+    return parse_train_config(read_toml(path, overrides, "configs/pycode.toml"), where=str(path))
+
+
+def read_toml(path: str | Path, overrides: dict[str, dict[str, Any]] | None, example: str) -> dict:
+    """A config file's raw tables with `overrides` applied; ConfigError if missing or not TOML."""
     path = Path(path)
     if not path.exists():
-        raise ConfigError(f"training config {path} does not exist; pass a file from configs/ "
-                          "(e.g. configs/pycode.toml)")
+        raise ConfigError(f"training config {path} does not exist; pass a file from configs/ (e.g. {example})")
     try:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path} is not valid TOML ({e}); fix the file") from None
     for section, values in (overrides or {}).items():
         raw.setdefault(section, {}).update(values)
-    return parse_train_config(raw, where=str(path))
+    return raw

@@ -12,6 +12,7 @@ import fnmatch
 import hashlib
 import json
 import random
+import shutil
 import sysconfig
 import tempfile
 from pathlib import Path
@@ -167,9 +168,12 @@ def _epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
 
 
 def prepare_data(data: DataConfig, tok: TokenizerConfig, folder: Path, seed: int, fingerprint: str,
-                 log=print) -> dict:
+                 log=print, tokenizer_model: Path | None = None) -> dict:
     """Tokenizer + packed train/held-out arrays in `folder`, built once and reused while the
-    data and tokenizer sections of the config are unchanged. Returns the metadata dict."""
+    data and tokenizer sections of the config are unchanged. Returns the metadata dict.
+
+    `tokenizer_model`: use this sentencepiece model instead of training one (a drafter must
+    share its target's tokenizer); include its hash in `fingerprint`."""
     folder.mkdir(parents=True, exist_ok=True)
     meta_path = folder / "data.json"
     if meta_path.exists():
@@ -183,8 +187,13 @@ def prepare_data(data: DataConfig, tok: TokenizerConfig, folder: Path, seed: int
     if not heldout or not train:
         # Tiny corpora (tests, single files): hold out the last document / the tail instead.
         train, heldout = (files[:-1], files[-1:]) if len(files) > 1 else (files, [])
-    log(f"corpus {root}: {len(train)} training / {len(heldout)} held-out documents; training tokenizer")
-    tokenizer = train_tokenizer(root, train, tok, folder / "tokenizer", seed)
+    if tokenizer_model is None:
+        log(f"corpus {root}: {len(train)} training / {len(heldout)} held-out documents; training tokenizer")
+        tokenizer = train_tokenizer(root, train, tok, folder / "tokenizer", seed)
+    else:
+        log(f"corpus {root}: {len(train)} training / {len(heldout)} held-out documents; tokenizing")
+        tokenizer = folder / "tokenizer.model"
+        shutil.copy(tokenizer_model, tokenizer)
     train_ids = encode_documents(tokenizer, root, train)
     if heldout:
         heldout_ids = encode_documents(tokenizer, root, heldout)

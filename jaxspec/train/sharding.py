@@ -53,3 +53,8 @@ def tree_shardings(mesh: Mesh, tree):
 def global_array(host_batch: np.ndarray, sharding: NamedSharding) -> jax.Array:
     """A global array from a batch every process can build in full (cheap: a memory-mapped read)."""
     return jax.make_array_from_callback(host_batch.shape, sharding, lambda index: host_batch[index])
+
+
+def replicated_scalar(value: int, mesh: Mesh) -> jax.Array:
+    """A scalar every device holds: a global array, so multi-process checkpoints can save it."""
+    return jax.device_put(np.asarray(value, np.int32), NamedSharding(mesh, P()))

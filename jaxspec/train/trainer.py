@@ -32,8 +32,9 @@ from jaxspec.model import Transformer
 from jaxspec.train import corpus
 from jaxspec.train.checkpoints import TrainCheckpoints
 from jaxspec.train.config import OptimConfig, TrainConfig
+from jaxspec.train.metrics import append_metric, plot_losses, read_metrics, write_metrics
 from jaxspec.train.objective import token_nats
-from jaxspec.train.sharding import batch_sharding, global_array, make_mesh, tree_shardings
+from jaxspec.train.sharding import batch_sharding, global_array, make_mesh, replicated_scalar, tree_shardings
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -109,11 +110,11 @@ def make_steps(graphdef, optimizer, compute_dtype, param_shardings, opt_sharding
     return jax.jit(train_step, donate_argnums=(0, 1)), jax.jit(eval_step)
 
 
-def _progress(total: int, start: int, enabled: bool):
+def progress_bar(total: int, start: int, enabled: bool, desc: str = "train"):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=start, disable=not enabled, unit="step", dynamic_ncols=True,
-                desc="train")
+                desc=desc)
 
 
 def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: Callable = print,
@@ -128,8 +129,20 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
     out.mkdir(parents=True, exist_ok=True)
     say = log if is_main else (lambda *a, **k: None)
 
-    meta = corpus.prepare_data(cfg.data, cfg.tokenizer, out / "data", cfg.train.seed,
-                               cfg.fingerprint("data", "tokenizer"), log=say)
+    def prepare():
+        return corpus.prepare_data(cfg.data, cfg.tokenizer, out / "data", cfg.train.seed,
+                                   cfg.fingerprint("data", "tokenizer"), log=say)
+
+    if jax.process_count() > 1:
+        # Process 0 builds the data first; the others then find it (shared filesystem) or
+        # build the identical arrays themselves (deterministic), never racing on one file.
+        from jax.experimental import multihost_utils
+
+        meta = prepare() if is_main else None
+        multihost_utils.sync_global_devices("jaxspec-train-data")
+        meta = meta or prepare()
+    else:
+        meta = prepare()
     train_data = corpus.PackedData(out / "data" / "train.npy", cfg.data.seq_len)
     heldout = corpus.PackedData(out / "data" / "heldout.npy", cfg.data.seq_len)
     tokenizer_path = out / "data" / "tokenizer.model"
@@ -152,7 +165,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
     opt_state = jax.jit(optimizer.init)(params)
     opt_shardings = tree_shardings(mesh, opt_state)
     opt_state = jax.device_put(opt_state, opt_shardings)
-    state = {"params": params, "opt_state": opt_state, "step": jnp.zeros((), jnp.int32)}
+    state = {"params": params, "opt_state": opt_state, "step": replicated_scalar(0, mesh)}
 
     checkpoints = TrainCheckpoints(ckpt_dir, keep=run.keep_checkpoints)
     start = 0
@@ -162,9 +175,9 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
             start, state = restored
             say(f"resumed from step {start} ({ckpt_dir / str(start)})")
     metrics_path = out / "metrics.jsonl"
-    records = _read_metrics(metrics_path, upto=start) if resume else []
+    records = read_metrics(metrics_path, upto=start) if resume else []
     if is_main:
-        _write_metrics(metrics_path, records)  # drop anything logged after the restored step
+        write_metrics(metrics_path, records)  # drop anything logged after the restored step
 
     train_step, eval_step = make_steps(graphdef, optimizer, compute_dtype, param_shardings, opt_shardings)
     accum, batch = cfg.optim.grad_accum, run.batch_size
@@ -195,7 +208,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
     t_start = time.time()
     window_start, window_steps = time.time(), 0
     pending: list[tuple[int, Any]] = []
-    bar = _progress(run.steps, start, progress and is_main)
+    bar = progress_bar(run.steps, start, progress and is_main)
     loss = float("nan")
     schedule = learning_rate_schedule(cfg.optim, run.steps)
     try:
@@ -216,7 +229,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
                            "tokens_seen": s * tokens_per_step}
                     records.append(rec)
                     if is_main:
-                        _append_metric(metrics_path, rec)
+                        append_metric(metrics_path, rec)
                 loss = records[-1]["loss"]
                 pending, window_start, window_steps = [], time.time(), 0
                 bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}")
@@ -225,11 +238,11 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
                 rec = {"step": done, "eval_loss": ev, "eval_bits_per_byte": bpb}
                 records.append(rec)
                 if is_main:
-                    _append_metric(metrics_path, rec)
+                    append_metric(metrics_path, rec)
                 bar.write(f"step {done}: eval loss {ev:.4f}, {bpb:.4f} bits/byte")
             if done % run.checkpoint_every == 0 or done == run.steps:
                 checkpoints.save(done, {"params": params, "opt_state": opt_state,
-                                        "step": jnp.asarray(done, jnp.int32)})
+                                        "step": replicated_scalar(done, mesh)})
             bar.update(1)
     finally:
         bar.close()
@@ -240,15 +253,15 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
     rec = {"step": run.steps, "eval_loss": ev, "eval_bits_per_byte": bpb, "final": True}
     records.append(rec)
     if is_main:
-        _append_metric(metrics_path, rec)
+        append_metric(metrics_path, rec)
     say(f"done: {run.steps} steps, held-out loss {ev:.4f} nats/token, {bpb:.4f} bits/byte")
     export_dir = None
     if is_main:
-        _plot(records, out / "loss.png", cfg.name)
+        plot_losses(records, out / "loss.png", cfg.name)
     if export:
         from jaxspec.train.export import export_model
 
-        params = jax.tree.map(_gather, params)
+        params = jax.tree.map(host_copy, params)
         if is_main:
             export_dir = export_model(cfg, params, tokenizer_path, out / "model", meta=meta,
                                       eval_loss=ev, bits_per_byte=bpb, seconds=seconds, records=records)
@@ -257,60 +270,10 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
                        seconds=seconds, tokens_seen=run.steps * tokens_per_step, export_dir=export_dir)
 
 
-def _gather(x: jax.Array) -> np.ndarray:
+def host_copy(x: jax.Array) -> np.ndarray:
     """Host copy of a (possibly multi-process, FSDP-split) array."""
     if x.is_fully_addressable:
         return np.asarray(x)
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
-def _read_metrics(path: Path, upto: int) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:  # a line torn by a kill mid-write
-            continue
-        if rec["step"] <= upto and not rec.get("final"):
-            out.append(rec)
-    return out
-
-
-def _write_metrics(path: Path, records: list[dict]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    tmp.replace(path)
-
-
-def _append_metric(path: Path, rec: dict) -> None:
-    with path.open("a") as fh:
-        fh.write(json.dumps(rec) + "\n")
-
-
-def _plot(records: list[dict], png: Path, title: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # plotting is a convenience; the numbers are in metrics.jsonl
-        return
-    train_pts = [(r["step"], r["loss"]) for r in records if "loss" in r]
-    eval_pts = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if train_pts:
-        ax.plot(*zip(*train_pts), label="train loss", lw=1)
-    if eval_pts:
-        ax.plot(*zip(*eval_pts), "o-", label="held-out loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("nats / token")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)

@@ -1,0 +1,171 @@
+"""PARD-2 ablation: teacher-forced acceptance of trained drafters on held-out code prompts.
+
+For each of 20 held-out prompts (`code_prompts.py`: files the target never saw) the target
+writes its greedy continuation s. At every position n of the continuation the drafter
+drafts K tokens from `[s_<n, m_1..m_{K-1}]` (one full-layout PARD forward covers all n,
+see `jaxspec.train.acceptance`); greedy verification would accept the matching prefix plus
+one bonus token. Reported per drafter (PARD = uniform CE, CAT, CAT+KD) and mode
+(target-dependent = with the target's features, target-independent = without): the mean
+acceptance length (tokens per step, bonus included) and per-position acceptance rates
+a_k = P(draft k accepted | drafts 1..k-1 accepted).
+
+  python benchmarks/pard_ablation.py --drafter PARD=/work/runs/pard2-pard/drafter \\
+      --drafter CAT=/work/runs/pard2-cat/drafter --drafter CAT+KD=/work/runs/pard2-catkd/drafter
+
+Writes benchmarks/results/pard_ablation.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import jaxspec  # noqa: E402
+from code_prompts import code_prompts  # noqa: E402
+from jaxspec.drafter import load_drafter  # noqa: E402
+from jaxspec.train.acceptance import acceptance  # noqa: E402
+from jaxspec.train.pard_batch import full_counts, make_batch  # noqa: E402
+from jaxspec.train.pard_objective import aligned_features, drafter_logits, target_outputs  # noqa: E402
+from machine import ROOT, machine_info, repo_relative  # noqa: E402
+
+MODES = {"td": "target-dependent", "ti": "target-independent"}
+
+
+def greedy_sequences(target, prompts: list[str], new_tokens: int) -> list[tuple[list[int], int]]:
+    """(prompt + the target's greedy continuation, prompt length) per prompt."""
+    ids = [target.tokenizer.encode(text) for text in prompts]
+    gen = jaxspec.generate(target, ids, max_new_tokens=new_tokens, stop_at_eos=False)  # one batched call
+    return [(list(p) + list(g), len(p)) for p, g in zip(ids, gen.tokens)]
+
+
+def measure(target, drafter, sequences, num_blocks: int, use_features: bool, chunk: int = 4):
+    """Acceptance stats of `drafter` over all (sequence, context) pairs."""
+    d_graph, d_params = drafter.model.graphdef, drafter.model.params
+    layers = drafter.target_layers
+    projection = drafter.projection if use_features else None
+
+    @jax.jit
+    def correct_rows(batch):
+        t_logits, features = target_outputs(nnx.merge(target.graphdef, target.params), batch["inputs"], layers)
+        rows = None if projection is None else aligned_features(features, batch["block_ids"], batch["positions"])
+        logits = drafter_logits(nnx.merge(d_graph, d_params), projection, drafter.feature_scale, batch["tokens"],
+                                batch["positions"], batch["block_ids"], rows)
+        return jnp.argmax(logits[..., :drafter.target_vocab_size], -1) == batch["labels"]
+
+    # One shape for every chunk (one compile): sequences right-padded to the longest. Rows only
+    # see earlier positions, so the padding changes no counted row; contexts stop where the
+    # last draft still has a real reference token.
+    width = max(len(seq) for seq, _ in sequences)
+    total = None
+    for start in range(0, len(sequences), chunk):
+        part = sequences[start:start + chunk]
+        part = part + [part[-1]] * (chunk - len(part)) if len(part) < chunk else part
+        seqs = np.zeros((chunk, width), np.int64)
+        for i, (seq, _) in enumerate(part):
+            seqs[i, :len(seq)] = seq
+        seq_len = width - 1
+        batch = make_batch(seqs, full_counts(seq_len, num_blocks), drafter.mask_token_id, np.random.default_rng(0))
+        correct = np.asarray(correct_rows({k: jnp.asarray(v) for k, v in batch.arrays().items()})) & batch.valid
+        first = np.asarray([p for _, p in part])
+        last = np.asarray([len(seq) - num_blocks for seq, _ in part])  # draft K of context n predicts s_{n+K-1}
+        real = len(sequences[start:start + chunk])
+        stats = acceptance(correct[:real], batch.block_ids[:real], batch.positions[:real], num_blocks, seq_len,
+                           first_context=first[:real], last_context=last[:real])
+        total = stats if total is None else total + stats
+    return total
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=jaxspec.loading.DEFAULT_MODEL)
+    ap.add_argument("--drafter", action="append", required=True, help="NAME=FOLDER (repeatable)")
+    ap.add_argument("--prompts", type=int, default=20)
+    ap.add_argument("--new-tokens", type=int, default=96, help="greedy continuation length per prompt")
+    ap.add_argument("--k", type=int, default=None, help="drafts per step (default: each drafter's draft_len)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "pard_ablation"))
+    args = ap.parse_args(argv)
+
+    t0 = time.time()
+    target = jaxspec.load(args.target)
+    prompts = code_prompts(args.prompts)
+    sequences = greedy_sequences(target, [p["text"] for p in prompts], args.new_tokens)
+    rows = []
+    for spec in args.drafter:
+        name, folder = spec.split("=", 1)
+        drafter = load_drafter(folder)
+        drafter.check_compatible(target.config)
+        k = args.k or drafter.draft_len
+        for mode in MODES:
+            if mode == "td" and drafter.projection is None:
+                continue
+            stats = measure(target, drafter, sequences, k, use_features=mode == "td")
+            rows.append({"drafter": name, "folder": repo_relative(folder) if Path(folder).is_relative_to(ROOT)
+                         else str(folder), "mode": mode, "k": k, "contexts": stats.contexts,
+                         "accept_length": round(stats.mean_length, 4),
+                         # None where no context got that far (JSON has no NaN)
+                         "position_rates": [round(float(x), 4) if x == x else None for x in stats.position_rates()],
+                         "accepted_histogram": stats.accepted.tolist()})
+            print(f"{name:>8} {MODES[mode]:>18}: {stats.mean_length:.3f} tokens/step, rates "
+                  + " ".join(f"{x:.2f}" for x in stats.position_rates()), file=sys.stderr)
+    result = {"benchmark": "pard_ablation", "target": args.target, "prompts": len(prompts),
+              "prompt_files": [f"{p['file']}:{p['line']}" for p in prompts], "new_tokens": args.new_tokens,
+              "rows": rows, "seconds": round(time.time() - t0, 1), "machine": machine_info()}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(result))
+    plot(rows, out.with_suffix(".png"), args.target)
+    print(markdown(result))
+    return 0
+
+
+def markdown(result: dict) -> str:
+    k = max(r["k"] for r in result["rows"])
+    lines = [f"# PARD-2 ablation on {result['target']}", "",
+             f"{result['prompts']} held-out code prompts, greedy continuation of {result['new_tokens']} tokens; "
+             "teacher-forced acceptance at every continuation position (acceptance length includes the bonus "
+             "token; a_k = P(draft k accepted | drafts 1..k-1 accepted)).", "",
+             "| drafter | mode | acceptance length | " + " | ".join(f"a_{i}" for i in range(1, k + 1)) + " |",
+             "|---|---|---|" + "---|" * k]
+    for r in result["rows"]:
+        rates = [f"{x:.3f}" if x is not None else "-" for x in r["position_rates"]]
+        lines.append(f"| {r['drafter']} | {MODES[r['mode']]} | {r['accept_length']:.3f} | " + " | ".join(rates) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], png: Path, title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in rows:
+        rates = [np.nan if x is None else x for x in r["position_rates"]]
+        ax.plot(range(1, len(rates) + 1), rates, "o-" if r["mode"] == "td" else "s--",
+                label=f"{r['drafter']} ({MODES[r['mode']]}): {r['accept_length']:.2f}")
+    ax.set_xlabel("draft position k")
+    ax.set_ylabel("acceptance rate a_k")
+    ax.set_title(f"PARD-2 drafters for {title}: per-position acceptance")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Teacher-forced acceptance of a parallel drafter, read off one PARD forward.
+
+The full PARD layout (every row with context, no COD) over a sequence s holds, for every
+context length n, the K drafts the drafter would make from `[s_<n, m_1..m_{K-1}]`: draft
+k is the row (block k-1, position n+k-2). Greedy verification accepts the longest prefix of
+drafts that match the target's own continuation plus one bonus token, so with `correct[j,
+t]` = "row (j, t) predicts the reference token s_{t+1}" the accepted length at n is
+1 + the number of leading k with correct[k-1, n+k-2]. Against the target's greedy
+continuation this is exactly what greedy speculative decoding would accept at each step
+started from that prefix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from jaxtyping import Bool, Int
+
+
+@dataclasses.dataclass(frozen=True)
+class AcceptanceStats:
+    contexts: int
+    accepted: np.ndarray  # [K + 1]: how many contexts accepted exactly a drafts, a = 0..K
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.accepted) - 1
+
+    @property
+    def mean_length(self) -> float:
+        """Mean tokens per verification step, bonus included (1 .. K + 1)."""
+        return float((self.accepted * (np.arange(len(self.accepted)) + 1)).sum() / max(self.contexts, 1))
+
+    def position_rates(self) -> np.ndarray:
+        """a_k: P(draft k accepted | drafts 1..k-1 accepted), k = 1..K (NaN where unreached)."""
+        reached = self.accepted[::-1].cumsum()[::-1]  # reached[k] = #(accepted >= k)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return reached[1:] / reached[:-1]
+
+    def __add__(self, other: "AcceptanceStats") -> "AcceptanceStats":
+        return AcceptanceStats(self.contexts + other.contexts, self.accepted + other.accepted)
+
+
+def acceptance(correct: Bool[np.ndarray, "b n"], block_ids: Int[np.ndarray, "b n"],
+               positions: Int[np.ndarray, "b n"], num_blocks: int, seq_len: int,
+               first_context: int | np.ndarray = 1, last_context: int | np.ndarray | None = None
+               ) -> AcceptanceStats:
+    """Accepted drafts per context n = first_context .. last_context (default and at most
+    seq_len-K+1, where the last draft's row exists); both may be per-sequence arrays."""
+    b = correct.shape[0]
+    grid = np.zeros((b, num_blocks, seq_len), bool)
+    rows, cols = np.nonzero(block_ids >= 0)
+    grid[rows, block_ids[rows, cols], positions[rows, cols]] = correct[rows, cols]
+    counts = np.zeros(num_blocks + 1, np.int64)
+    first = np.broadcast_to(np.asarray(first_context), (b,))
+    last = np.broadcast_to(np.asarray(seq_len - num_blocks + 1 if last_context is None else last_context), (b,))
+    total = 0
+    for i in range(b):
+        n = np.arange(max(int(first[i]), 1), min(int(last[i]), seq_len - num_blocks + 1) + 1)
+        if len(n) == 0:
+            continue
+        chain = grid[i, np.arange(num_blocks)[None, :], n[:, None] - 1 + np.arange(num_blocks)[None, :]]
+        accepted = np.cumprod(chain, axis=1).sum(axis=1)
+        counts += np.bincount(accepted, minlength=num_blocks + 1)
+        total += len(n)
+    return AcceptanceStats(total, counts)

@@ -1,0 +1,125 @@
+"""PARD-2 drafter training configuration: a TOML file (`configs/pard2_*.toml`) parsed into
+frozen dataclasses with the same checks as the LM trainer's (`jaxspec.train.config`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any
+
+from jaxspec.config import ModelConfig, RopeConfig
+from jaxspec.errors import ConfigError
+from jaxspec.train.config import (ArchConfig, DataConfig, MeshConfig, OptimConfig, RunConfig, build_section,
+                                  read_toml)
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetConfig:
+    path: str = "pycode-5M"  # the frozen target: an HF folder or a shipped model name
+    layers: tuple[int, ...] = ()  # target layers read as features (jaxspec indices); () = the paper's, mapped
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterInitConfig:
+    # "scratch" ([model] architecture), "target:N" (the target's embeddings + first N layers), or an
+    # HF folder of a smaller model / an earlier drafter with the target's tokenizer
+    init: str = "scratch"
+
+
+@dataclasses.dataclass(frozen=True)
+class PardConfig:
+    num_blocks: int = 8  # K: drafts per forward (block 0 + K-1 mask blocks)
+    cod_ratio: float = 0.7  # r: block i keeps L * max(r^i, cod_min) rows
+    cod_min: float = 0.1
+    cat: bool = True  # confidence-adaptive token weights; false = uniform (PARD)
+    ce_alpha: float = 0.1
+    kd_alpha: float = 1.0  # 0 = no distillation
+    temperature: float = 1.0
+    gate_prob: float = 0.15  # per sample, train without target features with this probability
+    target_features: bool = True  # false: a target-independent-only drafter (no projection)
+    feature_scale: float = 0.02
+    attention: str = "xla"  # "pallas": the PARD Pallas kernel
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterTrainConfig:
+    name: str
+    target: TargetConfig = TargetConfig()
+    drafter: DrafterInitConfig = DrafterInitConfig()
+    model: ArchConfig = ArchConfig(hidden_size=160, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=40,
+                                   intermediate_size=432)
+    pard: PardConfig = PardConfig()
+    data: DataConfig = DataConfig(seq_len=128)
+    optim: OptimConfig = OptimConfig()
+    train: RunConfig = RunConfig()
+    mesh: MeshConfig = MeshConfig()
+
+    def drafter_config(self, target: ModelConfig) -> ModelConfig:
+        """The from-scratch drafter: [model]'s architecture over the target vocabulary + the mask."""
+        m = self.model
+        return ModelConfig(
+            model_type="llama", vocab_size=target.vocab_size + 1, hidden_size=m.hidden_size,
+            intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
+            num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, max_position_embeddings=m.max_position_embeddings,
+            rms_norm_eps=m.rms_norm_eps, rope=RopeConfig(theta=m.rope_theta),
+            tie_word_embeddings=m.tie_word_embeddings, bos_token_id=target.bos_token_id,
+            eos_token_ids=target.eos_token_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_CHOICES = {("pard", "attention"): ("xla", "pallas")}
+
+
+def parse_drafter_config(raw: dict, where: str = "<config>") -> DrafterTrainConfig:
+    classes = typing.get_type_hints(DrafterTrainConfig)
+    sections = [f.name for f in dataclasses.fields(DrafterTrainConfig) if f.name != "name"]
+    unknown = sorted(set(raw) - set(sections) - {"name"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown key or section {unknown[0]!r}; allowed sections: "
+                          f"{', '.join(sections)} (and a top-level name)")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}: a top-level name = \"...\" is required")
+    defaults = DrafterTrainConfig(name=name)
+    built = {}
+    for section in sections:
+        value = raw.get(section, {})
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: {section} must be a [{section}] table")
+        # Keys not in the file keep this config's defaults (e.g. the small drafter [model]).
+        merged = {**dataclasses.asdict(getattr(defaults, section)), **value}
+        merged = {k: (list(v) if isinstance(v, tuple) else v) for k, v in merged.items()}
+        built[section] = build_section(classes[section], merged, where, section)
+    cfg = DrafterTrainConfig(name=name, **built)
+    p, m = cfg.pard, cfg.model
+
+    def bad(msg: str) -> ConfigError:
+        return ConfigError(f"{where}: {msg}")
+
+    for (section, key), allowed in _CHOICES.items():
+        if getattr(getattr(cfg, section), key) not in allowed:
+            raise bad(f"[{section}] {key} must be one of {', '.join(allowed)}, got "
+                      f"{getattr(getattr(cfg, section), key)!r}")
+    if p.num_blocks < 2:
+        raise bad(f"[pard] num_blocks must be >= 2 (block 0 + at least one mask block), got {p.num_blocks}")
+    for key in ("cod_ratio", "cod_min", "gate_prob"):
+        if getattr(p, key) > 1:
+            raise bad(f"[pard] {key} must be in [0, 1], got {getattr(p, key)}")
+    if p.ce_alpha == 0 and p.kd_alpha == 0:
+        raise bad("[pard] ce_alpha and kd_alpha are both 0, so there is nothing to train; set one > 0")
+    if cfg.data.seq_len <= p.num_blocks:
+        raise bad(f"[data] seq_len ({cfg.data.seq_len}) must exceed [pard] num_blocks ({p.num_blocks})")
+    if m.num_heads % m.num_kv_heads:
+        raise bad(f"[model] num_heads ({m.num_heads}) must be a multiple of num_kv_heads ({m.num_kv_heads})")
+    if cfg.data.seq_len > m.max_position_embeddings:
+        raise bad(f"[data] seq_len ({cfg.data.seq_len}) exceeds [model] max_position_embeddings "
+                  f"({m.max_position_embeddings})")
+    return cfg
+
+
+def load_drafter_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = None) -> DrafterTrainConfig:
+    """Read a drafter-training TOML; `overrides` ({section: {key: value}}) replace file values."""
+    return parse_drafter_config(read_toml(path, overrides, "configs/pard2_pycode.toml"), where=str(path))

@@ -1,0 +1,389 @@
+"""`train_drafter(config, out_dir)`: PARD-2 drafter training against a frozen target.
+
+One jitted step runs the frozen target over the real tokens (logits for CAT weights and
+distillation, hidden states for the features), builds each row's feature, and takes the
+drafter's gradient over the COD batch (`pard_batch`, `pard_objective`). As in the LM
+trainer, the batch, the COD rows, the gating draws and the learning rate at step s are
+functions of (config, s), so a killed run resumed from its last checkpoint continues
+exactly.
+
+Output folder layout:
+  data/        the target's tokenizer + packed train/held-out arrays (target's held-out split)
+  checkpoints/ Orbax steps: {"params": {"drafter", "projection"}, "opt_state", "step"}
+  metrics.jsonl, loss.png, config.json
+  drafter/     the export: `Drafter.save` (HF folder with the "pard" entry + projection.safetensors)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import jaxspec
+from jaxspec.drafter import Drafter, default_target_layers, load_drafter
+from jaxspec.errors import CheckpointError, ConfigError
+from jaxspec.loading import Model
+from jaxspec.model import Transformer
+from jaxspec.train import corpus
+from jaxspec.train.acceptance import AcceptanceStats, acceptance
+from jaxspec.train.checkpoints import TrainCheckpoints
+from jaxspec.train.config import TokenizerConfig
+from jaxspec.train.drafter_config import DrafterTrainConfig
+from jaxspec.train.metrics import append_metric, plot_losses, read_metrics, write_metrics
+from jaxspec.train.pard_batch import cod_counts, full_counts, make_batch
+from jaxspec.train.pard_objective import (LossConfig, aligned_features, drafter_logits, gold_log_probs, pard_loss,
+                                          row_weights, target_outputs)
+from jaxspec.train.sharding import batch_sharding, global_array, make_mesh, tree_shardings
+from jaxspec.train.trainer import DTYPES, host_copy, learning_rate_schedule, make_optimizer, progress_bar
+
+
+@dataclasses.dataclass
+class DrafterTrainResult:
+    out_dir: Path
+    steps: int
+    final_loss: float
+    eval: dict  # held-out teacher-forced acceptance (see `evaluate`)
+    seconds: float
+    export_dir: Path | None
+
+
+def resolve_target_layers(cfg: DrafterTrainConfig, num_layers: int) -> tuple[int, ...]:
+    layers = cfg.target.layers or default_target_layers(num_layers)
+    if any(not -num_layers <= i < num_layers for i in layers):
+        raise ConfigError(f"[target] layers {list(layers)} out of range for a {num_layers}-layer target; "
+                          f"use indices in [0, {num_layers}) or [] for the default")
+    return tuple(i % num_layers for i in layers)
+
+
+def init_drafter(cfg: DrafterTrainConfig, target: Model) -> Transformer:
+    """A float32 drafter over the target's vocabulary + mask: from scratch, or from a smaller
+    model of the same tokenizer whose embeddings get one extra (mask) row."""
+    rngs = nnx.Rngs(cfg.train.seed)
+    vocab = target.config.vocab_size
+    if cfg.drafter.init == "scratch":
+        return Transformer(cfg.drafter_config(target.config), dtype=jnp.float32, rngs=rngs)
+    if cfg.drafter.init.startswith("target:"):
+        # The target's own first N layers, embeddings and final norm: a smaller model of the same
+        # tokenizer whose token representations are already trained.
+        num = int(cfg.drafter.init.split(":", 1)[1])
+        if not 1 <= num <= target.config.num_layers:
+            raise ConfigError(f"[drafter] init = {cfg.drafter.init!r}: the target has {target.config.num_layers} "
+                              "layers; use target:N with 1 <= N <= that")
+        base = Model.from_module(nnx.merge(target.graphdef, target.params), tokenizer=target.tokenizer)
+        module = base.module
+        module.layers = nnx.List(list(module.layers)[:num])
+        module.config = dataclasses.replace(target.config, num_layers=num)
+        base = Model.from_module(module, tokenizer=target.tokenizer)
+    else:
+        base = jaxspec.load(cfg.drafter.init)
+    if base.config.vocab_size not in (vocab, vocab + 1):
+        raise ConfigError(f"[drafter] init model {cfg.drafter.init} has a {base.config.vocab_size}-token vocabulary, "
+                          f"the target {vocab}; start from a model with the target's tokenizer or \"scratch\"")
+    mc = dataclasses.replace(base.config, vocab_size=vocab + 1)
+    module = Transformer(mc, dtype=jnp.float32, rngs=rngs)
+    graphdef, fresh = nnx.split(module)
+    fresh_flat = dict(nnx.to_flat_state(fresh))
+    for path, var in nnx.to_flat_state(base.params):
+        value = jnp.array(var[...], jnp.float32, copy=True)  # never alias the target: training donates these
+        target_shape = fresh_flat[path][...].shape
+        if value.shape != target_shape:  # the vocabulary axis: keep the fresh (random) mask row
+            value = fresh_flat[path][...].at[tuple(slice(0, s) for s in value.shape)].set(value)
+        fresh_flat[path].set_value(value)
+    return nnx.merge(graphdef, nnx.from_flat_state(list(fresh_flat.items())))
+
+
+def init_projection(cfg: DrafterTrainConfig, feature_size: int, hidden_size: int) -> jax.Array:
+    """The feature projection: a drafter's own when [drafter] init is a drafter folder with a
+    projection of this shape (continuing a drafter, e.g. on a retrained target), else
+    Normal(0.02) like every other matrix (the 0.02 feature scale on top keeps the fused
+    offset small next to the token embeddings at initialisation)."""
+    if cfg.drafter.init != "scratch":
+        try:
+            saved = load_drafter(cfg.drafter.init).projection
+        except CheckpointError:  # a plain LM, not a drafter
+            saved = None
+        if saved is not None and saved.shape == (feature_size, hidden_size):
+            return jnp.asarray(saved, jnp.float32)
+    return 0.02 * jax.random.normal(jax.random.key(cfg.train.seed + 1), (feature_size, hidden_size), jnp.float32)
+
+
+def make_drafter_steps(drafter_graphdef, target_graphdef, cfg: DrafterTrainConfig, layers: tuple[int, ...],
+                       optimizer, compute_dtype, param_shardings, opt_shardings):
+    """Jitted (train_step, eval_step) closed over both model graphs and the static settings."""
+    p = cfg.pard
+    loss_cfg = LossConfig(cat=p.cat, ce_alpha=p.ce_alpha, kd_alpha=p.kd_alpha, temperature=p.temperature)
+    k = p.num_blocks
+
+    def forward(params, target_params, batch, keep):
+        target = nnx.merge(target_graphdef, target_params)
+        t_logits, features = target_outputs(target, batch["inputs"], layers)
+        projection = params.get("projection")
+        rows = None if projection is None else aligned_features(features, batch["block_ids"], batch["positions"], keep)
+        drafter = nnx.merge(drafter_graphdef, jax.tree.map(lambda x: x.astype(compute_dtype), params["drafter"]))
+        logits = drafter_logits(drafter, projection, p.feature_scale, batch["tokens"], batch["positions"],
+                                batch["block_ids"], rows)
+        teacher = jnp.take_along_axis(t_logits, batch["positions"][..., None], axis=1)
+        return logits, teacher, gold_log_probs(t_logits, batch["next_tokens"])
+
+    def block_agreement(logits, teacher, batch):
+        """Per block: fraction of rows whose draft is the target's argmax (teacher-forced)."""
+        vocab = teacher.shape[-1]
+        correct = (jnp.argmax(logits[..., :vocab], -1) == jnp.argmax(teacher, -1)) & batch["valid"]
+        onehot = jax.nn.one_hot(batch["block_ids"], k) * batch["valid"][..., None]
+        return (onehot * correct[..., None]).sum((0, 1)) / jnp.maximum(onehot.sum((0, 1)), 1), correct
+
+    def micro_loss(params, target_params, batch, key):
+        keep = (jax.random.uniform(key, batch["tokens"].shape[:1]) >= p.gate_prob).astype(jnp.float32)
+        logits, teacher, gold = forward(params, target_params, batch, keep)
+        weights = row_weights(gold, batch["block_ids"], batch["positions"], batch["valid"], k, p.cat)
+        loss, metrics = pard_loss(logits, batch["labels"], weights, teacher, loss_cfg)
+        metrics["block_agreement"] = block_agreement(logits, teacher, batch)[0]
+        return loss, metrics
+
+    def train_step(params, opt_state, target_params, micro_batches, key):
+        def accumulate(carry, xs):
+            batch, mkey = xs
+            (loss, metrics), grads = jax.value_and_grad(micro_loss, has_aux=True)(params, target_params, batch, mkey)
+            return jax.tree.map(jnp.add, carry, (loss, metrics, grads)), None
+
+        n = micro_batches["tokens"].shape[0]
+        keys = jax.random.split(key, n)
+        loss_shape, metrics_shape = jax.eval_shape(micro_loss, params, target_params,
+                                                   jax.tree.map(lambda x: x[0], micro_batches), keys[0])
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss_shape, metrics_shape, params))
+        (loss, metrics, grads), _ = jax.lax.scan(accumulate, zeros, (micro_batches, keys))
+        loss, metrics, grads = jax.tree.map(lambda g: g / n, (loss, metrics, grads))
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        params = jax.lax.with_sharding_constraint(params, param_shardings)
+        opt_state = jax.lax.with_sharding_constraint(opt_state, opt_shardings)
+        return params, opt_state, {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads)}
+
+    def eval_step(params, target_params, batch, use_features):
+        """Row correctness against the target's argmax, with / without target features."""
+        keep = jnp.full(batch["tokens"].shape[:1], 1.0 if use_features else 0.0)
+        logits, teacher, _ = forward(params, target_params, batch, keep)
+        return block_agreement(logits, teacher, batch)[1]
+
+    return (jax.jit(train_step, donate_argnums=(0, 1)),
+            jax.jit(eval_step, static_argnames=("use_features",)))
+
+
+def target_tokenizer(target: Model) -> Path:
+    path = Path(target.source) / "tokenizer.model"
+    if not path.exists():
+        raise CheckpointError(f"target {target.source} has no tokenizer.model; a drafter is trained on the "
+                              "target's own sentencepiece tokenizer")
+    return path
+
+
+def export_drafter(cfg: DrafterTrainConfig, params, drafter_config, target: Model, layers: tuple[int, ...],
+                   folder: Path, dtype: str, card: str | None = None) -> Path:
+    """`Drafter.save` of trained params (+ a README model card)."""
+    drafter_params = jax.tree.map(lambda x: jnp.asarray(host_copy(x), jnp.float32), params["drafter"])
+    abstract = nnx.eval_shape(lambda: Transformer(drafter_config, dtype=jnp.float32, rngs=nnx.Rngs(0)))
+    module = nnx.merge(nnx.split(abstract)[0], drafter_params)
+    model = Model.from_module(module, tokenizer=target.tokenizer, source=str(folder))
+    projection = params.get("projection")
+    drafter = Drafter(model=model, mask_token_id=target.config.vocab_size, target_vocab_size=target.config.vocab_size,
+                      target_layers=layers, target_hidden_size=target.config.hidden_size,
+                      feature_scale=cfg.pard.feature_scale, draft_len=cfg.pard.num_blocks,
+                      projection=None if projection is None else jnp.asarray(host_copy(projection)))
+    folder = drafter.save(folder, dtype=dtype)
+    if card:
+        (folder / "README.md").write_text(card)
+    return folder
+
+
+def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool = False, log: Callable = print,
+                  progress: bool = True, export: bool = True) -> DrafterTrainResult:
+    """Train the drafter `cfg` describes into `out_dir` (module docstring); returns the final metrics."""
+    out = Path(out_dir)
+    is_main = jax.process_index() == 0
+    ckpt_dir = out / "checkpoints"
+    if not resume and ckpt_dir.exists() and any(ckpt_dir.iterdir()):
+        raise CheckpointError(f"{out} already holds checkpoints; pass --resume to continue that run "
+                              "or choose another --out")
+    say = log if is_main else (lambda *a, **k: None)
+    target = jaxspec.load(cfg.target.path, dtype="float32")
+    layers = resolve_target_layers(cfg, target.config.num_layers)
+    tok_path = target_tokenizer(target)
+    out.mkdir(parents=True, exist_ok=True)
+    fingerprint = hashlib.sha256(json.dumps(dataclasses.asdict(cfg.data), sort_keys=True).encode()
+                                 + tok_path.read_bytes()).hexdigest()[:16]
+    corpus.prepare_data(cfg.data, TokenizerConfig(vocab_size=target.config.vocab_size), out / "data",
+                        cfg.train.seed, fingerprint, log=say, tokenizer_model=tok_path)
+    train_data = corpus.PackedData(out / "data" / "train.npy", cfg.data.seq_len)
+    heldout = corpus.PackedData(out / "data" / "heldout.npy", cfg.data.seq_len)
+    if is_main:
+        (out / "config.json").write_text(json.dumps({**cfg.to_dict(), "resolved_target_layers": list(layers)},
+                                                    indent=1))
+
+    mesh = make_mesh(cfg.mesh)
+    run, p = cfg.train, cfg.pard
+    if run.batch_size % mesh.size:
+        raise ConfigError(f"[train] batch_size ({run.batch_size}) must be a multiple of the device count "
+                          f"({mesh.size})")
+    compute_dtype = DTYPES[run.dtype]
+    module = init_drafter(cfg, target)
+    drafter_graphdef, drafter_params = nnx.split(module)
+    if compute_dtype != jnp.float32:
+        drafter_graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(module.config, dtype=compute_dtype,
+                                                                        rngs=nnx.Rngs(0))))[0]
+    if p.attention != "xla":
+        drafter_graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(
+            module.config, dtype=compute_dtype, attention=p.attention, rngs=nnx.Rngs(0))))[0]
+    params: dict[str, Any] = {"drafter": drafter_params}
+    if p.target_features:
+        params["projection"] = init_projection(cfg, len(layers) * target.config.hidden_size,
+                                               module.config.hidden_size)
+    param_shardings = tree_shardings(mesh, params)
+    params = jax.device_put(params, param_shardings)
+    target_params = jax.device_put(target.params, NamedSharding(mesh, P()))
+    optimizer = make_optimizer(cfg.optim, run.steps)
+    opt_state = jax.jit(optimizer.init)(params)
+    opt_shardings = tree_shardings(mesh, opt_state)
+    opt_state = jax.device_put(opt_state, opt_shardings)
+    state = {"params": params, "opt_state": opt_state, "step": jnp.zeros((), jnp.int32)}
+
+    checkpoints = TrainCheckpoints(ckpt_dir, keep=run.keep_checkpoints)
+    start = 0
+    if resume:
+        restored = checkpoints.restore_latest(state, log=say)
+        if restored is not None:
+            start, state = restored
+            say(f"resumed from step {start} ({ckpt_dir / str(start)})")
+    metrics_path = out / "metrics.jsonl"
+    records = read_metrics(metrics_path, upto=start) if resume else []
+    if is_main:
+        write_metrics(metrics_path, records)
+
+    train_step, eval_step = make_drafter_steps(drafter_graphdef, target.graphdef, cfg, layers, optimizer,
+                                               compute_dtype, param_shardings, opt_shardings)
+    accum, batch = cfg.optim.grad_accum, run.batch_size
+    counts = cod_counts(cfg.data.seq_len, p.num_blocks, p.cod_ratio, p.cod_min)
+    micro_sharding, eval_sharding = batch_sharding(mesh, leading=1), batch_sharding(mesh)
+    examples_per_step = accum * batch
+    mask_id = target.config.vocab_size
+
+    def batch_for(step: int) -> dict[str, jax.Array]:
+        ids = corpus.training_order(train_data.num_sequences, run.seed, step * examples_per_step, examples_per_step)
+        host = make_batch(train_data.batch(ids), counts, mask_id, np.random.default_rng([run.seed, step, 7]))
+        return {k: global_array(v.reshape(accum, batch, *v.shape[1:]), micro_sharding)
+                for k, v in host.arrays().items()}
+
+    def evaluate(params, num_batches: int | None) -> dict:
+        """Teacher-forced acceptance on held-out text (reference: the target's argmax)."""
+        total = heldout.num_sequences // batch
+        n = total if num_batches is None else min(num_batches, total)
+        stats = {"td": AcceptanceStats(0, np.zeros(p.num_blocks + 1, np.int64))}
+        stats["ti"] = stats["td"]
+        full = full_counts(cfg.data.seq_len, p.num_blocks)
+        for i in range(n):
+            host = make_batch(heldout.batch(range(i * batch, (i + 1) * batch)), full, mask_id,
+                              np.random.default_rng(0))
+            dev = {k: global_array(v, eval_sharding) for k, v in host.arrays().items()}
+            for mode in ("td", "ti") if p.target_features else ("ti",):
+                correct = np.asarray(host_copy(eval_step(params, target_params, dev, use_features=mode == "td")))
+                stats[mode] = stats[mode] + acceptance(correct, host.block_ids, host.positions, p.num_blocks,
+                                                       cfg.data.seq_len)
+        out = {}
+        for mode, s in stats.items():
+            if s.contexts:
+                out[f"accept_len_{mode}"] = s.mean_length
+                out[f"position_rates_{mode}"] = [round(float(x), 4) for x in s.position_rates()]
+        return out
+
+    params, opt_state = state["params"], state["opt_state"]
+    base_key = jax.random.key(run.seed)
+    t_start = time.time()
+    window_start, window_steps = time.time(), 0
+    pending: list[tuple[int, Any]] = []
+    bar = progress_bar(run.steps, start, progress and is_main, desc="train-drafter")
+    loss = float("nan")
+    schedule = learning_rate_schedule(cfg.optim, run.steps)
+    tokens_per_step = examples_per_step * sum(counts)
+    if start == 0 and run.steps > 0:  # the untrained baseline, for the acceptance curve
+        records.append({"step": 0, **evaluate(params, run.eval_batches)})
+        if is_main:
+            append_metric(metrics_path, records[-1])
+    try:
+        for step in range(start, run.steps):
+            params, opt_state, m = train_step(params, opt_state, target_params, batch_for(step),
+                                              jax.random.fold_in(base_key, step))
+            pending.append((step + 1, m))
+            window_steps += 1
+            done = step + 1
+            if done % run.log_every == 0 or done == run.steps:
+                host = jax.device_get([mm for _, mm in pending])  # one sync per log interval
+                elapsed = time.time() - window_start
+                tps = window_steps * tokens_per_step / max(elapsed, 1e-9)
+                for (s, _), mm in zip(pending, host):
+                    rec = {"step": s, "loss": float(mm["loss"]), "ce": float(mm["ce"]),
+                           **({"kd": float(mm["kd"])} if "kd" in mm else {}),
+                           "block_agreement": [round(float(x), 4) for x in mm["block_agreement"]],
+                           "grad_norm": float(mm["grad_norm"]), "lr": float(schedule(s - 1)),
+                           "rows_per_second": round(tps, 1)}
+                    records.append(rec)
+                    if is_main:
+                        append_metric(metrics_path, rec)
+                loss = records[-1]["loss"]
+                pending, window_start, window_steps = [], time.time(), 0
+                bar.set_postfix(loss=f"{loss:.3f}", ce=f"{records[-1]['ce']:.3f}", rows_s=f"{tps:,.0f}")
+            if done % run.eval_every == 0 and done != run.steps:
+                rec = {"step": done, **evaluate(params, run.eval_batches)}
+                records.append(rec)
+                if is_main:
+                    append_metric(metrics_path, rec)
+                bar.write(f"step {done}: " + ", ".join(f"{k} {v:.3f}" for k, v in rec.items()
+                                                       if k.startswith("accept_len")))
+            if done % run.checkpoint_every == 0 or done == run.steps:
+                checkpoints.save(done, {"params": params, "opt_state": opt_state,
+                                        "step": jnp.asarray(done, jnp.int32)})
+            bar.update(1)
+    finally:
+        bar.close()
+        checkpoints.close()
+    seconds = time.time() - t_start
+
+    final = evaluate(params, run.eval_batches)
+    records.append({"step": run.steps, **final, "final": True})
+    if is_main:
+        append_metric(metrics_path, records[-1])
+        plot_losses(records, out / "loss.png", cfg.name, ylabel="drafter loss")
+    say(f"done: {run.steps} steps in {seconds:.0f}s; held-out teacher-forced acceptance "
+        + ", ".join(f"{k} {v:.3f}" for k, v in final.items() if k.startswith("accept_len")))
+    export_dir = None
+    if export and is_main:
+        export_dir = export_drafter(cfg, params, module.config, target, layers, out / "drafter", run.export_dtype,
+                                    card=drafter_card(cfg, layers, target, final, seconds, records))
+        say(f"exported {export_dir}")
+    return DrafterTrainResult(out_dir=out, steps=run.steps, final_loss=loss, eval=final, seconds=seconds,
+                              export_dir=export_dir)
+
+
+def drafter_card(cfg: DrafterTrainConfig, layers, target: Model, final: dict, seconds: float,
+                 records: list[dict]) -> str:
+    losses = [r["loss"] for r in records if "loss" in r]
+    mode = ("CAT" if cfg.pard.cat else "uniform CE") + (" + KD" if cfg.pard.kd_alpha > 0 else "")
+    lines = [f"# {cfg.name}", "",
+             f"A PARD-2 parallel drafter for `{cfg.target.path}` trained by `jaxspec train-drafter` "
+             f"({cfg.train.steps} steps, {seconds / 60:.1f} minutes, {mode}, K = {cfg.pard.num_blocks}).", "",
+             "Load it with `jaxspec.drafter.load_drafter(folder)` (target-dependent: needs the target's "
+             f"hidden states at layers {list(layers)}) or `load_drafter(folder, target_independent=True)`.", "",
+             "## Held-out teacher-forced acceptance (tokens per step, bonus included)",
+             *[f"- {k}: {v if isinstance(v, list) else round(v, 4)}" for k, v in final.items()],
+             f"- final training loss: {losses[-1]:.4f}" if losses else "", "",
+             "## Training config", "```json", json.dumps(cfg.to_dict(), indent=1), "```"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,258 @@
+"""PARD-2 drafter training: the training relation against the inference relation, CAT weights
+against a brute-force loop, gating and feature alignment, a tiny drafter that learns against a
+tiny trained target, the drafter export round trip, and config errors.
+
+The target is a 2-layer model trained for a few dozen steps by the LM trainer on a synthetic
+Python-like corpus (tests/test_train.py's), so the whole file stays well under a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxspec.cli import main
+from jaxspec.config import ModelConfig
+from jaxspec.drafter import default_target_layers, load_drafter
+from jaxspec.errors import ConfigError
+from jaxspec.kv_cache import KVCache
+from jaxspec.masks import pard_mask
+from jaxspec.model import Transformer, causal_mask
+from jaxspec.train.acceptance import acceptance
+from jaxspec.train.drafter_config import load_drafter_config, parse_drafter_config
+from jaxspec.train.drafter_trainer import init_drafter, train_drafter
+from jaxspec.train.pard_batch import cod_counts, full_counts, make_batch
+from jaxspec.train.pard_objective import aligned_features, cat_weights, drafter_logits, row_weights
+from jaxspec.train.trainer import train
+from jaxspec.train.config import parse_train_config
+from test_train import _raw_config, _synthetic_module, _write_toml
+
+MASK = 99
+
+
+def _layout(seed: int, seq_len: int = 24, k: int = 5, r: float = 0.7, r_min: float = 0.1):
+    rng = np.random.default_rng(seed)
+    seqs = rng.integers(3, MASK, size=(2, seq_len + 1))
+    return make_batch(seqs, cod_counts(seq_len, k, r, r_min), MASK, rng), seqs
+
+
+@pytest.mark.parametrize("seed,r,r_min", [(0, 0.7, 0.1), (1, 0.5, 0.2), (2, 1.0, 1.0)])
+def test_every_training_row_sees_exactly_its_inference_input(seed, r, r_min):
+    """Row (j, t) of the COD layout sees x_0..x_{t-j} and the masks m_1..m_j of
+    `[x_<n, m_1..m_j]` (n = t-j+1), and all of those rows exist in the layout."""
+    batch, _ = _layout(seed, r=r, r_min=r_min)
+    mask = np.asarray(pard_mask(batch.block_ids, batch.positions))
+    for b in range(batch.tokens.shape[0]):
+        present = {(int(j), int(t)): i for i, (j, t) in enumerate(zip(batch.block_ids[b], batch.positions[b])) if j >= 0}
+        for (j, t), row in present.items():
+            n = t - j + 1
+            assert n >= 1
+            expected = {(0, u) for u in range(n)} | {(jj, n - 1 + jj) for jj in range(1, j + 1)}
+            assert expected <= set(present), f"row {(j, t)} misses part of its chain"
+            seen = {key for key, col in present.items() if mask[b, row, col]}
+            assert seen == expected, (j, t)
+        assert not mask[b][:, batch.block_ids[b] < 0].any()  # padding is seen by nobody
+
+
+def test_training_logits_equal_inference_forward():
+    """The drafter's logits at row (j, t) of one training forward (with target features) equal
+    the last logits of a plain causal forward over [x_<n, m_1..m_j] with inference features."""
+    vocab, seq_len, k, fdim = MASK + 1, 12, 4, 6
+    cfg = ModelConfig(model_type="llama", vocab_size=vocab, hidden_size=32, intermediate_size=48, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=64)
+    drafter = Transformer(cfg, rngs=nnx.Rngs(0))
+    projection = jax.random.normal(jax.random.key(1), (fdim, 32)) * 3.0
+    batch, seqs = _layout(3, seq_len=seq_len, k=k)
+    hidden = jax.random.normal(jax.random.key(2), (2, seq_len, fdim))  # the target's h_0..h_{L-1}
+    feats = aligned_features(hidden, jnp.asarray(batch.block_ids), jnp.asarray(batch.positions))
+    graphdef, params = nnx.split(drafter)
+    logits = jax.jit(lambda *a: drafter_logits(nnx.merge(graphdef, params), projection, 1.0, *a))(
+        jnp.asarray(batch.tokens), jnp.asarray(batch.positions), jnp.asarray(batch.block_ids), feats)
+    width = seq_len + k  # inference inputs right-padded to one shape: one compile
+
+    @jax.jit
+    def inference_logits(tokens, size, offset):
+        out = nnx.merge(graphdef, params)(tokens, jnp.arange(width)[None], causal_mask(size[None], width),
+                                          KVCache.zeros(2, 1, 0, 2, 8), embed_offset=offset)
+        return out.logits[0, size - 1]
+
+    for b in range(2):
+        for row in np.random.default_rng(b).choice(np.nonzero(batch.block_ids[b] >= 0)[0], 12, replace=False):
+            j, t = int(batch.block_ids[b, row]), int(batch.positions[b, row])
+            n = t - j + 1
+            tokens = np.zeros((1, width), np.int32)
+            tokens[0, :n + j] = np.concatenate([seqs[b, :n], np.full(j, MASK)])
+            # inference features: position p < n gets h_{p-1} (0 at p = 0); the masks get the
+            # last real token's, h_{n-2} (the target has not run on x_{n-1} yet)
+            f = np.zeros((1, width, fdim), np.float32)
+            f[0, 1:n] = hidden[b, :n - 1]
+            f[0, n:n + j] = f[0, n - 1]
+            ref = inference_logits(jnp.asarray(tokens), jnp.asarray(n + j),
+                                   jnp.einsum("btf,fd->btd", jnp.asarray(f), projection))
+            np.testing.assert_allclose(logits[b, row], ref, rtol=2e-4, atol=2e-4)
+
+
+def test_cat_weights_match_brute_force_and_cat_off_is_uniform():
+    batch, _ = _layout(4, k=6)
+    rng = np.random.default_rng(5)
+    gold = np.log(rng.uniform(0.05, 1.0, size=(2, 24))).astype(np.float32)  # log p_T(x_{p+1} | x_<=p)
+    w = np.asarray(cat_weights(jnp.asarray(gold), jnp.asarray(batch.block_ids), jnp.asarray(batch.positions), 6))
+    for b in range(2):
+        for row, (j, t) in enumerate(zip(batch.block_ids[b], batch.positions[b])):
+            if j < 0:
+                assert w[b, row] == 0
+                continue
+            # draft position j+1 from context x_<n (n = t-j+1): prod of p_T(x_u | x_<u), u = n..t
+            expected = 1.0
+            for u in range(t - j + 1, t + 1):
+                expected *= np.exp(gold[b, u - 1])
+            np.testing.assert_allclose(w[b, row], expected, rtol=1e-5)
+    off = row_weights(jnp.asarray(gold), jnp.asarray(batch.block_ids), jnp.asarray(batch.positions),
+                      jnp.asarray(batch.valid), 6, cat=False)
+    np.testing.assert_array_equal(off, batch.valid.astype(np.float32))
+
+
+def test_feature_alignment_and_gating():
+    hidden = jnp.arange(1, 7, dtype=jnp.float32).reshape(1, 6, 1)  # h_t = t + 1
+    block_ids = jnp.asarray([[0, 0, 0, 1, 1, 2, 3, -1]])
+    positions = jnp.asarray([[0, 1, 5, 1, 5, 5, 5, 0]])
+    got = aligned_features(hidden, block_ids, positions)[0, :, 0]
+    # block 0: h_{t-1} (0 at t = 0); block j: h_{t-j-1}, the last real token x_{t-j}'s; padding 0
+    np.testing.assert_array_equal(got, [0, 1, 5, 0, 4, 3, 2, 0])
+    gated = aligned_features(hidden, block_ids, positions, keep=jnp.zeros((1,)))
+    assert not np.asarray(gated).any()  # gate p = 1: every sample target-independent
+
+
+def test_cod_counts_and_layout_shape():
+    assert cod_counts(128, 8, 0.7, 0.1) == (128, 89, 62, 43, 30, 21, 15, 12)
+    assert sum(cod_counts(256, 8, 0.7, 0.2)) < 3.6 * 256  # ~3.4 L tokens for K = 8 (pard2.md)
+    assert full_counts(10, 3) == (10, 9, 8)
+    with pytest.raises(ConfigError, match="seq_len"):
+        cod_counts(4, 8, 0.7, 0.1)
+
+
+def test_default_target_layers_map_the_paper_layers():
+    assert default_target_layers(6) == (0, 5)
+    assert default_target_layers(32) == (8, 16, 24, 31)
+
+
+def test_acceptance_counts_leading_matches():
+    batch = make_batch(np.zeros((1, 9), np.int64), full_counts(8, 3), MASK, np.random.default_rng(0))
+    correct = np.ones_like(batch.valid)
+    correct[0, (batch.block_ids[0] == 1) & (batch.positions[0] == 3)] = False  # context n=3, draft 2 wrong
+    stats = acceptance(correct, batch.block_ids, batch.positions, 3, 8)
+    assert stats.contexts == 6 and stats.accepted[1] == 1 and stats.accepted[3] == 5
+    assert stats.mean_length == pytest.approx((2 + 5 * 4) / 6)
+
+
+# --- end to end against a tiny trained target ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    for i in range(24):
+        (root / f"mod_{i:02d}.py").write_text(_synthetic_module(rng))
+    raw = _raw_config(root, steps=40, log_every=10, eval_every=100, checkpoint_every=100)
+    out = tmp_path_factory.mktemp("target")
+    train(parse_train_config(raw), out, log=lambda *a, **k: None, progress=False)
+    return out / "model", root
+
+
+def _drafter_raw(target: Path, corpus_root: Path, **pard) -> dict:
+    return {
+        "name": "tiny-drafter",
+        "target": {"path": str(target)},
+        "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16,
+                  "intermediate_size": 64, "max_position_embeddings": 64},
+        "pard": {"num_blocks": 4, **pard},
+        "data": {"corpus": str(corpus_root), "seq_len": 32, "heldout_fraction": 0.15},
+        "optim": {"learning_rate": 1e-2, "warmup_steps": 2},
+        "train": {"steps": 30, "batch_size": 8, "log_every": 5, "eval_every": 100, "eval_batches": 2,
+                  "checkpoint_every": 10, "export_dtype": "float32"},
+    }
+
+
+def test_tiny_drafter_learns_and_round_trips(tiny_target, tmp_path):
+    target, corpus_root = tiny_target
+    cfg = parse_drafter_config(_drafter_raw(target, corpus_root))
+    result = train_drafter(cfg, tmp_path / "run", log=lambda *a, **k: None, progress=False)
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "loss" in r]
+    untrained = records[0]
+    assert untrained["step"] == 0
+    assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
+    for mode in ("td", "ti"):
+        assert result.eval[f"accept_len_{mode}"] > untrained[f"accept_len_{mode}"] + 0.2, (mode, result.eval)
+
+    drafter = load_drafter(result.export_dir)
+    assert drafter.mask_token_id == drafter.target_vocab_size == 320
+    assert drafter.target_layers == (0, 1) and drafter.draft_len == 4 and drafter.projection.shape == (64, 32)
+    assert load_drafter(result.export_dir, target_independent=True).projection is None
+    again_dir = drafter.save(tmp_path / "resaved")
+    reloaded = load_drafter(again_dir)
+    assert reloaded.pard_config() == drafter.pard_config()
+    np.testing.assert_array_equal(reloaded.projection, drafter.projection)
+    for (_, a), (_, b) in zip(nnx.to_flat_state(reloaded.model.params), nnx.to_flat_state(drafter.model.params)):
+        np.testing.assert_array_equal(a[...], b[...])
+    # resume from the step-20 checkpoint reproduces the uninterrupted run's last losses
+    import shutil
+
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "30")
+    again = train_drafter(cfg, tmp_path / "run", resume=True, log=lambda *a, **k: None, progress=False,
+                          export=False)
+    assert again.final_loss == pytest.approx(result.final_loss, rel=1e-5)
+
+
+def test_drafter_init_from_a_smaller_model_appends_the_mask_row(tiny_target):
+    """[drafter] init = an HF folder: its weights are kept, the vocabulary gains the mask row."""
+    target, corpus_root = tiny_target
+    import jaxspec
+
+    base = jaxspec.load(target)
+    cfg = parse_drafter_config({**_drafter_raw(target, corpus_root), "drafter": {"init": str(target)}})
+    module = init_drafter(cfg, base)
+    embedding = np.asarray(module.embed_tokens.embedding[...])
+    assert embedding.shape == (321, 32)
+    np.testing.assert_array_equal(embedding[:320], np.asarray(base.params["embed_tokens"]["embedding"][...]))
+    np.testing.assert_array_equal(np.asarray(module.layers[1].mlp.up_proj.kernel[...]),
+                                  np.asarray(base.module.layers[1].mlp.up_proj.kernel[...]))
+
+
+def test_shipped_drafter_configs_parse():
+    for path in (Path(__file__).resolve().parents[1] / "configs").glob("pard2_*.toml"):
+        cfg = load_drafter_config(path)
+        assert cfg.pard.num_blocks >= 2 and cfg.target.path
+
+
+@pytest.mark.parametrize("section,key,value,match", [
+    ("pard", "cod_ratio", 1.5, "cod_ratio"),
+    ("pard", "num_blocks", 1, "num_blocks"),
+    ("pard", "attention", "flash", "attention"),
+    ("pard", "gate_prob", -0.1, "gate_prob"),
+    ("pard", "bogus", 1, "unknown key 'bogus'"),
+    ("target", "layers", ["a"], "list of ints"),
+])
+def test_bad_drafter_configs(section, key, value, match, tmp_path):
+    raw = _drafter_raw(tmp_path, tmp_path)
+    raw.setdefault(section, {})[key] = value
+    with pytest.raises(ConfigError, match=match):
+        parse_drafter_config(raw)
+    with pytest.raises(ConfigError, match="nothing to train"):
+        parse_drafter_config(_drafter_raw(tmp_path, tmp_path, ce_alpha=0, kd_alpha=0))
+
+
+def test_cli_bad_drafter_config_is_one_line(tmp_path, capsys):
+    raw = _drafter_raw(tmp_path, tmp_path, cod_min=2.0)
+    path = _write_toml(tmp_path / "bad.toml", raw)
+    assert main(["train-drafter", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "cod_min" in err
+    assert main(["train-drafter", "--config", str(tmp_path / "missing.toml")]) == 2
