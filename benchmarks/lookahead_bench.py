@@ -22,7 +22,7 @@ step-cost ratio = (seconds / steps) of a config over (seconds / steps) of greedy
 
 Writes benchmarks/results/lookahead_bench.json (every run), lookahead_bench.md (the table) and
 lookahead_scaling.png (S against W per N, and S against block tokens per step, held-out set);
---quick writes lookahead_bench_quick.* instead. Needs matplotlib (`pip install -e .[bench]`).
+--quick writes lookahead_bench_quick.* instead. Needs matplotlib (a core dependency).
 Exits non-zero, after writing the results, if an output differs from its reference other than at a
 float32 near-tie (two logits within 1e-4, which a block forward and a one-token forward may round
 either way).
