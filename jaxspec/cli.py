@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--attention", default="xla", help="attention backend (xla|pallas)")
     g.add_argument("--no-eos-stop", action="store_true", help="do not stop at the end-of-sequence token")
     g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.add_argument("--no-compare", dest="compare", action="store_false",
+                   help="with a method other than greedy: do not also run greedy to print both statistics")
     la = g.add_argument_group("lookahead / prompt-lookup / jacobi (defaults: configs/lookahead.toml by model size)")
     la.add_argument("--window", type=int, help="lookahead window W (jacobi: guess length)")
     la.add_argument("--ngram", type=int, help="n-gram size N (N-1 lookahead levels; candidates of N-1 tokens)")
@@ -65,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="verify pool candidates only, not the lookahead window's own diagonals")
     la.add_argument("--lp-devices", dest="lp_devices", type=int,
                     help="lookahead parallelism: split each step over this many devices (greedy only)")
+    sp = g.add_argument_group("speculative / hybrid (PARD / PARD-2 drafter; hybrid also takes the lookahead flags)")
+    sp.add_argument("--drafter", help="drafter folder or name (default: the default model's shipped drafter)")
+    sp.add_argument("--draft-len", dest="draft_len", type=int, help="K drafts per step (default: the drafter's)")
+    sp.add_argument("--target-independent", dest="target_features", action="store_false", default=None,
+                    help="draft without the target's hidden states (no projection needed)")
     _add_distributed_options(g)
 
     t = sub.add_parser("train", help="train a model from a config in configs/ (tokenizer, data, model)")
@@ -75,6 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-export", dest="export", action="store_false", help="skip the HF folder export at the end")
     t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     t.add_argument("--json", action="store_true", help="print one JSON object with the final metrics")
+    _add_distributed_options(t)
+
+    d = sub.add_parser("train-drafter", help="train a PARD-2 drafter for a target (configs/pard2_*.toml)")
+    d.add_argument("--config", required=True, help="drafter training TOML, e.g. configs/pard2_pycode.toml")
+    d.add_argument("--out", help="run folder (default: runs/<config name>)")
+    d.add_argument("--steps", type=int, help="override [train] steps (the schedule's length)")
+    d.add_argument("--resume", action="store_true", help="continue from the newest readable checkpoint in --out")
+    d.add_argument("--no-export", dest="export", action="store_false", help="skip the drafter export at the end")
+    d.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    d.add_argument("--json", action="store_true", help="print one JSON object with the final metrics")
 
     e = sub.add_parser("export", help="save a checkpoint as an HF folder that transformers loads")
     e.add_argument("--model", required=True)
@@ -100,7 +117,8 @@ def _initialize_distributed(args) -> None:
 
 
 # Method options the CLI forwards to `jaxspec.generate` when given.
-METHOD_FLAGS = ("window", "ngram", "guesses", "pool_from_prompt", "verify_window", "lp_devices")
+METHOD_FLAGS = ("window", "ngram", "guesses", "pool_from_prompt", "verify_window", "lp_devices", "drafter",
+                "draft_len", "target_features")
 
 
 def _generate(args) -> int:
@@ -127,13 +145,24 @@ def _generate(args) -> int:
         }))
     else:
         print(out.text if out.text is not None else " ".join(map(str, out.tokens)))
-        print(f"[{out.method}] {len(out.tokens)} tokens in {out.steps} steps "
-              f"(compression {out.compression:.2f}), {out.tokens_per_second:.1f} tokens/s, "
-              f"compile {out.compile_seconds:.1f}s", file=sys.stderr)
+        sys.stdout.flush()  # the text before the statistics on a shared terminal
+        runs = [out]
+        if args.compare and out.method != "autoregressive":
+            # Next to greedy's: the point of a lossless method is the same text in fewer steps.
+            runs.append(jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens, method="autoregressive",
+                                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                         seed=args.seed, stop_at_eos=not args.no_eos_stop))
+        for run in runs:
+            print(f"[{run.method}] {len(run.tokens)} tokens in {run.steps} steps "
+                  f"(compression {run.compression:.2f}), {run.tokens_per_second:.1f} tokens/s, "
+                  f"compile {run.compile_seconds:.1f}s", file=sys.stderr)
+        if len(runs) == 2 and args.temperature == 0:
+            print(f"identical to greedy: {'yes' if runs[0].tokens == runs[1].tokens else 'NO'}", file=sys.stderr)
     return 0
 
 
 def _train(args) -> int:
+    _initialize_distributed(args)  # data parallel across processes: the mesh spans all their devices
     from jaxspec.train.config import load_train_config
     from jaxspec.train.trainer import train
 
@@ -154,6 +183,22 @@ def _train(args) -> int:
     return 0
 
 
+def _train_drafter(args) -> int:
+    from jaxspec.train.drafter_config import load_drafter_config
+    from jaxspec.train.drafter_trainer import train_drafter
+
+    cfg = load_drafter_config(args.config, {"train": {"steps": args.steps}} if args.steps is not None else None)
+    result = train_drafter(cfg, args.out or f"runs/{cfg.name}", resume=args.resume,
+                           log=lambda *a, **k: print(*a, file=sys.stderr, **k), progress=args.progress,
+                           export=args.export)
+    summary = {"out_dir": str(result.out_dir), "steps": result.steps, "final_loss": result.final_loss,
+               "seconds": result.seconds, **result.eval,
+               "export_dir": None if result.export_dir is None else str(result.export_dir)}
+    print(json.dumps(summary) if args.json else f"trained drafter {cfg.name}: " + ", ".join(
+        f"{k} {v:.3f}" for k, v in result.eval.items() if k.startswith("accept_len")) + f"; run folder {result.out_dir}")
+    return 0
+
+
 def _export(args) -> int:
     import jaxspec
 
@@ -166,7 +211,8 @@ def _export(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": _generate, "train": _train, "export": _export}[args.command](args)
+        return {"generate": _generate, "train": _train, "export": _export,
+                "train-drafter": _train_drafter}[args.command](args)
     except JaxspecError as e:
         print(f"jaxspec: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

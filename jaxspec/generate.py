@@ -94,15 +94,17 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
     lengths = np.asarray([len(r) for r in rows], np.int32)
     eos_ids = tuple(model.config.eos_token_ids) if stop_at_eos else ()
     greedy = temperature == 0
+    graphdef, params, static_options, reported = model.graphdef, model.params, options, options
+    if spec.bind is not None:  # a second model (a drafter): its graph and weights travel with the target's
+        graphdef, params, static_options, reported = spec.bind(model, options)
     statics = dict(max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids, greedy=greedy,
-                   **options)
-    args = (model.graphdef, model.params, jnp.asarray(prompts), jnp.asarray(lengths),
-            jax.random.key(seed), sampling)
+                   **static_options)
+    args = (graphdef, params, jnp.asarray(prompts), jnp.asarray(lengths), jax.random.key(seed), sampling)
     if options.get("lp_devices", 1) > 1:
         # Lookahead parallelism: inputs replicated on the `lp` mesh (across processes too).
         args = (args[0], *replicate(args[1:], lp_mesh(options["lp_devices"])))
 
-    key = (name, prompts.shape, tuple(sorted(statics.items())))
+    key = (name, prompts.shape, tuple(sorted(statics.items())), graphdef if spec.bind is not None else None)
     compile_seconds = 0.0
     if key not in model.compiled:
         t0 = time.perf_counter()
@@ -127,5 +129,5 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
         tokens=one(tokens), steps=one(steps), compression=one(compression), seconds=seconds,
         tokens_per_second=float(num.sum()) / max(seconds, 1e-9),
         method=name, compile_seconds=compile_seconds, text=None if text is None else one(text),
-        options=options, extras=extras,
+        options=reported, extras=extras,
     )

@@ -215,7 +215,8 @@ def test_unparsable_options(ckpt, capsys, args, needles):
 
 def test_missing_required_arguments(capsys):
     assert_one_line_error(*run_cli([], capsys), ["command"])
-    assert_one_line_error(*run_cli(["generate", "--prompt-ids", "1"], capsys), ["--model"])
+    # --model is optional (the shipped default model); --prompt / --prompt-ids is not
+    assert_one_line_error(*run_cli(["generate"], capsys), ["--prompt"])
     assert_one_line_error(*run_cli(["generate", "--model", "x"], capsys), ["--prompt"])
 
 
