@@ -40,11 +40,12 @@ from jaxspec.train.acceptance import AcceptanceStats, acceptance
 from jaxspec.train.checkpoints import TrainCheckpoints
 from jaxspec.train.config import TokenizerConfig
 from jaxspec.train.drafter_config import DrafterTrainConfig
+from jaxspec.train.loop import LoopHooks, run_loop
 from jaxspec.train.metrics import append_metric, plot_losses, read_metrics, write_metrics
 from jaxspec.train.pard_batch import cod_counts, full_counts, make_batch
 from jaxspec.train.pard_objective import (LossConfig, aligned_features, drafter_logits, gold_log_probs, pard_loss,
                                           row_weights, target_outputs)
-from jaxspec.train.sharding import batch_sharding, global_array, make_mesh, tree_shardings
+from jaxspec.train.sharding import batch_sharding, global_array, make_mesh, replicated_scalar, tree_shardings
 from jaxspec.train.trainer import DTYPES, host_copy, learning_rate_schedule, make_optimizer, progress_bar
 
 
@@ -255,7 +256,7 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     opt_state = jax.jit(optimizer.init)(params)
     opt_shardings = tree_shardings(mesh, opt_state)
     opt_state = jax.device_put(opt_state, opt_shardings)
-    state = {"params": params, "opt_state": opt_state, "step": jnp.zeros((), jnp.int32)}
+    state = {"params": params, "opt_state": opt_state, "step": replicated_scalar(0, mesh)}
 
     checkpoints = TrainCheckpoints(ckpt_dir, keep=run.keep_checkpoints)
     start = 0
@@ -305,56 +306,44 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
                 out[f"position_rates_{mode}"] = [round(float(x), 4) for x in s.position_rates()]
         return out
 
-    params, opt_state = state["params"], state["opt_state"]
     base_key = jax.random.key(run.seed)
-    t_start = time.time()
-    window_start, window_steps = time.time(), 0
-    pending: list[tuple[int, Any]] = []
-    bar = progress_bar(run.steps, start, progress and is_main, desc="train-drafter")
-    loss = float("nan")
     schedule = learning_rate_schedule(cfg.optim, run.steps)
     tokens_per_step = examples_per_step * sum(counts)
+    live = {"params": state["params"], "opt_state": state["opt_state"]}  # updated by every step
     if start == 0 and run.steps > 0:  # the untrained baseline, for the acceptance curve
-        records.append({"step": 0, **evaluate(params, run.eval_batches)})
+        records.append({"step": 0, **evaluate(live["params"], run.eval_batches)})
         if is_main:
             append_metric(metrics_path, records[-1])
+
+    def one_step(step: int):
+        live["params"], live["opt_state"], m = train_step(live["params"], live["opt_state"], target_params,
+                                                          batch_for(step), jax.random.fold_in(base_key, step))
+        return m
+
+    hooks = LoopHooks(
+        step=one_step,
+        record=lambda s, m, rate: {
+            "step": s, "loss": float(m["loss"]), "ce": float(m["ce"]),
+            **({"kd": float(m["kd"])} if "kd" in m else {}),
+            "block_agreement": [round(float(x), 4) for x in m["block_agreement"]],
+            "grad_norm": float(m["grad_norm"]), "lr": float(schedule(s - 1)), "rows_per_second": round(rate, 1)},
+        evaluate=lambda done: evaluate(live["params"], run.eval_batches),
+        save=lambda done: checkpoints.save(done, {**live, "step": replicated_scalar(done, mesh)}),
+        postfix=lambda rec, rate: {"loss": f"{rec['loss']:.3f}", "ce": f"{rec['ce']:.3f}", "rows_s": f"{rate:,.0f}"},
+        describe_eval=lambda rec: ", ".join(f"{k} {v:.3f}" for k, v in rec.items() if k.startswith("accept_len")),
+    )
+    t_start = time.time()
+    bar = progress_bar(run.steps, start, progress and is_main, desc="train-drafter")
     try:
-        for step in range(start, run.steps):
-            params, opt_state, m = train_step(params, opt_state, target_params, batch_for(step),
-                                              jax.random.fold_in(base_key, step))
-            pending.append((step + 1, m))
-            window_steps += 1
-            done = step + 1
-            if done % run.log_every == 0 or done == run.steps:
-                host = jax.device_get([mm for _, mm in pending])  # one sync per log interval
-                elapsed = time.time() - window_start
-                tps = window_steps * tokens_per_step / max(elapsed, 1e-9)
-                for (s, _), mm in zip(pending, host):
-                    rec = {"step": s, "loss": float(mm["loss"]), "ce": float(mm["ce"]),
-                           **({"kd": float(mm["kd"])} if "kd" in mm else {}),
-                           "block_agreement": [round(float(x), 4) for x in mm["block_agreement"]],
-                           "grad_norm": float(mm["grad_norm"]), "lr": float(schedule(s - 1)),
-                           "rows_per_second": round(tps, 1)}
-                    records.append(rec)
-                    if is_main:
-                        append_metric(metrics_path, rec)
-                loss = records[-1]["loss"]
-                pending, window_start, window_steps = [], time.time(), 0
-                bar.set_postfix(loss=f"{loss:.3f}", ce=f"{records[-1]['ce']:.3f}", rows_s=f"{tps:,.0f}")
-            if done % run.eval_every == 0 and done != run.steps:
-                rec = {"step": done, **evaluate(params, run.eval_batches)}
-                records.append(rec)
-                if is_main:
-                    append_metric(metrics_path, rec)
-                bar.write(f"step {done}: " + ", ".join(f"{k} {v:.3f}" for k, v in rec.items()
-                                                       if k.startswith("accept_len")))
-            if done % run.checkpoint_every == 0 or done == run.steps:
-                checkpoints.save(done, {"params": params, "opt_state": opt_state,
-                                        "step": jnp.asarray(done, jnp.int32)})
-            bar.update(1)
+        run_loop(hooks, start=start, steps=run.steps, log_every=run.log_every, eval_every=run.eval_every,
+                 checkpoint_every=run.checkpoint_every, units_per_step=tokens_per_step, records=records,
+                 metrics_path=metrics_path, is_main=is_main, bar=bar)
     finally:
         bar.close()
         checkpoints.close()
+    params = live["params"]
+    losses = [r["loss"] for r in records if "loss" in r]
+    loss = losses[-1] if losses else float("nan")
     seconds = time.time() - t_start
 
     final = evaluate(params, run.eval_batches)

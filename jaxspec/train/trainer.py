@@ -19,7 +19,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +32,7 @@ from jaxspec.model import Transformer
 from jaxspec.train import corpus
 from jaxspec.train.checkpoints import TrainCheckpoints
 from jaxspec.train.config import OptimConfig, TrainConfig
+from jaxspec.train.loop import LoopHooks, run_loop
 from jaxspec.train.metrics import append_metric, plot_losses, read_metrics, write_metrics
 from jaxspec.train.objective import token_nats
 from jaxspec.train.sharding import batch_sharding, global_array, make_mesh, replicated_scalar, tree_shardings
@@ -204,49 +205,39 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
         count = n * batch * cfg.data.seq_len
         return nats / count, nats / math.log(2) / max(nbytes, 1.0)
 
-    params, opt_state = state["params"], state["opt_state"]
-    t_start = time.time()
-    window_start, window_steps = time.time(), 0
-    pending: list[tuple[int, Any]] = []
-    bar = progress_bar(run.steps, start, progress and is_main)
-    loss = float("nan")
     schedule = learning_rate_schedule(cfg.optim, run.steps)
+    live = {"params": state["params"], "opt_state": state["opt_state"]}  # updated by every step
+
+    def one_step(step: int):
+        live["params"], live["opt_state"], m = train_step(live["params"], live["opt_state"], batch_for(step))
+        return m
+
+    def evaluate_fields(done: int) -> dict:
+        ev, bpb = evaluate(live["params"], run.eval_batches)
+        return {"eval_loss": ev, "eval_bits_per_byte": bpb}
+
+    hooks = LoopHooks(
+        step=one_step,
+        record=lambda s, m, tps: {"step": s, "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]),
+                                  "lr": float(schedule(s - 1)), "tokens_per_second": round(tps, 1),
+                                  "tokens_seen": s * tokens_per_step},
+        evaluate=evaluate_fields,
+        save=lambda done: checkpoints.save(done, {**live, "step": replicated_scalar(done, mesh)}),
+        postfix=lambda rec, tps: {"loss": f"{rec['loss']:.3f}", "tok_s": f"{tps:,.0f}"},
+        describe_eval=lambda rec: f"eval loss {rec['eval_loss']:.4f}, {rec['eval_bits_per_byte']:.4f} bits/byte",
+    )
+    t_start = time.time()
+    bar = progress_bar(run.steps, start, progress and is_main)
     try:
-        for step in range(start, run.steps):
-            params, opt_state, m = train_step(params, opt_state, batch_for(step))
-            pending.append((step + 1, m))
-            window_steps += 1
-            done = step + 1
-            if done % run.log_every == 0 or done == run.steps:
-                # One host sync per log interval, not per step; it must precede the clock read
-                # because steps are dispatched asynchronously.
-                host = jax.device_get([mm for _, mm in pending])
-                elapsed = time.time() - window_start
-                tps = window_steps * tokens_per_step / max(elapsed, 1e-9)
-                for (s, _), mm in zip(pending, host):
-                    rec = {"step": s, "loss": float(mm["loss"]), "grad_norm": float(mm["grad_norm"]),
-                           "lr": float(schedule(s - 1)), "tokens_per_second": round(tps, 1),
-                           "tokens_seen": s * tokens_per_step}
-                    records.append(rec)
-                    if is_main:
-                        append_metric(metrics_path, rec)
-                loss = records[-1]["loss"]
-                pending, window_start, window_steps = [], time.time(), 0
-                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}")
-            if done % run.eval_every == 0 and done != run.steps:
-                ev, bpb = evaluate(params, run.eval_batches)
-                rec = {"step": done, "eval_loss": ev, "eval_bits_per_byte": bpb}
-                records.append(rec)
-                if is_main:
-                    append_metric(metrics_path, rec)
-                bar.write(f"step {done}: eval loss {ev:.4f}, {bpb:.4f} bits/byte")
-            if done % run.checkpoint_every == 0 or done == run.steps:
-                checkpoints.save(done, {"params": params, "opt_state": opt_state,
-                                        "step": replicated_scalar(done, mesh)})
-            bar.update(1)
+        run_loop(hooks, start=start, steps=run.steps, log_every=run.log_every, eval_every=run.eval_every,
+                 checkpoint_every=run.checkpoint_every, units_per_step=tokens_per_step, records=records,
+                 metrics_path=metrics_path, is_main=is_main, bar=bar)
     finally:
         bar.close()
         checkpoints.close()
+    params = live["params"]
+    losses = [r["loss"] for r in records if "loss" in r]
+    loss = losses[-1] if losses else float("nan")
     seconds = time.time() - t_start
 
     ev, bpb = evaluate(params, None)

@@ -1,0 +1,59 @@
+"""The step loop both trainers share (LM and PARD-2 drafter): run steps, log, evaluate and
+checkpoint on their cadences, with one host sync per log interval.
+
+Each trainer supplies what differs as callables; the loop owns the cadence, the metrics log
+and the progress bar, so a kill at any point loses at most the steps since the last
+checkpoint and the resumed log has no duplicated or missing steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+
+from jaxspec.train.metrics import append_metric
+
+
+@dataclasses.dataclass
+class LoopHooks:
+    step: Callable[[int], Any]  # run 0-based optimizer step s; return its device metrics
+    record: Callable[[int, dict, float], dict]  # (1-based step, host metrics, units/s) -> log record
+    evaluate: Callable[[int], dict]  # periodic evaluation after `done` steps -> record fields
+    save: Callable[[int], None]  # checkpoint after `done` steps
+    postfix: Callable[[dict, float], dict]  # (last record, units/s) -> progress-bar fields
+    describe_eval: Callable[[dict], str]  # one line for the progress bar after an evaluation
+
+
+def run_loop(hooks: LoopHooks, *, start: int, steps: int, log_every: int, eval_every: int,
+             checkpoint_every: int, units_per_step: int, records: list[dict], metrics_path: Path,
+             is_main: bool, bar) -> None:
+    """Steps start .. steps-1; appends log and eval records to `records` (and the JSONL on process 0)."""
+
+    def log(rec: dict) -> None:
+        records.append(rec)
+        if is_main:
+            append_metric(metrics_path, rec)
+
+    window_start, pending = time.time(), []
+    for step in range(start, steps):
+        pending.append((step + 1, hooks.step(step)))
+        done = step + 1
+        if done % log_every == 0 or done == steps:
+            # The host sync must precede the clock read: steps are dispatched asynchronously.
+            host = jax.device_get([m for _, m in pending])
+            rate = len(pending) * units_per_step / max(time.time() - window_start, 1e-9)
+            for (s, _), m in zip(pending, host):
+                log(hooks.record(s, m, rate))
+            bar.set_postfix(**hooks.postfix(records[-1], rate))
+            window_start, pending = time.time(), []
+        if done % eval_every == 0 and done != steps:
+            rec = {"step": done, **hooks.evaluate(done)}
+            log(rec)
+            bar.write(f"step {done}: {hooks.describe_eval(rec)}")
+        if done % checkpoint_every == 0 or done == steps:
+            hooks.save(done)
+        bar.update(1)
