@@ -9,8 +9,8 @@ one bonus token. Reported per drafter (PARD = uniform CE, CAT, CAT+KD) and mode
 acceptance length (tokens per step, bonus included) and per-position acceptance rates
 a_k = P(draft k accepted | drafts 1..k-1 accepted).
 
-  python benchmarks/pard_ablation.py --drafter PARD=/work/runs/pard2-pard/drafter \\
-      --drafter CAT=/work/runs/pard2-cat/drafter --drafter CAT+KD=/work/runs/pard2-catkd/drafter
+  python benchmarks/pard_ablation.py --drafter PARD=runs/pard2-pard/drafter \\
+      --drafter CAT=runs/pard2-cat/drafter --drafter CAT+KD=runs/pard2-catkd/drafter
 
 Writes benchmarks/results/pard_ablation.{json,md,png}.
 """

@@ -37,15 +37,14 @@ from jaxspec.loading import Model
 from jaxspec.model import Transformer
 from jaxspec.train import corpus
 from jaxspec.train.acceptance import AcceptanceStats, acceptance
-from jaxspec.train.checkpoints import TrainCheckpoints
 from jaxspec.train.config import TokenizerConfig
 from jaxspec.train.drafter_config import DrafterTrainConfig
-from jaxspec.train.loop import LoopHooks, run_loop
-from jaxspec.train.metrics import append_metric, plot_losses, read_metrics, write_metrics
+from jaxspec.train.loop import LoopHooks, run_loop, start_or_resume
+from jaxspec.train.metrics import append_metric, plot_losses
 from jaxspec.train.pard_batch import cod_counts, full_counts, make_batch
 from jaxspec.train.pard_objective import (LossConfig, aligned_features, drafter_logits, gold_log_probs, pard_loss,
                                           row_weights, target_outputs)
-from jaxspec.train.sharding import batch_sharding, global_array, make_mesh, replicated_scalar, tree_shardings
+from jaxspec.train.sharding import batch_sharding, global_array, make_mesh, replicated_scalar
 from jaxspec.train.trainer import DTYPES, host_copy, learning_rate_schedule, make_optimizer, progress_bar
 
 
@@ -249,26 +248,12 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     if p.target_features:
         params["projection"] = init_projection(cfg, len(layers) * target.config.hidden_size,
                                                module.config.hidden_size)
-    param_shardings = tree_shardings(mesh, params)
-    params = jax.device_put(params, param_shardings)
     target_params = jax.device_put(target.params, NamedSharding(mesh, P()))
     optimizer = make_optimizer(cfg.optim, run.steps)
-    opt_state = jax.jit(optimizer.init)(params)
-    opt_shardings = tree_shardings(mesh, opt_state)
-    opt_state = jax.device_put(opt_state, opt_shardings)
-    state = {"params": params, "opt_state": opt_state, "step": replicated_scalar(0, mesh)}
-
-    checkpoints = TrainCheckpoints(ckpt_dir, keep=run.keep_checkpoints)
-    start = 0
-    if resume:
-        restored = checkpoints.restore_latest(state, log=say)
-        if restored is not None:
-            start, state = restored
-            say(f"resumed from step {start} ({ckpt_dir / str(start)})")
-    metrics_path = out / "metrics.jsonl"
-    records = read_metrics(metrics_path, upto=start) if resume else []
-    if is_main:
-        write_metrics(metrics_path, records)
+    begin = start_or_resume(params, optimizer, mesh, out, keep=run.keep_checkpoints, resume=resume,
+                            is_main=is_main, say=say)
+    start, records, metrics_path, checkpoints = begin.start, begin.records, begin.metrics_path, begin.checkpoints
+    param_shardings, opt_shardings = begin.param_shardings, begin.opt_shardings
 
     train_step, eval_step = make_drafter_steps(drafter_graphdef, target.graphdef, cfg, layers, optimizer,
                                                compute_dtype, param_shardings, opt_shardings)
@@ -309,7 +294,7 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     base_key = jax.random.key(run.seed)
     schedule = learning_rate_schedule(cfg.optim, run.steps)
     tokens_per_step = examples_per_step * sum(counts)
-    live = {"params": state["params"], "opt_state": state["opt_state"]}  # updated by every step
+    live = {"params": begin.params, "opt_state": begin.opt_state}  # updated by every step
     if start == 0 and run.steps > 0:  # the untrained baseline, for the acceptance curve
         records.append({"step": 0, **evaluate(live["params"], run.eval_batches)})
         if is_main:

@@ -15,7 +15,9 @@ from typing import Any, Callable
 
 import jax
 
-from jaxspec.train.metrics import append_metric
+from jaxspec.train.checkpoints import TrainCheckpoints
+from jaxspec.train.metrics import append_metric, read_metrics, write_metrics
+from jaxspec.train.sharding import replicated_scalar, tree_shardings
 
 
 @dataclasses.dataclass
@@ -57,3 +59,42 @@ def run_loop(hooks: LoopHooks, *, start: int, steps: int, log_every: int, eval_e
         if done % checkpoint_every == 0 or done == steps:
             hooks.save(done)
         bar.update(1)
+
+
+@dataclasses.dataclass
+class RunStart:
+    """Where a run starts: fresh (step 0) or from its newest readable checkpoint."""
+
+    params: Any
+    opt_state: Any
+    start: int
+    records: list[dict]  # the metrics logged up to `start`
+    metrics_path: Path
+    checkpoints: TrainCheckpoints
+    param_shardings: Any
+    opt_shardings: Any
+
+
+def start_or_resume(params, optimizer, mesh, out: Path, *, keep: int, resume: bool, is_main: bool,
+                    say: Callable) -> RunStart:
+    """Shard fresh params and optimizer state on `mesh`; with `resume`, replace them by the newest
+    readable checkpoint in out/checkpoints and cut the metrics log back to its step."""
+    param_shardings = tree_shardings(mesh, params)
+    params = jax.device_put(params, param_shardings)
+    opt_state = jax.jit(optimizer.init)(params)
+    opt_shardings = tree_shardings(mesh, opt_state)
+    state = {"params": params, "opt_state": jax.device_put(opt_state, opt_shardings),
+             "step": replicated_scalar(0, mesh)}
+    checkpoints = TrainCheckpoints(out / "checkpoints", keep=keep)
+    start = 0
+    if resume:
+        restored = checkpoints.restore_latest(state, log=say)
+        if restored is not None:
+            start, state = restored
+            say(f"resumed from step {start} ({out / 'checkpoints' / str(start)})")
+    metrics_path = out / "metrics.jsonl"
+    records = read_metrics(metrics_path, upto=start) if resume else []
+    if is_main:
+        write_metrics(metrics_path, records)  # drop anything logged after the restored step
+    return RunStart(state["params"], state["opt_state"], start, records, metrics_path, checkpoints,
+                    param_shardings, opt_shardings)

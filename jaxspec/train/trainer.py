@@ -30,12 +30,11 @@ from flax import nnx
 from jaxspec.errors import CheckpointError
 from jaxspec.model import Transformer
 from jaxspec.train import corpus
-from jaxspec.train.checkpoints import TrainCheckpoints
 from jaxspec.train.config import OptimConfig, TrainConfig
-from jaxspec.train.loop import LoopHooks, run_loop
-from jaxspec.train.metrics import append_metric, plot_losses, read_metrics, write_metrics
+from jaxspec.train.loop import LoopHooks, run_loop, start_or_resume
+from jaxspec.train.metrics import append_metric, plot_losses
 from jaxspec.train.objective import token_nats
-from jaxspec.train.sharding import batch_sharding, global_array, make_mesh, replicated_scalar, tree_shardings
+from jaxspec.train.sharding import batch_sharding, global_array, make_mesh, replicated_scalar
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -160,25 +159,11 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
                           f"({mesh.size})")
     compute_dtype = DTYPES[run.dtype]
     params, graphdef = init_params(cfg)
-    param_shardings = tree_shardings(mesh, params)
-    params = jax.device_put(params, param_shardings)
     optimizer = make_optimizer(cfg.optim, run.steps)
-    opt_state = jax.jit(optimizer.init)(params)
-    opt_shardings = tree_shardings(mesh, opt_state)
-    opt_state = jax.device_put(opt_state, opt_shardings)
-    state = {"params": params, "opt_state": opt_state, "step": replicated_scalar(0, mesh)}
-
-    checkpoints = TrainCheckpoints(ckpt_dir, keep=run.keep_checkpoints)
-    start = 0
-    if resume:
-        restored = checkpoints.restore_latest(state, log=say)
-        if restored is not None:
-            start, state = restored
-            say(f"resumed from step {start} ({ckpt_dir / str(start)})")
-    metrics_path = out / "metrics.jsonl"
-    records = read_metrics(metrics_path, upto=start) if resume else []
-    if is_main:
-        write_metrics(metrics_path, records)  # drop anything logged after the restored step
+    begin = start_or_resume(params, optimizer, mesh, out, keep=run.keep_checkpoints, resume=resume,
+                            is_main=is_main, say=say)
+    start, records, metrics_path, checkpoints = begin.start, begin.records, begin.metrics_path, begin.checkpoints
+    param_shardings, opt_shardings = begin.param_shardings, begin.opt_shardings
 
     train_step, eval_step = make_steps(graphdef, optimizer, compute_dtype, param_shardings, opt_shardings)
     accum, batch = cfg.optim.grad_accum, run.batch_size
@@ -206,7 +191,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
         return nats / count, nats / math.log(2) / max(nbytes, 1.0)
 
     schedule = learning_rate_schedule(cfg.optim, run.steps)
-    live = {"params": state["params"], "opt_state": state["opt_state"]}  # updated by every step
+    live = {"params": begin.params, "opt_state": begin.opt_state}  # updated by every step
 
     def one_step(step: int):
         live["params"], live["opt_state"], m = train_step(live["params"], live["opt_state"], batch_for(step))
