@@ -28,7 +28,6 @@ import argparse
 import datetime
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -37,11 +36,11 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 
 import jaxspec  # noqa: E402
 from jaxspec.decoding.lookahead import StepLayout  # noqa: E402
 from jaxspec.decoding.lookahead_parallel import shard_layout  # noqa: E402
+from jaxspec.parallel import hlo_collectives as collectives  # noqa: E402
 from machine import machine_info, repo_relative  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,21 +51,6 @@ WINDOW, NGRAM, GUESSES = 15, 5, 15
 LLAMA_7B = jaxspec.ModelConfig(model_type="llama", vocab_size=32000, hidden_size=4096, intermediate_size=11008,
                                num_layers=32, num_heads=32, num_kv_heads=32, head_dim=128,
                                max_position_embeddings=4096, bos_token_id=1, eos_token_ids=(2,))
-COLLECTIVE = re.compile(r"=\s+(\w+)\[([\d,]*)\][^ ]*\s+(all-gather|all-reduce|collective-permute|all-to-all|"
-                        r"reduce-scatter|collective-broadcast|send|recv)(?:-start)?\(")
-
-
-def collectives(hlo: str) -> list[dict]:
-    """Every collective instruction of a compiled program: op, dtype, result shape and bytes."""
-    found = []
-    for line in hlo.splitlines():
-        match = COLLECTIVE.search(line)
-        if match:
-            dtype, dims, op = match.groups()
-            size = int(np.prod([int(d) for d in dims.split(",") if d]))
-            found.append({"op": op, "dtype": dtype, "shape": [int(d) for d in dims.split(",") if d],
-                          "bytes": size * int(re.sub(r"\D", "", dtype)) // 8, "in_loop": "while/body" in line})
-    return found
 
 
 def step_tokens(devices: int) -> dict:

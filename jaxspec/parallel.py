@@ -9,6 +9,7 @@ mesh spans hosts and every process runs the same program on its own devices.
 from __future__ import annotations
 
 import os
+import re
 
 import jax
 import numpy as np
@@ -107,3 +108,23 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(**options, initialization_timeout=timeout_s)
     return True
+
+
+_COLLECTIVE = re.compile(r"=\s+(\w+)\[([\d,]*)\][^ ]*\s+(all-gather|all-reduce|collective-permute|all-to-all|"
+                         r"reduce-scatter|collective-broadcast|send|recv)(?:-start)?\(")
+
+
+def hlo_collectives(hlo: str) -> list[dict]:
+    """Every collective instruction of a compiled program's HLO text: op, dtype, result shape,
+    result bytes, and whether it sits inside a while loop body (i.e. runs every decode step).
+    How LP's tests and `benchmarks/lp_bench.py` measure what a step communicates."""
+    found = []
+    for line in hlo.splitlines():
+        match = _COLLECTIVE.search(line)
+        if match:
+            dtype, dims, op = match.groups()
+            shape = [int(d) for d in dims.split(",") if d]
+            found.append({"op": op, "dtype": dtype, "shape": shape,
+                          "bytes": int(np.prod(shape)) * int(re.sub(r"\D", "", dtype)) // 8,
+                          "in_loop": "while/body" in line, "line": line.strip()[:200]})
+    return found

@@ -37,6 +37,7 @@ import jaxspec
 from jaxspec.cli import main
 from jaxspec.decoding.lookahead import StepLayout
 from jaxspec.decoding.lookahead_parallel import shard_layout
+from jaxspec.parallel import hlo_collectives as collectives
 
 from stories import CASES, CHECKPOINT, REFERENCE
 
@@ -158,21 +159,6 @@ def test_sampling_is_refused(lp_report):
 
 
 # ----------------------------------------------------------------------------- what is communicated
-
-COLLECTIVE = re.compile(r"=\s+(\w+)\[([\d,]*)\][^ ]*\s+(all-gather|all-reduce|collective-permute|all-to-all|"
-                        r"reduce-scatter|collective-broadcast|send|recv)(?:-start)?\(")
-
-
-def collectives(hlo: str) -> list[dict]:
-    found = []
-    for line in hlo.splitlines():
-        match = COLLECTIVE.search(line)
-        if match:
-            dtype, dims, op = match.groups()
-            size = int(np.prod([int(d) for d in dims.split(",") if d]))
-            found.append({"op": op, "dtype": dtype, "shape": dims, "bytes": size * int(re.sub(r"\D", "", dtype)) // 8,
-                          "in_loop": "while/body" in line, "line": line.strip()[:200]})
-    return found
 
 
 def test_collectives_are_one_small_all_gather_per_step(lp_report):

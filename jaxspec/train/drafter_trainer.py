@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,7 +44,7 @@ from jaxspec.train.pard_batch import cod_counts, full_counts, make_batch
 from jaxspec.train.pard_objective import (LossConfig, aligned_features, drafter_logits, gold_log_probs, pard_loss,
                                           row_weights, target_outputs)
 from jaxspec.train.sharding import batch_sharding, global_array, make_mesh, replicated_scalar
-from jaxspec.train.trainer import DTYPES, host_copy, learning_rate_schedule, make_optimizer, progress_bar
+from jaxspec.train.trainer import DTYPES, host_copy, learning_rate_schedule, make_optimizer
 
 
 @dataclasses.dataclass
@@ -317,19 +316,10 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
         postfix=lambda rec, rate: {"loss": f"{rec['loss']:.3f}", "ce": f"{rec['ce']:.3f}", "rows_s": f"{rate:,.0f}"},
         describe_eval=lambda rec: ", ".join(f"{k} {v:.3f}" for k, v in rec.items() if k.startswith("accept_len")),
     )
-    t_start = time.time()
-    bar = progress_bar(run.steps, start, progress and is_main, desc="train-drafter")
-    try:
-        run_loop(hooks, start=start, steps=run.steps, log_every=run.log_every, eval_every=run.eval_every,
-                 checkpoint_every=run.checkpoint_every, units_per_step=tokens_per_step, records=records,
-                 metrics_path=metrics_path, is_main=is_main, bar=bar)
-    finally:
-        bar.close()
-        checkpoints.close()
+    seconds, loss = run_loop(hooks, begin, steps=run.steps, log_every=run.log_every, eval_every=run.eval_every,
+                             checkpoint_every=run.checkpoint_every, units_per_step=tokens_per_step,
+                             is_main=is_main, progress=progress, desc="train-drafter")
     params = live["params"]
-    losses = [r["loss"] for r in records if "loss" in r]
-    loss = losses[-1] if losses else float("nan")
-    seconds = time.time() - t_start
 
     final = evaluate(params, run.eval_batches)
     records.append({"step": run.steps, **final, "final": True})

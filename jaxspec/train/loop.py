@@ -30,10 +30,33 @@ class LoopHooks:
     describe_eval: Callable[[dict], str]  # one line for the progress bar after an evaluation
 
 
-def run_loop(hooks: LoopHooks, *, start: int, steps: int, log_every: int, eval_every: int,
-             checkpoint_every: int, units_per_step: int, records: list[dict], metrics_path: Path,
-             is_main: bool, bar) -> None:
-    """Steps start .. steps-1; appends log and eval records to `records` (and the JSONL on process 0)."""
+def progress_bar(total: int, start: int, enabled: bool, desc: str = "train"):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=start, disable=not enabled, unit="step", dynamic_ncols=True,
+                desc=desc)
+
+
+def run_loop(hooks: LoopHooks, begin: "RunStart", *, steps: int, log_every: int, eval_every: int,
+             checkpoint_every: int, units_per_step: int, is_main: bool, progress: bool,
+             desc: str) -> tuple[float, float]:
+    """Steps begin.start .. steps-1 under a progress bar; appends log and eval records to
+    `begin.records` (and the JSONL on process 0); waits for and closes the checkpoints.
+    Returns (seconds, last logged loss)."""
+    t_start = time.time()
+    bar = progress_bar(steps, begin.start, progress and is_main, desc=desc)
+    try:
+        _steps(hooks, begin.start, steps, log_every, eval_every, checkpoint_every, units_per_step,
+               begin.records, begin.metrics_path, is_main, bar)
+    finally:
+        bar.close()
+        begin.checkpoints.close()
+    losses = [r["loss"] for r in begin.records if "loss" in r]
+    return time.time() - t_start, (losses[-1] if losses else float("nan"))
+
+
+def _steps(hooks, start, steps, log_every, eval_every, checkpoint_every, units_per_step, records,
+           metrics_path, is_main, bar) -> None:
 
     def log(rec: dict) -> None:
         records.append(rec)

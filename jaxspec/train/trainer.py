@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -110,13 +109,6 @@ def make_steps(graphdef, optimizer, compute_dtype, param_shardings, opt_sharding
     return jax.jit(train_step, donate_argnums=(0, 1)), jax.jit(eval_step)
 
 
-def progress_bar(total: int, start: int, enabled: bool, desc: str = "train"):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=start, disable=not enabled, unit="step", dynamic_ncols=True,
-                desc=desc)
-
-
 def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: Callable = print,
           progress: bool = True, export: bool = True) -> TrainResult:
     """Train `cfg` into `out_dir` (see the module docstring); returns the final metrics."""
@@ -162,7 +154,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
     optimizer = make_optimizer(cfg.optim, run.steps)
     begin = start_or_resume(params, optimizer, mesh, out, keep=run.keep_checkpoints, resume=resume,
                             is_main=is_main, say=say)
-    start, records, metrics_path, checkpoints = begin.start, begin.records, begin.metrics_path, begin.checkpoints
+    records, metrics_path, checkpoints = begin.records, begin.metrics_path, begin.checkpoints
     param_shardings, opt_shardings = begin.param_shardings, begin.opt_shardings
 
     train_step, eval_step = make_steps(graphdef, optimizer, compute_dtype, param_shardings, opt_shardings)
@@ -211,19 +203,10 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
         postfix=lambda rec, tps: {"loss": f"{rec['loss']:.3f}", "tok_s": f"{tps:,.0f}"},
         describe_eval=lambda rec: f"eval loss {rec['eval_loss']:.4f}, {rec['eval_bits_per_byte']:.4f} bits/byte",
     )
-    t_start = time.time()
-    bar = progress_bar(run.steps, start, progress and is_main)
-    try:
-        run_loop(hooks, start=start, steps=run.steps, log_every=run.log_every, eval_every=run.eval_every,
-                 checkpoint_every=run.checkpoint_every, units_per_step=tokens_per_step, records=records,
-                 metrics_path=metrics_path, is_main=is_main, bar=bar)
-    finally:
-        bar.close()
-        checkpoints.close()
+    seconds, loss = run_loop(hooks, begin, steps=run.steps, log_every=run.log_every, eval_every=run.eval_every,
+                             checkpoint_every=run.checkpoint_every, units_per_step=tokens_per_step,
+                             is_main=is_main, progress=progress, desc="train")
     params = live["params"]
-    losses = [r["loss"] for r in records if "loss" in r]
-    loss = losses[-1] if losses else float("nan")
-    seconds = time.time() - t_start
 
     ev, bpb = evaluate(params, None)
     rec = {"step": run.steps, "eval_loss": ev, "eval_bits_per_byte": bpb, "final": True}
