@@ -4,15 +4,16 @@ Every forward attends from a block of T query tokens to (a) the committed KV cac
 length mask per row, and (b) the block's own T keys under an arbitrary boolean relation
 `block_mask[b, i, j]` ("query i sees block token j"). Lookahead, verification, drafting
 and prefill differ only in that relation and in the position ids. `block_mask` is a dense
-array or a compact spec from `jaxspec.masks` (`LookaheadMask`, `PardMask`): a backend may
+array or a compact spec from `jaxspec.masks` (`TreeMask`, `PardMask`): a backend may
 compute a spec's relation itself (the Pallas kernels do) or call `dense_block_mask`.
 
-`xla` is the reference implementation; Pallas kernels register themselves under other
-names (see `pallas_kernels`) and are chosen with `jaxspec.load(..., attention=NAME)`.
+`xla` is the reference implementation; `pallas` is the Pallas kernels (`pallas_kernels`);
+`BACKENDS` below lists them, and `jaxspec.load(..., attention=NAME)` chooses one.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable, Protocol
 
 import jax
@@ -84,31 +85,27 @@ def xla_attention(
     return out.reshape(b, t, h, d).astype(q.dtype)
 
 
-_BACKENDS: dict[str, Callable] = {"xla": xla_attention}
-
-
-def register_attention(name: str, fn: Callable) -> None:
-    """Make `fn` (same signature as `xla_attention`, accepting every `BlockMask`) selectable
-    as `attention=name`."""
-    _BACKENDS[name] = fn
+# The one table of attention backends: name -> the function, or "module:function" for one
+# imported on first use (the Pallas kernels import `jaxspec.masks`, so importing them here
+# at module level would make the two packages import each other).
+BACKENDS: dict[str, Callable | str] = {
+    "xla": xla_attention,
+    "pallas": "pallas_kernels.attention:pallas_attention",
+}
 
 
 def get_attention(name: str) -> Callable:
-    if name not in _BACKENDS and name == "pallas":
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown attention backend {name!r}; available: {', '.join(available_attention())}")
+    backend = BACKENDS[name]
+    if isinstance(backend, str):
+        module, _, function = backend.partition(":")
         try:
-            import pallas_kernels  # noqa: F401  (registers its kernels on import)
-        except ImportError:
-            pass
-    if name not in _BACKENDS:
-        raise ConfigError(
-            f"unknown attention backend {name!r}; available: {', '.join(sorted(available_attention()))}"
-        )
-    return _BACKENDS[name]
+            backend = getattr(importlib.import_module(module), function)
+        except ImportError as e:
+            raise ConfigError(f"attention backend {name!r} cannot be imported: {e}") from None
+    return backend
 
 
 def available_attention() -> list[str]:
-    try:
-        import pallas_kernels  # noqa: F401
-    except ImportError:
-        pass
-    return sorted(_BACKENDS)
+    return sorted(BACKENDS)

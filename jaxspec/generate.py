@@ -12,7 +12,7 @@ import numpy as np
 
 from jaxspec.errors import GenerationError, PromptError
 from jaxspec.loading import Model
-from jaxspec.methods import resolve_method
+from jaxspec.methods import bind, decode, resolve_method
 from jaxspec.parallel import lp_mesh, replicate
 from jaxspec.sampling import SamplingParams
 
@@ -70,6 +70,7 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
     calls this with the same arguments and gets the same output.
     """
     name, spec, options = resolve_method(method, model.config, method_options)
+    lp_devices = getattr(options, "lp_devices", 1)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise GenerationError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     max_new_tokens = int(max_new_tokens)
@@ -85,30 +86,29 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
             f"max length {limit}; shorten the prompt or lower max_new_tokens"
         )
 
+    greedy = temperature == 0
+    engine = spec.engine(options, greedy)
     # Bucketed shapes: nearby prompt lengths reuse one compiled program.
     p = _round_up(longest, 16)
-    cache_len = _round_up(p + max_new_tokens + spec.max_commit(options), 64)
+    cache_len = _round_up(p + max_new_tokens + engine.max_commit, 64)
     prompts = np.zeros((len(rows), p), np.int32)
     for i, r in enumerate(rows):
         prompts[i, : len(r)] = r
     lengths = np.asarray([len(r) for r in rows], np.int32)
     eos_ids = tuple(model.config.eos_token_ids) if stop_at_eos else ()
-    greedy = temperature == 0
-    graphdef, params, static_options, reported = model.graphdef, model.params, options, options
-    if spec.bind is not None:  # a second model (a drafter): its graph and weights travel with the target's
-        graphdef, params, static_options, reported = spec.bind(model, options)
-    statics = dict(max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids, greedy=greedy,
-                   **static_options)
+    graphdef, params = bind(model, engine, options)  # a drafter's graph and weights travel with the target's
+    statics = dict(engine=engine, max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids,
+                   lp_devices=lp_devices)
     args = (graphdef, params, jnp.asarray(prompts), jnp.asarray(lengths), jax.random.key(seed), sampling)
-    if options.get("lp_devices", 1) > 1:
+    if lp_devices > 1:
         # Lookahead parallelism: inputs replicated on the `lp` mesh (across processes too).
-        args = (args[0], *replicate(args[1:], lp_mesh(options["lp_devices"])))
+        args = (args[0], *replicate(args[1:], lp_mesh(lp_devices)))
 
-    key = (name, prompts.shape, tuple(sorted(statics.items())), graphdef if spec.bind is not None else None)
+    key = (prompts.shape, tuple(statics.items()), graphdef if graphdef is not model.graphdef else None)
     compile_seconds = 0.0
     if key not in model.compiled:
         t0 = time.perf_counter()
-        jitted = jax.jit(spec.decode, static_argnames=tuple(statics))
+        jitted = jax.jit(decode, static_argnames=tuple(statics))
         model.compiled[key] = jitted.lower(*args, **statics).compile()
         compile_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -129,5 +129,5 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
         tokens=one(tokens), steps=one(steps), compression=one(compression), seconds=seconds,
         tokens_per_second=float(num.sum()) / max(seconds, 1e-9),
         method=name, compile_seconds=compile_seconds, text=None if text is None else one(text),
-        options=reported, extras=extras,
+        options=options.as_dict(), extras=extras,
     )

@@ -32,6 +32,13 @@ class KVCache:
         return self.k.shape[2]
 
 
+def init_cache(model, batch: int, max_len: int) -> KVCache:
+    """An empty cache for `model` (a `jaxspec.Transformer`): its layers, KV heads and dtype."""
+    cfg = model.config
+    return KVCache.zeros(cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim,
+                         model.embed_tokens.embedding.dtype)
+
+
 @struct.dataclass
 class BlockKV:
     """Keys/values computed for the T tokens of one forward block (not yet committed)."""

@@ -6,16 +6,17 @@ The model's attention (`jaxspec.attention`) takes the relation among the block's
 * a dense `Bool[b, t, t]` array: any relation (prefill's causal mask, autoregressive,
   tests), or
 * a compact spec that says which relation it is without materialising it:
-  - `LookaheadMask`: the lookahead / verification step of `jaxspec.decoding.lookahead`
-    (static (W, levels, G, candidate length); no arrays at all);
+  - `TreeMask`: every decoding step (`jaxspec.decoding.engine`): the block is a token tree
+    rooted at the last committed token and each token sees itself and its ancestors; two
+    int32 numbers per token (its DFS interval) describe the whole relation;
   - `PardMask`: the PARD drafter-training relation, from each token's block id (the
     token positions are the forward's position ids).
 
 Every backend accepts both: `dense_block_mask` turns a spec into the dense array (the XLA
 reference does exactly that), while the Pallas kernels evaluate the spec's relation on
 block indices inside the kernel, so no `t x t` mask is ever read from memory. The
-relations are written once, as elementwise functions of index arrays
-(`lookahead_relation`, `pard_relation`), and used by both.
+relations are written once, as elementwise functions of index arrays (`tree_relation`,
+`pard_relation`), and used by both.
 
 ## PARD training mask (`../shared/docs/pard2.md`)
 A training sequence of L real tokens is extended with K-1 blocks of mask tokens: token n
@@ -46,42 +47,14 @@ from jaxtyping import Array, Bool, Int
 from jaxspec.errors import ConfigError
 
 
-def _split(x, size: int, count: int, start: int = 0):
-    """(group, offset) of index `x` among `count` consecutive groups of `size` from `start`.
+def tree_relation(q_pre, k_pre, k_end):
+    """Whether a query sees a key in a token tree: the key is the query or one of its ancestors.
 
-    Comparisons and adds only (unrolled over the static `count`): integer vector division
-    is not something every Pallas backend lowers.
+    With each token's DFS preorder number `pre` and the last preorder number of its subtree
+    `end`, "key is an ancestor-or-self of query" is `k_pre <= q_pre <= k_end`. Elementwise
+    over broadcastable int32 arrays (numpy, jax, or values inside a kernel).
     """
-    group = x * 0  # plain operators: numpy arrays, jax arrays and kernel values alike
-    for k in range(1, count):
-        group = group + (x >= start + k * size).astype(x.dtype)
-    return group, x - start - group * size
-
-
-def lookahead_relation(i, j, *, window: int, levels: int, guesses: int, cand_len: int):
-    """`StepLayout.attention_relation()[i, j]` as an elementwise function of block indices.
-
-    `i` (queries) and `j` (keys) are broadcastable int32 arrays with 0 <= i, j < size; the
-    layout is that of `jaxspec.decoding.lookahead.StepLayout` (lade's): `levels` x `window`
-    lookahead tokens, level-major, whose level-0 column 0 is the last committed token
-    (index 0; without a window index 0 is the last token alone), then `guesses` candidates
-    of `cand_len` tokens. Every token sees itself and the last token; a level-l token at
-    column c also sees level-0 columns <= c and column c of levels 1..l; a candidate token
-    the earlier tokens of its own candidate. The branches never see each other.
-    """
-    visible = (i == j) | (j == 0)
-    in_window = levels * window
-    if levels:
-        q_level, q_col = _split(i, window, levels)
-        k_level, k_col = _split(j, window, levels)
-        diagonal = ((k_level == 0) & (k_col <= q_col)) | ((k_level >= 1) & (k_level <= q_level) & (k_col == q_col))
-        visible = visible | ((i < in_window) & (j < in_window) & diagonal)
-    if guesses and cand_len:
-        start = max(in_window, 1)
-        q_cand, q_tok = _split(i, cand_len, guesses, start)
-        k_cand, k_tok = _split(j, cand_len, guesses, start)
-        visible = visible | ((i >= start) & (j >= start) & (q_cand == k_cand) & (k_tok <= q_tok))
-    return visible
+    return (k_pre <= q_pre) & (q_pre <= k_end)
 
 
 def pard_relation(q_block, q_pos, k_block, k_pos):
@@ -95,35 +68,23 @@ def pard_relation(q_block, q_pos, k_block, k_pos):
 
 
 @struct.dataclass
-class LookaheadMask:
-    """The lookahead step's relation (`StepLayout.attention_relation`), as four static ints.
-
-    A pytree without leaves: it is hashable and passes through `jax.jit` unchanged.
+class TreeMask:
+    """A block whose tokens form a tree (`jaxspec.decoding.tree.TokenTree`): query i sees block
+    token j iff j is i or an ancestor of i. O(T) metadata per row, evaluated by
+    `tree_relation`: token i's DFS preorder number `pre[b, i]` and the last preorder number in
+    its subtree `end[b, i]`. A token with `end == pre` and a preorder number outside every other
+    token's interval is isolated (padding: it sees itself only and nobody sees it).
     """
 
-    window: int = struct.field(pytree_node=False)
-    levels: int = struct.field(pytree_node=False)
-    guesses: int = struct.field(pytree_node=False)
-    cand_len: int = struct.field(pytree_node=False)
-
-    @classmethod
-    def from_layout(cls, layout) -> "LookaheadMask":
-        """From a `StepLayout` (anything with window, levels, guesses and cand_len)."""
-        return cls(window=layout.window, levels=layout.levels, guesses=layout.guesses,
-                   cand_len=layout.cand_len)
+    pre: Int[Array, "b t"]
+    end: Int[Array, "b t"]
 
     @property
     def size(self) -> int:
-        return max(self.levels * self.window, 1) + self.guesses * self.cand_len
+        return self.pre.shape[-1]
 
-    def relation(self, i, j):
-        return lookahead_relation(i, j, window=self.window, levels=self.levels, guesses=self.guesses,
-                                  cand_len=self.cand_len)
-
-    def dense(self) -> np.ndarray:
-        """The `[t, t]` relation as a numpy constant."""
-        idx = np.arange(self.size, dtype=np.int32)
-        return np.asarray(self.relation(idx[:, None], idx[None, :]))
+    def dense(self) -> Bool[Array, "b t t"]:
+        return tree_relation(self.pre[..., :, None], self.pre[..., None, :], self.end[..., None, :])
 
 
 @struct.dataclass
@@ -154,16 +115,16 @@ def pard_mask(block_ids: Int[Array, "*b n"], positions: Int[Array, "*b n"]) -> B
                          block_ids[..., None, :], positions[..., None, :])
 
 
-BlockMask = Union[Bool[Array, "b t t"], LookaheadMask, PardMask]
+BlockMask = Union[Bool[Array, "b t t"], TreeMask, PardMask]
 
 
 def dense_block_mask(block_mask: BlockMask, q_positions: Int[Array, "b t"]) -> Bool[Array, "b t t"]:
     """`block_mask` (a dense array or a spec) as the dense `[b, t, t]` relation."""
     b, t = q_positions.shape
-    if isinstance(block_mask, LookaheadMask):
+    if isinstance(block_mask, TreeMask):
         if block_mask.size != t:
-            raise ConfigError(f"LookaheadMask describes a block of {block_mask.size} tokens, the forward has {t}")
-        return jnp.broadcast_to(jnp.asarray(block_mask.dense()), (b, t, t))
+            raise ConfigError(f"TreeMask describes a block of {block_mask.size} tokens, the forward has {t}")
+        return jnp.broadcast_to(block_mask.dense(), (b, t, t))
     if isinstance(block_mask, PardMask):
         return pard_mask(block_mask.block_ids, q_positions)
     return jnp.broadcast_to(block_mask, (b, t, t))

@@ -1,7 +1,7 @@
-"""Pallas kernels for jaxspec; importing this package registers the `"pallas"` attention backend.
+"""Pallas kernels for jaxspec: the `"pallas"` attention backend (`jaxspec.attention.BACKENDS`).
 
-* `decode_attention`: a block of queries over the KV cache plus the block itself; the
-  lookahead / verification relation (`jaxspec.masks.LookaheadMask`) is computed in the
+* `decode_attention`: a block of queries over the KV cache plus the block itself; a
+  decoding step's token-tree relation (`jaxspec.masks.TreeMask`) is computed in the
   kernel, other relations are read as a dense mask;
 * `pard_attention`: the PARD drafter-training forward (`jaxspec.masks.PardMask`, no cache);
 * `pallas_attention`: the registered backend, which picks one of the two by mask.
@@ -10,11 +10,8 @@ Backends (TPU Mosaic, GPU Triton, CPU interpret) are described in `pallas_kernel
 `python -m pallas_kernels --check-lowering` lowers every kernel for TPU and CUDA.
 """
 
-from jaxspec.attention import register_attention
 from pallas_kernels.attention import pallas_attention
 from pallas_kernels.decode_attention import decode_attention
 from pallas_kernels.pard_attention import pard_attention, pard_reference
-
-register_attention("pallas", pallas_attention)
 
 __all__ = ["decode_attention", "pallas_attention", "pard_attention", "pard_reference"]

@@ -1,8 +1,8 @@
 """The `"pallas"` attention backend: one entry point, the kernel chosen by the mask.
 
 * `PardMask` over an empty cache (a training forward): `pard_attention`;
-* everything else (`LookaheadMask`, dense masks, `PardMask` over a cache):
-  `decode_attention`, which computes a `LookaheadMask` in the kernel and reads the others
+* everything else (`TreeMask`, dense masks, `PardMask` over a cache):
+  `decode_attention`, which computes a `TreeMask` in the kernel and reads the others
   as a dense mask.
 """
 

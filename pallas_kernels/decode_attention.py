@@ -8,10 +8,10 @@ masking rules, scores and softmax in float32) for a block of T queries:
   accumulator in float32); cache blocks wholly past a row's length, or wholly before every
   query's sliding window, are never loaded: the loop runs over only the needed blocks;
 * then the block's own T keys under the block relation ("query i sees block key j"):
-  - a `jaxspec.masks.LookaheadMask` (the lookahead / verification step): the relation is
-    computed in the kernel from (W, levels, G, candidate length) and the query / key
-    block indices (`jaxspec.masks.lookahead_relation`, a few comparisons per element);
-    no mask is read from memory;
+  - a `jaxspec.masks.TreeMask` (every decoding step: the block is a token tree): the
+    relation is computed in the kernel from each token's DFS interval (two int32 vectors
+    of length T per row; `jaxspec.masks.tree_relation`, two comparisons per element), so
+    no T x T mask is read from memory;
   - any other relation as a dense `[b, T, T]` mask (an int32 copy, tiled over the query
     group): the fallback for prefill, arbitrary masks and tests.
 
@@ -40,7 +40,7 @@ from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
 from jaxspec.errors import ConfigError
-from jaxspec.masks import BlockMask, LookaheadMask, dense_block_mask
+from jaxspec.masks import BlockMask, TreeMask, dense_block_mask, tree_relation
 from pallas_kernels.backend import MASKED, MIN_ROWS, compiler_params, next_pow2, pv, qk, resolve, round_up
 
 _GPU_ROWS = 64  # query rows per Triton program (its float32 accumulator lives in registers)
@@ -56,20 +56,12 @@ def _online_update(m, l, acc, scores, visible, v):
     return m_new, l_new, alpha * acc + pv(p, v)
 
 
-def _step_relation(step: LookaheadMask, first_row, rows: int, keys: int, t: int, groups: int):
-    """The lookahead relation on the kernel's [rows, keys] tile (row = group * t + i)."""
-    row = first_row + lax.broadcasted_iota(jnp.int32, (rows, 1), 0)
-    j = lax.broadcasted_iota(jnp.int32, (1, keys), 1)
-    group = row * 0
-    for k in range(1, groups):  # row // t without vector integer division
-        group = group + (row >= k * t).astype(jnp.int32)
-    return step.relation(row - group * t, j) & (j < t)
-
-
 def _kernel(len_ref, lo_ref, q_ref, kc_ref, vc_ref, kn_ref, vn_ref, qpos_ref, kpos_ref, *refs,
-            block_s: int, scale: float, window: int | None, scalars_whole: bool,
-            step: LookaheadMask | None, t: int, groups: int):
-    mask_ref, o_ref = refs if step is None else (None, *refs)
+            block_s: int, scale: float, window: int | None, scalars_whole: bool, tree: bool):
+    if tree:  # per-row DFS intervals: the query rows' preorder numbers, the keys' intervals
+        qpre_ref, kpre_ref, kend_ref, o_ref = refs
+    else:
+        mask_ref, o_ref = refs
     # On TPU the scalar arrays sit whole in SMEM; elsewhere each instance gets its own (1,) block.
     batch_row = pl.program_id(0) if scalars_whole else 0
     length = len_ref[batch_row]
@@ -95,11 +87,10 @@ def _kernel(len_ref, lo_ref, q_ref, kc_ref, vc_ref, kn_ref, vn_ref, qpos_ref, kp
     last_block = lax.div(length + block_s - 1, block_s)  # blocks from here on hold no key
     m, l, acc = lax.fori_loop(first_block, last_block, cache_block, carry)
 
-    keys = kn_ref.shape[0]
-    if step is None:
-        visible = mask_ref[...] != 0  # [R, T]
+    if tree:
+        visible = tree_relation(qpre_ref[...], kpre_ref[...], kend_ref[...])  # [R, 1] vs [1, T] -> [R, T]
     else:
-        visible = _step_relation(step, pl.program_id(2) * rows, rows, keys, t, groups)
+        visible = mask_ref[...] != 0  # [R, T]
     if window is not None:
         visible = visible & (qpos - kpos_ref[...] < window)
     m, l, acc = _online_update(m, l, acc, qk(q, kn_ref[...], scale), visible, vn_ref[...])
@@ -124,7 +115,7 @@ def decode_attention(
 ) -> Float[Array, "b t h d"]:
     """Pallas attention with `xla_attention`'s signature and results.
 
-    `block_mask` is a `LookaheadMask` (relation computed in the kernel) or anything
+    `block_mask` is a `TreeMask` (relation computed in the kernel) or anything
     `jaxspec.masks.dense_block_mask` accepts (read as a dense mask). `block_s` (a power of
     two) is the number of cache keys per online-softmax step. `block_rows` (a power of two
     >= 16) splits each instance's `g*T` query rows into tiles of that many rows, one grid
@@ -142,9 +133,9 @@ def decode_attention(
     g = h // kv
     gpu = not interpret and platform != "tpu"
     tpu = platform == "tpu" and not interpret
-    step = block_mask if isinstance(block_mask, LookaheadMask) else None
-    if step is not None and step.size != t:
-        raise ConfigError(f"LookaheadMask describes a block of {step.size} tokens, the forward has {t}")
+    tree = isinstance(block_mask, TreeMask)
+    if tree and block_mask.size != t:
+        raise ConfigError(f"TreeMask describes a block of {block_mask.size} tokens, the forward has {t}")
 
     rows = max(next_pow2(g * t), MIN_ROWS)
     if block_rows is None:
@@ -189,13 +180,22 @@ def decode_attention(
     args = [lengths, first, qg, kc, vc, kn, vn, qpos, kpos]
     in_specs = [scalar_spec, scalar_spec, row_tile, per_head(s_pad), per_head(s_pad), per_head(keys),
                 per_head(keys), per_row(block_rows, 1), pl.BlockSpec((None, 1, keys), lambda i, j, r: (i, 0, 0))]
-    if step is None:
+    if tree:
+        pre = jnp.broadcast_to(block_mask.pre, (b, t)).astype(jnp.int32)
+        end = jnp.broadcast_to(block_mask.end, (b, t)).astype(jnp.int32)
+        # Padded key slots get an empty interval (seen by nobody); row = group * t + i.
+        args += [jnp.pad(jnp.tile(pre, (1, g)), ((0, 0), (0, rows - g * t)))[:, :, None],
+                 jnp.pad(pre, ((0, 0), (0, keys - t)), constant_values=1)[:, None, :],
+                 jnp.pad(end, ((0, 0), (0, keys - t)), constant_values=0)[:, None, :]]
+        key_row = pl.BlockSpec((None, 1, keys), lambda i, j, r: (i, 0, 0))
+        in_specs += [per_row(block_rows, 1), key_row, key_row]
+    else:
         mask = dense_block_mask(block_mask, q_positions)
         mask = jnp.tile(mask.astype(jnp.int32), (1, g, 1))  # row = group * t + i
         args.append(jnp.pad(mask, ((0, 0), (0, rows - g * t), (0, keys - t))))
         in_specs.append(per_row(block_rows, keys))
     kernel = functools.partial(_kernel, block_s=bs, scale=d ** -0.5, window=sliding_window,
-                               scalars_whole=tpu, step=step, t=t, groups=g)
+                               scalars_whole=tpu, tree=tree)
     out = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((b, kv, rows, d), q.dtype),
@@ -204,7 +204,7 @@ def decode_attention(
         out_specs=row_tile,
         interpret=interpret,
         compiler_params=compiler_params(platform, interpret, 3),
-        name="jaxspec_decode_attention" if step is None else "jaxspec_lookahead_attention",
+        name="jaxspec_tree_attention" if tree else "jaxspec_decode_attention",
     )(*args)
     out = out[:, :, :g * t].reshape(b, kv, g, t, d).transpose(0, 3, 1, 2, 4)
     return out.reshape(b, t, h, d)

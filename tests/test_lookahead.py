@@ -26,13 +26,14 @@ from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 
 import jaxspec
-import jaxspec.decoding.lookahead as lookahead_module
+import jaxspec.decoding.engine as engine_module
 from jaxspec.cli import main
-from jaxspec.decoding.lookahead import LookaheadConfig, StepLayout
+from jaxspec.decoding.options import LookaheadOptions as LookaheadConfig
 from jaxspec.methods import METHODS as METHODS_REGISTRY
-from jaxspec.methods import lookahead_defaults, resolve_method
+from jaxspec.methods import decode, lookahead_defaults, resolve_method
 
 from stories import CASES, needs_stories
+from trees import StepLayout
 
 # EOS ids chosen with the model below: with EOS_PROMPTS the three rows stop after different
 # numbers of tokens and steps: row 0 at its first (prefill) token 43, and with lookahead
@@ -117,7 +118,7 @@ def single_token_steps(method: str, options: dict) -> bool:
 def test_speculative_methods_equal_greedy(tiny, prompts, window, ngram, guesses, method, pool_from_prompt,
                                           verify_window):
     options = options_for(method, window, ngram, guesses, pool_from_prompt)
-    if method == "lookahead" and "verify_window" in METHODS_REGISTRY["lookahead"].options:
+    if method == "lookahead" and "verify_window" in METHODS_REGISTRY["lookahead"].option_names:
         options["verify_window"] = verify_window
     event(f"{method} {sorted(options.items())} prompt lengths {[len(p) for p in prompts]}")
     out = jaxspec.generate(tiny, prompts, max_new_tokens=BUDGET, method=method, stop_at_eos=False, **options)
@@ -154,7 +155,7 @@ class _AppendSpy:
 
     def __init__(self):
         self.records: list = []
-        self.original = lookahead_module.append
+        self.original = engine_module.append
 
     def __call__(self, state, new_tokens, count, eos_ids):
         state, kept = self.original(state, new_tokens, count, eos_ids)
@@ -169,7 +170,7 @@ def test_eos_inside_accepted_run_and_rows_finishing_at_different_steps(tiny, met
     spy = _AppendSpy()
     if method == "lookahead":
         # This (batch 3, EOS-stopping) lookahead program is traced only here, so the spy is traced in.
-        monkeypatch.setattr(lookahead_module, "append", spy)
+        monkeypatch.setattr(engine_module, "append", spy)
     out = jaxspec.generate(tiny, EOS_PROMPTS, max_new_tokens=40, method=method, stop_at_eos=True, **options)
     monkeypatch.undo()
     solo = [greedy(tiny, [p], 40, stop_at_eos=True)[0] for p in EOS_PROMPTS]
@@ -222,10 +223,10 @@ def test_lookahead_loop_is_one_program_without_host_callbacks(tiny):
     model = dataclasses.replace(tiny, compiled={})
     options = dict(window=4, ngram=2, guesses=4)
     name, spec, resolved = resolve_method("lookahead", model.config, options)
-    statics = dict(max_new_tokens=7, cache_len=64, eos_ids=(), greedy=True, **resolved)
+    statics = dict(engine=spec.engine(resolved, greedy=True), max_new_tokens=7, cache_len=64, eos_ids=())
     args = (model.graphdef, model.params, jnp.zeros((2, 16), jnp.int32), jnp.asarray([1, 11], jnp.int32),
             jax.random.key(0), jaxspec.SamplingParams.create(0.0, 0, 1.0))
-    lowered = jax.jit(spec.decode, static_argnames=tuple(statics)).lower(*args, **statics).as_text()
+    lowered = jax.jit(decode, static_argnames=tuple(statics)).lower(*args, **statics).as_text()
     assert "stablehlo.while" in lowered  # the decoding loop is inside the program, not in Python
     _assert_no_host_round_trip(lowered)
 
@@ -387,11 +388,11 @@ def test_defaults_come_from_configs_lookahead_toml(tiny):
         return resolve_method(method, tiny.config, options)[2]
 
     la = resolved("lookahead", {})
-    assert (la["window"], la["ngram"], la["guesses"], la["pool_from_prompt"]) == (15, 5, 15, True)
+    assert (la.window, la.ngram, la.guesses, la.pool_from_prompt) == (15, 5, 15, True)
     la = resolved("lookahead", dict(window=3, pool_from_prompt=False))
-    assert (la["window"], la["ngram"], la["guesses"], la["pool_from_prompt"]) == (3, 5, 15, False)
-    assert resolved("prompt-lookup", {}) == dict(ngram=5, guesses=15)
-    assert resolved("jacobi", {}) == dict(window=15)
+    assert (la.window, la.ngram, la.guesses, la.pool_from_prompt) == (3, 5, 15, False)
+    assert resolved("prompt-lookup", {}).as_dict() == dict(ngram=5, guesses=15)
+    assert resolved("jacobi", {}).as_dict() == dict(window=15)
 
 
 @pytest.mark.parametrize("method, options, needle", [

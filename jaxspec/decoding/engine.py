@@ -1,0 +1,237 @@
+"""The decoding engine: every method is a list of draft sources and a verifier.
+
+One start-up and one loop serve every method (`decode`):
+
+* start-up: ONE prefill of the target (returning the hidden states the sources ask for),
+  the first token, then each source's `init`;
+* each step (one iteration of a `lax.while_loop`): every source proposes a branch; the
+  branches hang off the last token as one token tree (`jaxspec.decoding.tree`); ONE target
+  forward over the tree under its `TreeMask`; ONE verifier picks the accepted path; ONE
+  `commit` of its K/V and one `append` of the emitted tokens; every source's `update`.
+
+autoregressive = no source; lookahead = [window, pool]; prompt lookup = [pool]; Jacobi =
+[guess]; speculative = [drafter]; hybrid = [window, pool, drafter] (`jaxspec.methods`).
+How the block is built, run and verified is the `Block`'s business: `LocalBlock` here (one
+device), `ShardedBlock` in `jaxspec.decoding.parallel` (lookahead parallelism). Everything is
+fixed-shape and rows finish on their own: a finished row's updates are masked, not skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+from jaxtyping import Array, Float, Int
+
+from jaxspec.decoding.prefill import concat_features, prefill
+from jaxspec.decoding.sources.base import Outcome, Start, Step
+from jaxspec.decoding.state import DecodeState, append
+from jaxspec.decoding.tree import TokenTree
+from jaxspec.decoding.verify import Greedy
+from jaxspec.kv_cache import KVCache, commit, init_cache
+from jaxspec.model import Transformer
+from jaxspec.sampling import SamplingParams, next_token
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """A decoding method: its draft sources (in block order) and its verifier. Hashable: the
+    compiled program's static key."""
+
+    sources: tuple = ()
+    verifier: Any = Greedy()
+
+    @functools.cached_property
+    def tree(self) -> TokenTree:
+        return TokenTree(tuple(s.layout() for s in self.sources))
+
+    @property
+    def max_commit(self) -> int:
+        """The most tokens one step commits or emits: the longest path + the bonus token."""
+        return self.tree.max_path + 1
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        layers: list[int] = []
+        for source in self.sources:
+            layers += [i for i in source.hidden_layers if i not in layers]
+        return tuple(layers)
+
+    @property
+    def needs_runs(self) -> bool:
+        return not self.verifier.sampled and any(s.needs_runs for s in self.sources)
+
+    def load(self, graphdef, params) -> tuple[Transformer, tuple]:
+        """The target and each source's weights. Sources with a model of their own get
+        `graphdef = (target graphdef, per-source graphdefs)` and `params = (target params,
+        per-source params)`, aligned with `sources` (None for a source without weights)."""
+        if not isinstance(graphdef, tuple):
+            return nnx.merge(graphdef, params), (None,) * len(self.sources)
+        (target_def, source_defs), (target_params, source_params) = graphdef, params
+        weights = tuple(None if d is None else s.load(d, p)
+                        for s, d, p in zip(self.sources, source_defs, source_params))
+        return nnx.merge(target_def, target_params), weights
+
+
+@struct.dataclass
+class Chosen:
+    """A verified step, as every device sees it."""
+
+    best: Int[Array, " b"]  # path row (verification order)
+    n_acc: Int[Array, " b"]
+    emitted: Int[Array, "b e"]
+    path_preds: Int[Array, "b e"]
+    path_hidden: Float[Array, "b e f"]
+    observed: tuple  # per source: argmax at its observed tokens
+    runs: Int[Array, "b s"] | None  # per source: its paths' longest accepted run (greedy)
+
+
+@struct.dataclass
+class EngineState:
+    decode: DecodeState
+    sources: tuple
+    block: Any  # the Block's own carry (lookahead parallelism: tokens awaiting their K/V)
+    accept_histogram: Int[Array, "b e1"]  # steps that emitted k tokens
+
+
+def source_runs(engine: Engine, accepted: Int[Array, "b k"], path_ids: np.ndarray) -> Int[Array, "b s"]:
+    """Per source, the longest accepted run among the paths `accepted` holds (`path_ids`: their
+    rows in the tree's verification order)."""
+    cols = []
+    for lo, hi in engine.tree.path_rows():
+        mine = (path_ids >= lo) & (path_ids < hi)
+        cols.append(jnp.max(jnp.where(mine[None], accepted, 0), axis=-1, initial=0))
+    return jnp.stack(cols, axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalBlock:
+    """The step's block on one device: the whole tree, one forward, the engine's verifier."""
+
+    def init(self, batch: int):
+        return ()
+
+    def step(self, engine: Engine, model: Transformer, tokens, decode: DecodeState, valid, q, key,
+             sampling: SamplingParams, carry) -> tuple[Chosen, KVCache, Any]:
+        tree, cache = engine.tree, decode.cache
+        batch = tokens.shape[0]
+        out = model(tokens, cache.lengths[:, None] + jnp.asarray(tree.depths), tree.mask(batch), cache,
+                    hidden_layers=engine.hidden_layers)
+        preds = jnp.argmax(out.logits, axis=-1).astype(jnp.int32)  # [b, T]
+        paths, pred_idx = tree.paths, tree.pred_idx
+        path_tokens = jnp.where(paths >= 0, tokens[:, np.maximum(paths, 0)], -1)  # [b, K, P]
+        verdict = engine.verifier(key, path_tokens, valid, out.logits, preds, pred_idx, q, sampling)
+        take = jnp.asarray(pred_idx)[verdict.best]  # the last token + the path's tokens
+        cache = commit(cache, out.block_kv, take, jnp.where(decode.done, 0, verdict.n_acc + 1))
+        hidden = concat_features(out.hidden_states, batch, tokens.shape[1])
+        runs = None
+        if engine.needs_runs:
+            runs = source_runs(engine, verdict.accepted, np.arange(len(paths)))
+        chosen = Chosen(best=verdict.best, n_acc=verdict.n_acc, emitted=verdict.emitted,
+                        path_preds=jnp.take_along_axis(preds, take, axis=1),
+                        path_hidden=jnp.take_along_axis(hidden, take[..., None], axis=1),
+                        observed=tuple(preds[:, tree.observed(i)] for i in range(len(engine.sources))),
+                        runs=runs)
+        return chosen, cache, carry
+
+
+def start(engine: Engine, model: Transformer, weights: tuple, block, prompts: Int[Array, "b p"],
+          prompt_lengths: Int[Array, " b"], rng, sampling: SamplingParams, *, max_new_tokens: int, cache_len: int,
+          eos_ids: tuple[int, ...], greedy: bool) -> EngineState:
+    """The one prefill, the first token, every source's initial state."""
+    batch = prompts.shape[0]
+    logits, cache, hidden = prefill(model, prompts, prompt_lengths, init_cache(model, batch, cache_len),
+                                    hidden_layers=engine.hidden_layers)
+    init_key = None
+    if any(s.random_init for s in engine.sources):
+        rng, init_key, first_key = jax.random.split(rng, 3)
+    else:
+        rng, first_key = jax.random.split(rng)
+    first = next_token(logits, first_key, sampling, greedy)
+    decode = DecodeState.start(batch, max_new_tokens, cache, rng)
+    decode, _ = append(decode, first[:, None], jnp.ones((batch,), jnp.int32), eos_ids)
+    decode = decode.replace(steps=jnp.ones((batch,), jnp.int32))
+    begin = Start(prompts=prompts, prompt_lengths=prompt_lengths, first=first, hidden=hidden, key=init_key,
+                  vocab_size=model.config.vocab_size, max_new_tokens=max_new_tokens, cache_len=cache_len,
+                  emit_len=engine.max_commit)
+    states = tuple(s.init(begin, w) for s, w in zip(engine.sources, weights))
+    return EngineState(decode=decode, sources=states, block=block.init(batch),
+                       accept_histogram=jnp.zeros((batch, engine.max_commit + 1), jnp.int32))
+
+
+def step(engine: Engine, model: Transformer, weights: tuple, block, state: EngineState, sampling: SamplingParams,
+         eos_ids: tuple[int, ...]) -> EngineState:
+    """Propose, one forward, verify, commit, append, update (see the module docstring)."""
+    decode = state.decode
+    active = ~decode.done
+    last = decode.last_token
+    batch = last.shape[0]
+    draft_key = None
+    if any(s.stochastic for s in engine.sources):
+        rng, draft_key, verify_key = jax.random.split(decode.rng, 3)
+    else:
+        rng, verify_key = jax.random.split(decode.rng)
+    proposal = Step(last=last, active=active, key=draft_key, sampling=sampling)
+    branches, states = [], []
+    for source, source_state, w in zip(engine.sources, state.sources, weights):
+        branch, source_state = source.propose(source_state, proposal, w)
+        branches.append(branch)
+        states.append(source_state)
+
+    tokens = jnp.concatenate([last[:, None]] + [b.tokens for b in branches], axis=1)
+    valid = [b.path_valid for b in reversed(branches) if b.path_valid.shape[1]]
+    valid = jnp.concatenate(valid, axis=1) if valid else jnp.ones((batch, 1), bool)  # no draft: one empty path
+    q = next((b.q for b in branches if b.q is not None), None) if engine.verifier.needs_q else None
+    chosen, cache, carry = block.step(engine, model, tokens, decode, valid, q, verify_key, sampling, state.block)
+
+    count = jnp.where(active, chosen.n_acc + 1, 0)
+    decode, kept = append(decode.replace(cache=cache, rng=rng), chosen.emitted, count, eos_ids)
+    decode = decode.replace(steps=decode.steps + active)
+
+    outcome = Outcome(last=last, emitted=chosen.emitted, n_acc=chosen.n_acc, kept=kept, active=active,
+                      path_preds=chosen.path_preds, path_hidden=chosen.path_hidden, ngrams=())
+    rows = engine.tree.path_rows()
+    for i, source in enumerate(engine.sources):
+        run = rival = None
+        if chosen.runs is not None:
+            run = chosen.runs[:, i]
+            others = [j for j in range(len(rows)) if j != i]
+            rival = jnp.max(chosen.runs[:, others], axis=1) if others else None
+        lo, hi = rows[i]
+        own = dataclasses.replace(outcome, observed=chosen.observed[i], won=(chosen.best >= lo) & (chosen.best < hi),
+                                  run=run, rival_run=rival)
+        states[i], seen = source.update(states[i], own)
+        outcome = dataclasses.replace(outcome, ngrams=outcome.ngrams + seen)
+    histogram = state.accept_histogram.at[jnp.arange(batch), kept].add(active.astype(jnp.int32))
+    return EngineState(decode=decode, sources=tuple(states), block=carry, accept_histogram=histogram)
+
+
+def run(engine: Engine, block, graphdef, params, prompts: Int[Array, "b p"], prompt_lengths: Int[Array, " b"], rng,
+        sampling: SamplingParams, *, max_new_tokens: int, cache_len: int, eos_ids: tuple[int, ...]
+        ) -> tuple[DecodeState, dict]:
+    """The whole generation as one `lax.while_loop` with `block` running each step's block."""
+    model, weights = engine.load(graphdef, params)
+    state = start(engine, model, weights, block, prompts, prompt_lengths, rng, sampling,
+                  max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids,
+                  greedy=not engine.verifier.sampled)
+    final = jax.lax.while_loop(lambda s: ~jnp.all(s.decode.done),
+                               lambda s: step(engine, model, weights, block, s, sampling, eos_ids), state)
+    stats = {"accept_histogram": final.accept_histogram}
+    for source, source_state in zip(engine.sources, final.sources):
+        if hasattr(source, "finish"):
+            stats.update(source.finish(source_state))
+    return final.decode, stats
+
+
+def decode(engine: Engine, graphdef, params, prompts: Int[Array, "b p"], prompt_lengths: Int[Array, " b"], rng,
+           sampling: SamplingParams, *, max_new_tokens: int, cache_len: int, eos_ids: tuple[int, ...]
+           ) -> tuple[DecodeState, dict]:
+    """Decode on one device. Pure and jit-able: `jax.jit(decode, static_argnames=("engine",
+    "max_new_tokens", "cache_len", "eos_ids"))`."""
+    return run(engine, LocalBlock(), graphdef, params, prompts, prompt_lengths, rng, sampling,
+               max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)

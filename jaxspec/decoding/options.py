@@ -1,0 +1,248 @@
+"""Typed options of each decoding method: frozen dataclasses, validated once on construction.
+
+A field left None is filled from the model by `resolve` (lookahead's (W, N, G) from
+`configs/lookahead.toml` by parameter count; a drafter's K from the drafter). `as_dict` is
+what `generate` reports. Options that name a drafter resolve it to a loaded `Drafter`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from jaxspec.config import ModelConfig
+from jaxspec.decoding.sources.drafter import DraftSpec
+from jaxspec.drafter import Drafter, load_drafter
+from jaxspec.errors import CheckpointError, ConfigError, GenerationError
+from jaxspec.loading import ASSETS, Model
+from jaxspec.parallel import check_lp_devices
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+# The drafter used for a target when none is given: the default model's PARD-2 drafter,
+# shipped inside the package (its name can be passed instead of a path).
+DEFAULT_DRAFTER = "pycode-5M-pard2"
+
+
+def _check_int(method: str, name: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise GenerationError(f"{method} {name} must be an integer >= {low}, got {value!r}")
+
+
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise GenerationError(f"{name} must be true or false, got {value!r}")
+
+
+class Options:
+    """Shared behaviour of the option dataclasses below."""
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def resolve(cls, cfg: ModelConfig, given: dict) -> "Options":
+        """Options from the caller's values (None = the model's default), validated."""
+        return cls(**given)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoOptions(Options):
+    pass
+
+
+def lookahead_defaults(cfg: ModelConfig, path: Path | None = None) -> "LookaheadOptions":
+    """(W, N, G) for a model of this size, from configs/lookahead.toml."""
+    path = path or CONFIG_DIR / "lookahead.toml"
+    try:
+        table = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"cannot read lookahead defaults {path}: {e}") from None
+    for entry in table.get("default", []):
+        unknown = set(entry) - {"name", "max_params", "window", "ngram", "guesses"}
+        if unknown:
+            raise ConfigError(f"{path}: unknown key {sorted(unknown)[0]!r} in [[default]] {entry.get('name')!r}")
+        if cfg.num_params <= entry["max_params"]:
+            return LookaheadOptions(window=entry["window"], ngram=entry["ngram"], guesses=entry["guesses"])
+    raise ConfigError(f"{path}: no [[default]] entry covers a model of {cfg.num_params} parameters")
+
+
+def _fill_lookahead(cfg: ModelConfig, given: dict, names) -> dict:
+    if all(given.get(k) is not None for k in names):
+        return given
+    defaults = lookahead_defaults(cfg)
+    return {**given, **{k: getattr(defaults, k) for k in names if given.get(k) is None}}
+
+
+@dataclasses.dataclass(frozen=True)
+class LookaheadOptions(Options):
+    """Window W (lookahead columns), n-gram size N (N-1 levels), up to G verified candidates;
+    `lp_devices` > 1 splits each step over that many devices (lookahead parallelism)."""
+
+    window: int = 15
+    ngram: int = 5
+    guesses: int = 15
+    pool_from_prompt: bool = True
+    # Also verify the window's own diagonals (Jacobi paths): free extra candidates, still exact.
+    verify_window: bool = True
+    lp_devices: int = 1
+
+    def __post_init__(self):
+        for name, low in (("window", 1), ("ngram", 2), ("guesses", 0)):
+            _check_int("lookahead", name, getattr(self, name), low)
+        for name in ("pool_from_prompt", "verify_window"):
+            _check_bool(name, getattr(self, name))
+        object.__setattr__(self, "lp_devices", check_lp_devices(self.lp_devices))
+
+    @classmethod
+    def resolve(cls, cfg, given):
+        return cls(**_fill_lookahead(cfg, given, ("window", "ngram", "guesses")))
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptLookupOptions(Options):
+    ngram: int = 5
+    guesses: int = 15
+
+    def __post_init__(self):
+        _check_int("lookahead", "ngram", self.ngram, 2)
+        _check_int("lookahead", "guesses", self.guesses, 0)
+
+    @classmethod
+    def resolve(cls, cfg, given):
+        return cls(**_fill_lookahead(cfg, given, ("ngram", "guesses")))
+
+
+@dataclasses.dataclass(frozen=True)
+class JacobiOptions(Options):
+    window: int = 15
+
+    def __post_init__(self):
+        _check_int("lookahead", "window", self.window, 1)
+
+    @classmethod
+    def resolve(cls, cfg, given):
+        return cls(**_fill_lookahead(cfg, given, ("window",)))
+
+
+# ----------------------------------------------------------------------------- drafters
+
+
+def find_drafter(name_or_path) -> Path:
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    if str(name_or_path) == DEFAULT_DRAFTER:
+        return ASSETS / DEFAULT_DRAFTER
+    raise GenerationError(f"drafter {str(name_or_path)!r} does not exist; pass a drafter folder "
+                          f"(trained with `jaxspec train-drafter`) or {DEFAULT_DRAFTER!r}")
+
+
+def resolve_drafter(cfg: ModelConfig, drafter, target_features: bool | None) -> tuple[Drafter, bool]:
+    """A `Drafter` for this target: given (a Drafter, a drafter folder or name, or a loaded
+    drafter `Model`), or the shipped default drafter when the target is the default model."""
+    independent = target_features is False
+    if drafter is None:
+        folder = ASSETS / DEFAULT_DRAFTER
+        default = load_drafter(folder, target_independent=independent) if folder.exists() else None
+        if default is None or default.target_vocab_size != cfg.vocab_size:
+            raise GenerationError("speculative decoding needs a drafter for this model: pass drafter=PATH "
+                                  "(CLI: --drafter PATH); only the default model has a shipped drafter"
+                                  + ("" if folder.exists() else f" ({folder} is not installed)"))
+        drafter = default
+    elif isinstance(drafter, (str, os.PathLike)):
+        drafter = load_drafter(find_drafter(drafter), target_independent=independent)
+    elif isinstance(drafter, Model):
+        try:
+            drafter = load_drafter(Path(drafter.source), target_independent=independent)
+        except (CheckpointError, OSError):  # a bare model: a PARD drafter without features
+            drafter = Drafter(model=drafter, mask_token_id=drafter.config.vocab_size - 1,
+                              target_vocab_size=drafter.config.vocab_size - 1, target_layers=(),
+                              target_hidden_size=0)
+    elif not isinstance(drafter, Drafter):
+        raise GenerationError(f"drafter must be a Drafter (jaxspec.drafter.load_drafter), a drafter folder or "
+                              f"name, got {type(drafter).__name__}")
+    if target_features is None:
+        target_features = drafter.projection is not None
+    if target_features and drafter.projection is None:
+        raise GenerationError("target_features=True needs the drafter's projection, which this drafter lacks "
+                              "(loaded target-independent or never trained with features); "
+                              "pass target_features=False (CLI: --target-independent)")
+    if target_features:
+        drafter.check_compatible(cfg)
+    else:  # no features: only the vocabulary has to agree
+        dataclasses.replace(drafter, projection=None, target_layers=()).check_compatible(cfg)
+    if drafter.model.config.vocab_size != drafter.target_vocab_size + 1:
+        raise GenerationError(f"drafter vocabulary {drafter.model.config.vocab_size} is not the target's "
+                              f"{drafter.target_vocab_size} + 1 mask token; use a PARD drafter")
+    return drafter, bool(target_features)
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterOptions(Options):
+    """A PARD drafter (resolved to a loaded `Drafter`), K drafts per step, target-dependent
+    (PARD-2 features) or not, and whether the drafter sees the bonus token."""
+
+    drafter: Any = None
+    draft_len: int | None = None
+    target_features: bool | None = None
+    bonus_in_context: bool = True
+
+    def __post_init__(self):
+        if self.draft_len is not None:
+            if isinstance(self.draft_len, bool) or not isinstance(self.draft_len, int) or self.draft_len < 1:
+                raise GenerationError(f"draft_len must be an integer >= 1, got {self.draft_len!r}")
+        _check_bool("bonus_in_context", self.bonus_in_context)
+
+    @classmethod
+    def resolve(cls, cfg, given):
+        cls(**{**given, "drafter": None, "target_features": None})  # validates the plain values first
+        drafter, target_features = resolve_drafter(cfg, given.get("drafter"), given.get("target_features"))
+        draft_len = given.get("draft_len")
+        return cls(**{**given, "drafter": drafter, "target_features": target_features,
+                      "draft_len": drafter.draft_len if draft_len is None else draft_len})
+
+    def draft_spec(self) -> DraftSpec:
+        d = self.drafter
+        return DraftSpec(draft_len=self.draft_len, mask_token_id=d.mask_token_id, target_vocab_size=d.target_vocab_size,
+                         target_layers=tuple(d.target_layers) if self.target_features else (),
+                         feature_scale=float(d.feature_scale), bonus_in_context=self.bonus_in_context)
+
+    def drafter_weights(self) -> tuple[Any, dict]:
+        """(graphdef, params) of the drafter source: arguments of the program, not constants."""
+        d = self.drafter
+        return d.model.graphdef, {"model": d.model.params, "projection": d.projection if self.target_features else None}
+
+    def as_dict(self) -> dict:
+        return {**super().as_dict(), "drafter": self.drafter.model.source}
+
+
+@dataclasses.dataclass(frozen=True)
+class HybridOptions(DrafterOptions):
+    """A drafter's branch next to lookahead's window and pool (see `DrafterOptions` and
+    `LookaheadOptions`); `lp_devices` > 1 splits each step over devices."""
+
+    window: int = 15
+    ngram: int = 5
+    guesses: int = 15
+    pool_from_prompt: bool = True
+    verify_window: bool = True
+    lp_devices: int = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        LookaheadOptions(**self.lookahead())  # validates
+        object.__setattr__(self, "lp_devices", check_lp_devices(self.lp_devices))
+
+    def lookahead(self) -> dict:
+        return {k: getattr(self, k) for k in LookaheadOptions.names()}
+
+    @classmethod
+    def resolve(cls, cfg, given):
+        return super().resolve(cfg, _fill_lookahead(cfg, given, ("window", "ngram", "guesses")))

@@ -1,0 +1,227 @@
+"""A PARD / PARD-2 parallel drafter as a draft source (`../shared/docs/pard2.md`).
+
+Each step the drafter runs ONE forward over `[pending real tokens, m x num_masks]`, whatever
+the draft length K: the real tokens are the ones the target accepted since the drafter last
+ran (its cache holds exactly the target's committed tokens, so with the bonus in context the
+pending run ends with the target's last token); the logits at the last real token and at
+the masks give K drafts at once, proposed as one chain after the root. Only the real tokens'
+K/V are committed to the drafter's cache: mask slots never are.
+
+Target-dependent mode (PARD-2): the token at position t enters the drafter with the target's
+hidden states at `target_layers` for token t-1 (zeros at t = 0), projected and added to its
+embedding; masks get the last real token's feature. The verification forward returns those
+hidden states along the emitted path `[last token, d_1 .. d_a]`, which are exactly the
+features of the next pending run `[d_1 .. d_a, bonus]`, so no feature history is kept.
+Target-independent mode is the same with no features (the projection has no bias:
+features 0 = no offset).
+
+`bonus_in_context=False` is the variant whose features all match the trainer's convention
+(`jaxspec.train.pard_batch.feature_index`: a mask gets the hidden state OF the last real
+token, which the target has not computed for a bonus token): the drafter then reads only
+target-verified tokens, `[last, d_1 .. d_a] + m x K`, and does not see the bonus.
+
+Drafts are the argmax, or with `sampled` one draw per position from the warped q (for the
+speculative-sampling verifier, which needs q). The pending run is held in a fixed `[b, P]`
+buffer (P = the most tokens one step emits) and the drafter block has a fixed size
+P + masks; unused slots are padding that sees only itself and is seen by nobody.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+from jaxtyping import Array, Bool, Float, Int
+
+from jaxspec.decoding.sources.base import Branch, Outcome, Start, Step
+from jaxspec.decoding.tree import BranchLayout, chain
+from jaxspec.drafter import embed_offset
+from jaxspec.kv_cache import KVCache, commit, init_cache
+from jaxspec.model import Transformer, causal_mask
+from jaxspec.sampling import target_probs, warp_logits
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftSpec:
+    """The hashable (compile-time) part of a drafter: everything but its weights."""
+
+    draft_len: int  # K drafts per step
+    mask_token_id: int
+    target_vocab_size: int
+    target_layers: tuple[int, ...]  # () = target-independent mode
+    feature_scale: float
+    # True: the pending run ends with the bonus token (its feature is exact) and the masks get
+    # the bonus's own feature, h_{n-2}; the trainer (`pard_batch.feature_index`) gave masks the
+    # hidden state OF the last real token, h_{n-1}, which the target has not computed for a
+    # bonus token. False: the drafter sees only target-verified tokens, so every feature is
+    # the trained one, but it does not see the bonus (K masks, the first at the bonus's slot).
+    bonus_in_context: bool = True
+
+    @property
+    def num_masks(self) -> int:
+        return self.draft_len - 1 if self.bonus_in_context else self.draft_len
+
+    @property
+    def target_features(self) -> bool:
+        return bool(self.target_layers)
+
+
+@struct.dataclass
+class DraftState:
+    """The drafter's side of the loop: its committed cache, the tokens it has yet to see, and
+    its statistics."""
+
+    cache: KVCache  # drafter K/V of exactly the tokens the target has committed
+    pending: Int[Array, "b p"]  # real tokens not yet in the drafter cache (bonus in context: ends with the last token)
+    pending_count: Int[Array, " b"]  # >= 1
+    features: Float[Array, "b p f"]  # target feature of each pending token (f = 0: target-independent)
+    mask_feature: Float[Array, "b f"]  # the feature every mask of the next drafter block gets
+    stats: dict
+
+
+def drafter_block(pending_count: Int[Array, " b"], pending_len: int, num_masks: int, bonus_in_context: bool
+                  ) -> tuple[Bool[Array, "b t t"], Int[Array, "b t"], Int[Array, "b k"]]:
+    """Relation, position offsets (from the drafter cache length) and the K logit rows of the
+    drafter's block `[pending (P slots, the first `count` real), m x num_masks]`."""
+    t = pending_len + num_masks
+    batch = pending_count.shape[0]
+    slot = jnp.arange(t)
+    q, k = slot[:, None], slot[None, :]
+    c = pending_count[:, None, None]
+    key_real = (k < pending_len) & (k < c)
+    query_real = (q < pending_len) & (q < c)
+    query_mask, key_mask = q >= pending_len, k >= pending_len
+    relation = ((q == k) | (query_real & key_real & (k <= q)) | (query_mask & key_real)
+                | (query_mask & key_mask & (k <= q)))
+    offsets = jnp.where(slot[None] < pending_len, slot[None], pending_count[:, None] + slot[None] - pending_len)
+    masks = jnp.broadcast_to(pending_len + jnp.arange(num_masks), (batch, num_masks))
+    read = jnp.concatenate([pending_count[:, None] - 1, masks], axis=1) if bonus_in_context else masks
+    return relation, offsets, read
+
+
+@dataclasses.dataclass(frozen=True)
+class PardDrafter:
+    spec: DraftSpec
+    sampled: bool = False  # draw the drafts from q (for the speculative-sampling verifier)
+    count_wins: bool = False  # next to other sources: count the steps its branch won (`drafter_wins`)
+
+    random_init = False
+    needs_runs = True
+
+    @property
+    def stochastic(self) -> bool:
+        return self.sampled
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        return self.spec.target_layers
+
+    def layout(self) -> BranchLayout:
+        return chain(self.spec.draft_len)
+
+    @staticmethod
+    def load(graphdef, params) -> tuple[Transformer, Float[Array, "f d"] | None]:
+        """The weights travel as arguments (never compile-time constants): graphdef and
+        params of the drafter model, and the feature projection."""
+        return nnx.merge(graphdef, params["model"]), params["projection"]
+
+    def _offset(self, projection, features):
+        if not self.spec.target_features:
+            return None
+        return embed_offset(projection, features, self.spec.feature_scale)
+
+    def init(self, start: Start, weights) -> DraftState:
+        """Commit the prompt to the drafter (paired with the target's features over it). The
+        pending run is then the first generated token (bonus in context) or the prompt's last
+        token (the target has its hidden state)."""
+        drafter, projection = weights
+        spec, prompts, lengths, hidden = self.spec, start.prompts, start.prompt_lengths, start.hidden
+        batch, p = prompts.shape
+        rows = jnp.arange(batch)
+        pending_len = start.emit_len
+        positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (batch, p))
+        # Token t is paired with the target's state at t-1; token 0 with zeros.
+        shifted = jnp.concatenate([jnp.zeros_like(hidden[:, :1]), hidden[:, :-1]], axis=1)
+        cache = init_cache(drafter, batch, start.cache_len)
+        out = drafter(prompts, positions, causal_mask(lengths, p), cache, embed_offset=self._offset(projection, shifted))
+        take = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (batch, p))
+        last = lengths - 1
+        pending = jnp.zeros((batch, pending_len), jnp.int32)
+        if spec.bonus_in_context:
+            cache = commit(cache, out.block_kv, take, lengths)
+            first_feature, pending = hidden[rows, last], pending.at[:, 0].set(start.first)
+        else:
+            cache = commit(cache, out.block_kv, take, last)
+            first_feature, pending = shifted[rows, last], pending.at[:, 0].set(prompts[rows, last])
+        features = jnp.zeros((batch, pending_len, hidden.shape[-1]), jnp.float32).at[:, 0].set(first_feature)
+        k = spec.draft_len
+        stats = {"draft_accepts": jnp.zeros((batch, k), jnp.int32),  # steps that accepted draft i
+                 "target_steps": jnp.zeros((batch,), jnp.int32),  # verification forwards
+                 "accepted_tokens": jnp.zeros((batch,), jnp.int32)}  # accepted drafts + bonus, before EOS/budget cuts
+        if self.count_wins:  # steps whose emitted run came from this branch (greedy: strictly the longest)
+            stats["drafter_wins"] = jnp.zeros((batch,), jnp.int32)
+        return DraftState(cache=cache, pending=pending, pending_count=jnp.ones((batch,), jnp.int32),
+                          features=features, mask_feature=hidden[rows, last], stats=stats)
+
+    def propose(self, draft: DraftState, step: Step, weights):
+        """One drafter forward: K drafts (and q when sampled); the pending run is committed."""
+        drafter, projection = weights
+        spec = self.spec
+        batch, pending_len = draft.pending.shape
+        m = spec.num_masks
+        relation, offsets, read = drafter_block(draft.pending_count, pending_len, m, spec.bonus_in_context)
+        tokens = jnp.concatenate([draft.pending, jnp.full((batch, m), spec.mask_token_id, jnp.int32)], axis=1)
+        features = jnp.concatenate([draft.features, jnp.repeat(draft.mask_feature[:, None], m, axis=1)], axis=1)
+        out = drafter(tokens, draft.cache.lengths[:, None] + offsets, relation, draft.cache,
+                      embed_offset=self._offset(projection, features))
+        logits = jnp.take_along_axis(out.logits, read[..., None], axis=1)[..., :spec.target_vocab_size]
+        take = jnp.broadcast_to(jnp.arange(pending_len, dtype=jnp.int32), (batch, pending_len))
+        cache = commit(draft.cache, out.block_kv, take, jnp.where(step.active, draft.pending_count, 0))
+        if self.sampled:
+            q = target_probs(logits, step.sampling)
+            drafts = jax.random.categorical(step.key, warp_logits(logits, step.sampling), axis=-1).astype(jnp.int32)
+        else:
+            q, drafts = None, jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return Branch(tokens=drafts, path_valid=jnp.ones((batch, 1), bool), q=q), draft.replace(cache=cache)
+
+    def update(self, draft: DraftState, outcome: Outcome):
+        """The next pending run after a step that accepted `n_acc` tokens (on any branch's path).
+
+        With the bonus in context the run is the emitted tokens `[d_1 .. d_a, bonus]`, each
+        paired with its predecessor's state (`path_hidden[:, i]`); otherwise it is
+        `[last, d_1 .. d_a]`, paired with the previous mask feature and `path_hidden[:, :a]`.
+        Either way the masks get `path_hidden[:, a]`."""
+        spec, n_acc, path_hidden = self.spec, outcome.n_acc, outcome.path_hidden
+        batch, pending_len = draft.pending.shape
+        rows = jnp.arange(batch)
+        if spec.bonus_in_context:
+            tokens, features = outcome.emitted, path_hidden
+        else:
+            tokens = outcome.path_tokens
+            features = jnp.concatenate([draft.mask_feature[:, None], path_hidden[:, :-1]], axis=1)
+        pad = pending_len - tokens.shape[1]
+        # The drafter's own accepted run: the emitted one if its path won, else (greedy) the
+        # longest prefix of its drafts the target agreed with; sampling verifies only the lead path.
+        accepted = outcome.run if outcome.run is not None else jnp.where(outcome.won, n_acc, 0)
+        on = outcome.active.astype(jnp.int32)
+        stats = dict(draft.stats)
+        k = stats["draft_accepts"].shape[1]
+        stats["draft_accepts"] = stats["draft_accepts"] + on[:, None] * (jnp.arange(k)[None] < accepted[:, None])
+        stats["target_steps"] = stats["target_steps"] + on
+        stats["accepted_tokens"] = stats["accepted_tokens"] + on * (n_acc + 1)
+        if self.count_wins:
+            wins = outcome.won & (n_acc > 0) & outcome.active
+            if outcome.rival_run is not None:
+                wins &= n_acc > outcome.rival_run
+            stats["drafter_wins"] = stats["drafter_wins"] + wins
+        return draft.replace(pending=jnp.pad(tokens, ((0, 0), (0, pad))), pending_count=n_acc + 1,
+                             features=jnp.pad(features, ((0, 0), (0, pad), (0, 0))),
+                             mask_feature=path_hidden[rows, n_acc], stats=stats), ()
+
+    def finish(self, draft: DraftState) -> dict:
+        """accept_length: mean tokens per target step (bonus included)."""
+        stats = dict(draft.stats)
+        stats["accept_length"] = stats["accepted_tokens"] / jnp.maximum(stats["target_steps"], 1)
+        return stats
