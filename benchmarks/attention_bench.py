@@ -6,8 +6,9 @@ bfloat16, batch 1, a full KV cache of 2k / 4k / 8k tokens, the block of the (W, 
 
 * `xla`: `jaxspec.attention.xla_attention` (the reference and the default backend);
 * `pallas dense`: `decode_attention` reading the step relation as a dense mask;
-* `pallas in-kernel`: `decode_attention` with a `LookaheadMask`: the relation is computed in
-  the kernel (what `attention="pallas"` runs for a lookahead step).
+* `pallas in-kernel`: `decode_attention` with the step's `TreeMask` (each token's DFS interval
+  in the token tree): the relation is computed in the kernel (what `attention="pallas"` runs
+  for every decoding step).
 
 Training (one layer's attention of a PARD drafter-training forward): the full layout of
 K = 4 blocks of L = 1024 tokens (n = 4096), `pard_attention` vs `pard_reference` (XLA under
@@ -42,7 +43,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.attention import xla_attention
-from jaxspec.masks import LookaheadMask, pard_layout
+from jaxspec.decoding.engine import Engine
+from jaxspec.decoding.options import LookaheadOptions
+from jaxspec.masks import pard_layout
+from jaxspec.methods import lookahead_sources
 from pallas_kernels import decode_attention, pard_attention, pard_reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -85,7 +89,8 @@ def decode_rows(cfg: dict, batch: int, repeats: int, inner: int, interpret: bool
     h, kv, d = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
     dtype = jnp.dtype(cfg["dtype"])
     w, n, g = cfg["step"]
-    step = LookaheadMask(window=w, levels=n - 1, guesses=g, cand_len=n - 1)
+    tree = Engine(sources=lookahead_sources(LookaheadOptions(window=w, ngram=n, guesses=g))).tree
+    step = tree.mask(batch)
     rng = np.random.default_rng(0)
     normal = lambda *shape: jnp.asarray(rng.normal(size=shape), dtype)  # noqa: E731
     pallas = functools.partial(decode_attention, interpret=interpret)
@@ -99,7 +104,7 @@ def decode_rows(cfg: dict, batch: int, repeats: int, inner: int, interpret: bool
             lengths = jnp.full((batch,), length, jnp.int32)
             positions = length + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (batch, t))
             dense = jnp.ones((batch, 1, 1), bool) if relation is None else \
-                jnp.broadcast_to(jnp.asarray(relation.dense()), (batch, t, t))
+                relation.dense()
             rest = (kc, vc, lengths, kn, vn)
             variants = {
                 "xla": lambda q, *r: xla_attention(q, *r, dense, positions),

@@ -2,7 +2,7 @@
 
 Each (platform, case) is lowered (not interpreted) with `jax.export`, which runs the Pallas
 lowering for the target platform (Mosaic for TPU, Triton for CUDA) without that hardware;
-the cases cover every kernel and mask kind (dense, lookahead computed in the kernel,
+the cases cover every kernel and mask kind (dense, a token tree computed in the kernel,
 PARD). Prints one OK/FAIL line per case and exits non-zero if any case fails.
 
 What this proves is that JAX lowers each kernel to the platform's kernel IR (Mosaic MLIR,
@@ -21,7 +21,7 @@ import traceback
 import jax
 import jax.numpy as jnp
 
-from jaxspec.masks import LookaheadMask
+from jaxspec.masks import TreeMask
 from pallas_kernels.decode_attention import decode_attention
 from pallas_kernels.pard_attention import pard_attention
 
@@ -30,20 +30,18 @@ DISABLED_CHECKS = (jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.tri
 sds = jax.ShapeDtypeStruct
 
 
-def _decode_case(b, t, h, kv, d, s, dtype, window=None, step: LookaheadMask | None = None):
-    """decode_attention with a dense mask, or with `step`'s relation computed in the kernel."""
-    if step is not None:
-        t = step.size
+def _decode_case(b, t, h, kv, d, s, dtype, window=None, tree: bool = False):
+    """decode_attention with a dense mask, or with a token tree's relation (`TreeMask`: the
+    DFS interval of each of the t tokens) computed in the kernel."""
     args = [sds((b, t, h, d), dtype), sds((b, s, kv, d), dtype), sds((b, s, kv, d), dtype), sds((b,), jnp.int32),
             sds((b, t, kv, d), dtype), sds((b, t, kv, d), dtype)]
-    if step is None:
-        args.append(sds((b, t, t), jnp.bool_))
+    args += [sds((b, t), jnp.int32)] * 2 if tree else [sds((b, t, t), jnp.bool_)]
     args.append(sds((b, t), jnp.int32))
 
     def build(platform):
         def fn(*a):
-            mask, pos = (a[6], a[7]) if step is None else (step, a[6])
-            return decode_attention(*a[:6], mask, pos, window, interpret=False, platform=platform)
+            mask = TreeMask(pre=a[6], end=a[7]) if tree else a[6]
+            return decode_attention(*a[:6], mask, a[-1], window, interpret=False, platform=platform)
         return fn
     return build, args
 
@@ -59,14 +57,13 @@ def _pard_case(b, n, h, kv, d, dtype, window=None):
 CASES = (
     ("decode dense d64 gqa4 bf16", _decode_case(2, 1, 16, 4, 64, 1024, jnp.bfloat16)),
     ("decode dense d128 gqa4 fp32 window", _decode_case(1, 14, 8, 2, 128, 1024, jnp.float32, window=256)),
-    ("lookahead (15,5,15) d128 gqa4 bf16", _decode_case(2, 0, 32, 8, 128, 2048, jnp.bfloat16,
-                                                        step=LookaheadMask(15, 4, 15, 4))),
-    ("lookahead (1,3,0) d64 gqa8 fp32", _decode_case(1, 0, 8, 1, 64, 500, jnp.float32,
-                                                     step=LookaheadMask(1, 2, 0, 2))),
-    ("lookahead (4,3,4) d128 gqa1 fp32 window", _decode_case(1, 0, 4, 4, 128, 700, jnp.float32, window=64,
-                                                             step=LookaheadMask(4, 2, 4, 2))),
-    ("jacobi (0,0,1) d64 gqa4 bf16", _decode_case(1, 0, 8, 2, 64, 300, jnp.bfloat16,
-                                                  step=LookaheadMask(0, 0, 1, 8))),
+    # Token trees, by block size: lookahead (W, N, G) has W (N-1) + G (N-1) tokens.
+    ("lookahead (15,5,15) d128 gqa4 bf16", _decode_case(2, 120, 32, 8, 128, 2048, jnp.bfloat16, tree=True)),
+    ("lookahead (1,3,0) d64 gqa8 fp32", _decode_case(1, 2, 8, 1, 64, 500, jnp.float32, tree=True)),
+    ("lookahead (4,3,4) d128 gqa1 fp32 window", _decode_case(1, 16, 4, 4, 128, 700, jnp.float32, window=64,
+                                                             tree=True)),
+    ("jacobi W=8 d64 gqa4 bf16", _decode_case(1, 9, 8, 2, 64, 300, jnp.bfloat16, tree=True)),
+    ("hybrid (15,5,15)+K=8 d128 gqa4 bf16", _decode_case(2, 128, 32, 8, 128, 2048, jnp.bfloat16, tree=True)),
     ("pard d128 gqa4 bf16", _pard_case(2, 1024, 32, 8, 128, jnp.bfloat16)),
     ("pard d64 gqa1 fp32 window", _pard_case(1, 300, 4, 4, 64, jnp.float32, window=128)),
 )

@@ -35,11 +35,12 @@ from flax import nnx
 
 import jaxspec
 from jaxspec.cli import main
-from jaxspec.decoding.lookahead import StepLayout
-from jaxspec.decoding.lookahead_parallel import shard_layout
+from jaxspec.decoding.parallel import shard_tree
 from jaxspec.parallel import hlo_collectives as collectives
 
 from stories import CASES, CHECKPOINT, REFERENCE
+from test_speculative import copy_drafter
+from trees import StepLayout
 
 WORKER_DEVICES = 8
 FAST_COMPILE = "--xla_backend_optimization_level=0"
@@ -91,6 +92,11 @@ def worker(tmp: Path) -> dict:
     (tmp / "lp.hlo").write_text(lp_program.as_text())
     runs["single_uneven"] = _run(tiny, PROMPTS, BUDGET, True, **UNEVEN)
     runs["lp8_uneven"] = _run(tiny, PROMPTS, BUDGET, True, lp_devices=8, **UNEVEN)
+    # Hybrid: the drafter's chain is computed on every device, its target features travel in
+    # the step's one all_gather.
+    hybrid = dict(method="hybrid", drafter=copy_drafter(tiny), draft_len=4, **UNEVEN)
+    runs["single_hybrid"] = _run(tiny, PROMPTS, BUDGET, True, **hybrid)
+    runs["lp4_hybrid"] = _run(tiny, PROMPTS, BUDGET, True, lp_devices=4, **hybrid)
 
     try:
         jaxspec.generate(tiny, PROMPTS, max_new_tokens=4, method="lookahead", temperature=1.0, lp_devices=2, **EVEN)
@@ -104,6 +110,11 @@ def worker(tmp: Path) -> dict:
         budget = STORIES_BUDGET
         report["stories"]["single"] = _run(stories, prompts, budget, False, **STORIES)
         report["stories"]["lp4"] = _run(stories, prompts, budget, False, lp_devices=4, **STORIES)
+        # The same split with the Pallas kernel evaluating each device's token tree.
+        pallas = jaxspec.load(str(CHECKPOINT), attention="pallas")
+        report["stories"]["lp4_pallas_hybrid"] = _run(pallas, prompts[:1], 24, False, lp_devices=4, method="hybrid",
+                                                      drafter=copy_drafter(pallas), draft_len=3, window=4, ngram=3,
+                                                      guesses=4)
     return report
 
 
@@ -140,6 +151,14 @@ def test_uneven_split_equals_single_device(lp_report):
     assert runs["single_uneven"]["steps"][2] < len(runs["greedy"]["tokens"][2]) - 5
 
 
+def test_hybrid_split_equals_single_device(lp_report):
+    """A drafter branch next to the window and the pool, split over 4 devices: target-dependent
+    (features along the chosen path come from the device that verified it)."""
+    runs = lp_report[0]["tiny"]
+    assert_same_as_single_device(runs, "lp4_hybrid", single="single_hybrid")
+    assert runs["single_hybrid"]["steps"][2] < len(runs["greedy"]["tokens"][2]) - 5
+
+
 def test_stories260k_references_on_four_devices(lp_report):
     """The paper's (15, 5, 15) on 4 devices: 4 columns and 4 candidates each, one of each padding
     on the last device."""
@@ -151,6 +170,7 @@ def test_stories260k_references_on_four_devices(lp_report):
     assert runs["lp4"]["tokens"] == runs["single"]["tokens"]
     assert runs["lp4"]["steps"] == runs["single"]["steps"] and runs["lp4"]["hist"] == runs["single"]["hist"]
     assert all(s < len(t) for s, t in zip(runs["lp4"]["steps"], runs["lp4"]["tokens"]))
+    assert runs["lp4_pallas_hybrid"]["tokens"] == [CASES[0]["greedy"][:24]]  # hybrid, LP, Pallas at once
 
 
 def test_sampling_is_refused(lp_report):
@@ -169,9 +189,10 @@ def test_collectives_are_one_small_all_gather_per_step(lp_report):
     assert re.search(r"\bwhile\(", hlo)
     layout = StepLayout(window=EVEN["window"], levels=EVEN["ngram"] - 1, guesses=EVEN["guesses"],
                         cand_len=EVEN["ngram"] - 1, verify_window=True)
-    sharded = shard_layout(layout, HLO_DEVICES)
+    sharded = shard_tree(layout.tree, HLO_DEVICES)
     batch, vocab = len(PROMPTS), TINY.vocab_size
-    row = 2 + (sharded.max_path + 1) + sharded.cols_per_device
+    assert sharded.observed_per_device == -(-EVEN["window"] // HLO_DEVICES)  # its columns' new window tokens
+    row = 2 + (sharded.max_path + 1) + sharded.observed_per_device
     bound = HLO_DEVICES * batch * row * 4  # the gathered result, per step
     found = collectives(hlo)
     assert len(found) == 1, found
@@ -249,7 +270,7 @@ def test_each_device_block_is_closed_and_the_split_covers_everything(layout, dev
     """Every device computes what each of its tokens sees (so its outputs are the single-device
     ones), every upper-level token and candidate on exactly one device, every verified path
     once, the same per-device shape; the re-fed slots hold the longest path tail off level 0."""
-    sharded = shard_layout(layout, devices)
+    sharded = shard_tree(layout.tree, devices)
     relation, offsets, w = layout.attention_relation(), layout.position_offsets(), layout.window
     owners = np.zeros(layout.size, int)
     for d in range(devices):

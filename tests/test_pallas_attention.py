@@ -5,8 +5,9 @@ counts (each costs a compilation). Lowering for TPU and GPU (without that hardwa
 checked by running `python -m pallas_kernels --check-lowering`.
 
 The references are independent of the kernels: the lookahead relation is
-`StepLayout.attention_relation()` (the decoder's own loops), the PARD mask is rebuilt below
-by a literal transcription of `../shared/docs/pard2.md`.
+`tests/trees.py`'s `StepLayout.definition()` (written out from the paper's description, not
+from the token tree the kernel evaluates), the PARD mask is rebuilt below by a literal
+transcription of `../shared/docs/pard2.md`.
 """
 
 from __future__ import annotations
@@ -28,14 +29,15 @@ from flax import nnx
 import jaxspec
 from jaxspec.attention import get_attention, xla_attention
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.lookahead import StepLayout
 from jaxspec.errors import ConfigError
 from jaxspec.kv_cache import KVCache
-from jaxspec.masks import LookaheadMask, PardMask, dense_block_mask, pard_layout, pard_mask
+from jaxspec.masks import PardMask, dense_block_mask, pard_layout, pard_mask
 from pallas_kernels import decode_attention, pallas_attention, pard_attention, pard_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 from stories import CASES as STORIES_CASES, CHECKPOINT, needs_stories
+from test_speculative import copy_drafter
+from trees import StepLayout
 
 _pallas = jax.jit(decode_attention, static_argnames=("sliding_window", "block_s", "block_rows"))
 _xla = jax.jit(xla_attention, static_argnames=("sliding_window",))
@@ -73,15 +75,14 @@ def _layout(w, n, g):
 
 # --- the lookahead relation --------------------------------------------------------------
 
-def test_lookahead_mask_equals_step_layout_relation():
+def test_tree_mask_equals_the_lookahead_definition():
     layouts = [StepLayout(window=w, levels=n - 1, guesses=g, cand_len=n - 1, verify_window=vw)
                for w, n, g, vw in itertools.product([1, 2, 3, 5, 15], [2, 3, 5, 7], [0, 1, 4, 15], [False, True])]
     layouts += [_layout(0, n, g) for n, g in itertools.product([2, 3, 5], [0, 1, 3, 15])]  # prompt lookup
     layouts += [_layout(0, 0, w) for w in (1, 2, 5, 16)]  # jacobi
     for layout in layouts:
-        spec = LookaheadMask.from_layout(layout)
-        assert spec.size == layout.size
-        np.testing.assert_array_equal(spec.dense(), layout.attention_relation(), err_msg=str(layout))
+        assert layout.tree.mask(1).size == layout.size
+        np.testing.assert_array_equal(layout.tree.relation(), layout.definition(), err_msg=str(layout))
 
 
 @pytest.mark.parametrize("wng", [(15, 5, 15), (1, 3, 0), (0, 0, 5)], ids=lambda c: "W{}-N{}-G{}".format(*c))
@@ -95,9 +96,9 @@ def test_kernel_computes_the_step_relation(wng):
     eye = jnp.broadcast_to(jnp.eye(t, d, dtype=jnp.float32)[None, :, None], (2, t, kv, d))
     zeros = jnp.zeros((2, 16, kv, d), jnp.float32)
     out = _pallas(jnp.zeros((2, t, h, d), jnp.float32), zeros, zeros, jnp.zeros((2,), jnp.int32), eye, eye,
-                  LookaheadMask.from_layout(layout), jnp.zeros((2, t), jnp.int32), block_s=16, block_rows=32)
+                  layout.tree.mask(2), jnp.zeros((2, t), jnp.int32), block_s=16, block_rows=32)
     seen = np.asarray(out)[..., :t] > 0  # [b, t, h, t]
-    want = np.broadcast_to(layout.attention_relation()[None, :, None], seen.shape)
+    want = np.broadcast_to(layout.definition()[None, :, None], seen.shape)
     np.testing.assert_array_equal(seen, want)
 
 
@@ -147,10 +148,10 @@ def test_step_relation_matches_xla_attention(case):
     t = layout.size
     rng = np.random.default_rng(s)
     lengths = [0, int(rng.integers(1, s)) | 1, s - 1]  # the last token sits at position = cache length
-    args = _inputs(s + t, 3, t, h, kv, d, s, dtype, lengths, mask=layout.attention_relation())
+    args = _inputs(s + t, 3, t, h, kv, d, s, dtype, lengths, mask=layout.definition())
     args["q_positions"] = args["cache_lengths"][:, None] + jnp.asarray(layout.position_offsets())[None]
     want = _xla(**args, sliding_window=window)
-    args["block_mask"] = LookaheadMask.from_layout(layout)
+    args["block_mask"] = layout.tree.mask(3)
     _close(_pallas(**args, sliding_window=window, block_s=block_s), want, dtype)
 
 
@@ -180,11 +181,11 @@ def test_blocks_outside_the_cache_length_and_window_are_never_read():
     np.testing.assert_allclose(np.asarray(got), np.asarray(clean), atol=1e-5, rtol=1e-5)
 
 
-def test_lookahead_mask_of_the_wrong_size_is_an_error():
+def test_tree_mask_of_the_wrong_size_is_an_error():
     args = _inputs(4, 1, 5, 4, 2, 64, 16, jnp.float32, [3])
-    args["block_mask"] = LookaheadMask(window=2, levels=2, guesses=1, cand_len=2)  # 6 tokens, not 5
+    args["block_mask"] = StepLayout(window=2, levels=2, guesses=1, cand_len=2).tree.mask(1)  # 6 tokens, not 5
     for fn in (decode_attention, xla_attention):
-        with pytest.raises(ConfigError, match="LookaheadMask"):
+        with pytest.raises(ConfigError, match="TreeMask"):
             fn(**args)
 
 
@@ -331,22 +332,22 @@ def test_registered_as_the_pallas_backend():
 def test_dense_block_mask_accepts_every_kind():
     positions = jnp.broadcast_to(jnp.arange(6, dtype=jnp.int32), (2, 6))
     layout = StepLayout(window=2, levels=2, guesses=1, cand_len=2)
-    dense = dense_block_mask(LookaheadMask.from_layout(layout), positions)
-    np.testing.assert_array_equal(np.asarray(dense), np.broadcast_to(layout.attention_relation(), (2, 6, 6)))
+    dense = dense_block_mask(layout.tree.mask(2), positions)
+    np.testing.assert_array_equal(np.asarray(dense), np.broadcast_to(layout.definition(), (2, 6, 6)))
     block_ids, pos = pard_layout(3, 2)
     np.testing.assert_array_equal(np.asarray(dense_block_mask(PardMask(block_ids[None]), pos[None])),
                                   np.asarray(pard_mask(block_ids, pos))[None])
     causal = jnp.tril(jnp.ones((6, 6), bool))
     assert dense_block_mask(causal, positions).shape == (2, 6, 6)
-    # A spec is a static pytree: it passes through jit.
-    spec = LookaheadMask.from_layout(layout)
+    # A spec is a pytree of O(T) int32 arrays: it passes through jit.
+    spec = layout.tree.mask(2)
     assert jax.jit(lambda m: dense_block_mask(m, positions))(spec).shape == (2, 6, 6)
-    assert jax.tree_util.tree_leaves(spec) == [] and hash(spec) == hash(dataclasses.replace(spec))
+    assert [x.shape for x in jax.tree_util.tree_leaves(spec)] == [(2, 6), (2, 6)]
 
 
 @needs_stories
 def test_stories260k_lookahead_with_pallas_matches_greedy_reference():
-    # Prefill reads a dense causal mask; every lookahead step passes a LookaheadMask, whose
+    # Prefill reads a dense causal mask; every lookahead step passes a TreeMask, whose
     # relation the kernel computes.
     greedy = STORIES_CASES[0]
     assert greedy["prompt"] == [1]
@@ -354,6 +355,21 @@ def test_stories260k_lookahead_with_pallas_matches_greedy_reference():
     out = jaxspec.generate(model, [1], method="lookahead", window=4, ngram=3, guesses=4,
                            max_new_tokens=24, stop_at_eos=False)
     assert out.tokens == greedy["greedy"][:24]
+
+
+@needs_stories
+def test_stories260k_every_method_with_pallas_matches_greedy_reference():
+    """Every method's steps run the token-tree relation in the kernel (prefill reads the dense
+    causal mask); a drafter that copies the target's weights makes its branch win steps."""
+    greedy = STORIES_CASES[0]
+    model = jaxspec.load(str(CHECKPOINT), attention="pallas")
+    drafter = copy_drafter(model)
+    n = 16
+    for method, options in [("greedy", {}), ("prompt-lookup", dict(ngram=3, guesses=3)), ("jacobi", dict(window=4)),
+                            ("speculative", dict(drafter=drafter, draft_len=3)),
+                            ("hybrid", dict(drafter=drafter, draft_len=3, window=3, ngram=3, guesses=3))]:
+        out = jaxspec.generate(model, [1], method=method, max_new_tokens=n, stop_at_eos=False, **options)
+        assert out.tokens == greedy["greedy"][:n], method
 
 
 def test_attention_benchmark_smoke(tmp_path):
@@ -385,5 +401,5 @@ def test_kernel_lowers_for_tpu_and_gpu():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("OK", "FAIL"))]
     assert {line.split()[1] for line in lines} == {"tpu", "cuda"}
-    assert {" ".join(line.split()[2:3]) for line in lines} == {"decode", "lookahead", "jacobi", "pard"}
+    assert {" ".join(line.split()[2:3]) for line in lines} == {"decode", "lookahead", "jacobi", "hybrid", "pard"}
     assert all(line.startswith("OK") for line in lines), proc.stdout

@@ -44,7 +44,6 @@ from flax import nnx
 from scipy import stats
 
 import jaxspec
-import jaxspec.decoding.lookahead as lookahead_module
 import jaxspec.decoding.verify as verify_module
 from jaxspec.kv_cache import KVCache
 from stories import needs_stories
@@ -313,7 +312,7 @@ def mutant_verifier(original: str, mutated: str, traced: list):
 @pytest.mark.parametrize("mutant", MUTANTS)
 def test_negative_control_wrong_verifier_fails_the_same_check(tiny, exact, monkeypatch, mutant):
     traced: list = []
-    monkeypatch.setattr(lookahead_module, "verify_sampled", mutant_verifier(*MUTANTS[mutant], traced))
+    monkeypatch.setattr(verify_module, "verify_sampled", mutant_verifier(*MUTANTS[mutant], traced))
     # A fresh Model (empty `compiled`) AND a batch size no other test uses: jax's own trace cache
     # is keyed by the decode function and the shapes, not by Model, and would otherwise reuse a
     # correct program (or leak this mutant into a later test).

@@ -25,7 +25,7 @@ import pytest
 from flax import nnx
 
 import jaxspec
-import jaxspec.decoding.speculative as speculative_module
+import jaxspec.decoding.verify as verify_module
 import test_sampling_distribution as harness
 from jaxspec.cli import main
 from jaxspec.drafter import Drafter
@@ -140,6 +140,31 @@ def test_greedy_equals_plain_greedy_and_rows_finish_apart(tiny, drafters, method
             assert out.compression[2] > 1.5, out.compression
         if kind == "copy" and bonus_in_context:  # all K at least once
             assert np.asarray(out.extras["draft_accepts"])[2, K - 1] > 0
+
+
+@pytest.mark.parametrize("method, batch", [("hybrid", 5), ("speculative", 6)])
+def test_target_dependent_methods_prefill_once(tiny, drafters, monkeypatch, method, batch):
+    """The one prefill serves the target and the drafter's features: the traced program runs the
+    target twice (the prefill, the loop body's verification forward) and the drafter twice (its
+    prefill, its draft forward). A batch size of its own: a fresh trace."""
+    calls = []
+    original = jaxspec.Transformer.__call__
+
+    def counting(self, tokens, *args, **kwargs):
+        calls.append((self.config.vocab_size, tokens.shape[1], kwargs.get("hidden_layers", ())))
+        return original(self, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(jaxspec.Transformer, "__call__", counting)
+    fresh = dataclasses.replace(tiny, compiled={})
+    out = jaxspec.generate(fresh, [[1, 50, 8]] * batch, max_new_tokens=6, method=method, drafter=drafters["random"],
+                           draft_len=K, target_features=True, stop_at_eos=False, **(HYBRID if method == "hybrid" else {}))
+    monkeypatch.undo()
+    assert out.options["target_features"] is True
+    target = [c for c in calls if c[0] == TINY.vocab_size]
+    drafter = [c for c in calls if c[0] == TINY.vocab_size + 1]
+    assert len(target) == 2 and len(drafter) == 2, calls
+    assert target[0][1] == 16 and target[0][2] == (0, -1)  # the prompt bucket, with the drafter's features
+    assert out.tokens == greedy(tiny, [[1, 50, 8]] * batch, 6)
 
 
 @needs_stories
@@ -258,9 +283,9 @@ RESIDUAL_LINE = "residual = jnp.maximum(p - q_padded, 0.0)"
 
 def test_negative_control_residual_without_q_fails(sampling_tiny, sampling_drafter, exact, monkeypatch):
     """The real `verify_speculative` with its residual replaced by p (a classic bug) is rejected."""
-    source = textwrap.dedent(inspect.getsource(speculative_module.verify_speculative))
+    source = textwrap.dedent(inspect.getsource(verify_module.verify_speculative))
     assert source.count(RESIDUAL_LINE) == 1, "verify_speculative changed; update RESIDUAL_LINE"
-    namespace = dict(vars(speculative_module))
+    namespace = dict(vars(verify_module))
     exec(compile(source.replace(RESIDUAL_LINE, "residual = p"), "<mutant>", "exec"), namespace)
     traced = []
 
@@ -268,7 +293,7 @@ def test_negative_control_residual_without_q_fails(sampling_tiny, sampling_draft
         traced.append(True)
         return namespace["verify_speculative"](*args, **kwargs)
 
-    monkeypatch.setattr(speculative_module, "verify_speculative", mutant)
+    monkeypatch.setattr(verify_module, "verify_speculative", mutant)
     fresh = dataclasses.replace(sampling_tiny, compiled={})
     tokens, compression = draw(fresh, sampling_drafter, "speculative", harness.WARPINGS["T1.0"],
                                seed=harness.SEEDS["T1.0"],

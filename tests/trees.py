@@ -50,3 +50,21 @@ class StepLayout:
 
     def paths(self) -> np.ndarray:
         return self.tree.paths
+
+    def definition(self) -> np.ndarray:
+        """The lookahead relation written out from the paper's description, independently of
+        the tree: a level-l token at column i sees level 0 up to column i and column i of
+        levels 1..l; a candidate token sees the last token and its own earlier tokens."""
+        t, w = self.size, self.window
+        mask = np.eye(t, dtype=bool)
+        mask[:, 0] = True
+        for level in range(self.levels):
+            for col in range(w):
+                q = level * w + col
+                mask[q, :col + 1] = True
+                mask[q, [lv * w + col for lv in range(1, level + 1)]] = True
+        for c in range(self.guesses):
+            start = self.cand_start + c * self.cand_len
+            for j in range(self.cand_len):
+                mask[start + j, start:start + j + 1] = True
+        return mask

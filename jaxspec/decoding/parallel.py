@@ -45,7 +45,7 @@ from jaxspec.decoding.tree import TokenTree, dfs_intervals
 from jaxspec.decoding.verify import verify_greedy
 from jaxspec.errors import GenerationError
 from jaxspec.kv_cache import KVCache, commit
-from jaxspec.masks import TreeMask
+from jaxspec.masks import TreeMask, tree_relation
 from jaxspec.parallel import LP_AXIS, lp_mesh
 from jaxspec.sampling import SamplingParams
 
@@ -109,8 +109,7 @@ class ShardedTree:
     @property
     def relation(self) -> np.ndarray:
         """[D, local, local]: each device's tree relation over its local tokens."""
-        pre, end = self.pre, self.end
-        return (pre[:, None, :] <= pre[:, :, None]) & (pre[:, :, None] <= end[:, None, :])
+        return tree_relation(self.pre[:, :, None], self.pre[:, None, :], self.end[:, None, :])
 
 
 def shard_tree(tree: TokenTree, devices: int) -> ShardedTree:

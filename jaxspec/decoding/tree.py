@@ -27,7 +27,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.masks import TreeMask
+from jaxspec.masks import TreeMask, tree_relation
 
 ROOT = -1  # a branch token whose parent is the root
 
@@ -182,7 +182,7 @@ class TokenTree:
     def relation(self) -> np.ndarray:
         """The dense `[T, T]` relation (tests and references): j is i or an ancestor of i."""
         pre, end = dfs_intervals(self.parents)
-        return (pre[None, :] <= pre[:, None]) & (pre[:, None] <= end[None, :])
+        return tree_relation(pre[:, None], pre[None, :], end[None, :])
 
     def mask(self, batch: int) -> TreeMask:
         pre, end = dfs_intervals(self.parents)
