@@ -2,7 +2,7 @@
 
 At the paper's (W, N, G) = (15, 5, 15), batch 1, greedy:
 
-* per device and step: block tokens (from the split tables of `shard_layout`), a FLOPs
+* per device and step: block tokens (from the split tables of `shard_tree`), a FLOPs
   estimate and the replicated memory (weights, KV cache, n-gram pool), for the model decoded
   here (stories260K) and for a Llama-2-7B shape (bf16, analytical);
 * bytes exchanged per step, from the formula and measured: the collectives of the compiled
@@ -38,8 +38,10 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import jax  # noqa: E402
 
 import jaxspec  # noqa: E402
-from jaxspec.decoding.lookahead import StepLayout  # noqa: E402
-from jaxspec.decoding.lookahead_parallel import shard_layout  # noqa: E402
+from jaxspec.decoding.engine import Engine  # noqa: E402
+from jaxspec.decoding.options import LookaheadOptions  # noqa: E402
+from jaxspec.decoding.parallel import shard_tree  # noqa: E402
+from jaxspec.methods import lookahead_sources  # noqa: E402
 from jaxspec.parallel import hlo_collectives as collectives  # noqa: E402
 from machine import machine_info, repo_relative  # noqa: E402
 
@@ -55,14 +57,15 @@ LLAMA_7B = jaxspec.ModelConfig(model_type="llama", vocab_size=32000, hidden_size
 
 def step_tokens(devices: int) -> dict:
     """Block tokens in one device's forward, and how they split (1 device: the plain layout)."""
-    layout = StepLayout(window=WINDOW, levels=NGRAM - 1, guesses=GUESSES, cand_len=NGRAM - 1, verify_window=True)
+    layout = Engine(sources=lookahead_sources(LookaheadOptions(window=WINDOW, ngram=NGRAM, guesses=GUESSES))).tree
     if devices == 1:
         return {"tokens": layout.size, "refeed": 0, "level0": WINDOW, "upper": (NGRAM - 2) * WINDOW,
                 "candidates": GUESSES * (NGRAM - 1), "row_ints": 0}
-    s = shard_layout(layout, devices)
-    return {"tokens": s.size, "refeed": s.refeed, "level0": WINDOW, "upper": (NGRAM - 2) * s.cols_per_device,
+    s = shard_tree(layout, devices)
+    cols = -(-WINDOW // devices)
+    return {"tokens": s.size, "refeed": s.refeed, "level0": WINDOW, "upper": (NGRAM - 2) * cols,
             "candidates": -(-GUESSES // devices) * (NGRAM - 1),
-            "row_ints": 2 + s.max_path + 1 + s.cols_per_device}  # accepted, path id, emitted, new window tokens
+            "row_ints": 2 + s.max_path + 1 + s.observed_per_device}  # accepted, path id, emitted, new window tokens
 
 
 def model_costs(cfg: jaxspec.ModelConfig, bytes_per_value: int, tokens: int, context: int) -> dict:

@@ -65,7 +65,7 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
              stop_at_eos: bool = True, **method_options) -> GenerateOutput:
     """Generate with any registered method; the whole loop is one compiled `lax.while_loop`.
 
-    `method="lookahead", lp_devices=D` splits each step over the first D devices (lookahead
+    `method="lookahead"` or `"hybrid"` with `lp_devices=D` splits each step over the first D devices (lookahead
     parallelism, greedy only; see docs/scaling.md); in a multi-process run every process
     calls this with the same arguments and gets the same output.
     """

@@ -81,11 +81,12 @@ def resolve_method(name: str, cfg: ModelConfig, options: dict) -> tuple[str, Met
 
 
 def bind(model, engine: Engine, options: Options) -> tuple[Any, Any]:
-    """`(graphdef, params)` of a program: the target's, plus a drafter's for sources that
-    have one (its weights are arguments, never compile-time constants)."""
-    if not any(isinstance(s, PardDrafter) for s in engine.sources):
+    """`(graphdef, params)` of a program: the target's, plus, for each source with a model of
+    its own (it has `load`), the `(graphdef, params)` its options hold: weights are arguments
+    of the program, never compile-time constants."""
+    if not any(hasattr(s, "load") for s in engine.sources):
         return model.graphdef, model.params
-    weights = [options.drafter_weights() if isinstance(s, PardDrafter) else (None, None) for s in engine.sources]
+    weights = [options.source_weights(s) if hasattr(s, "load") else (None, None) for s in engine.sources]
     return (model.graphdef, tuple(w[0] for w in weights)), (model.params, tuple(w[1] for w in weights))
 
 
@@ -103,9 +104,12 @@ def decode(graphdef, params, prompts, prompt_lengths, rng, sampling, *, engine: 
 
 
 # ----------------------------------------------------------------------------- research entry points
+#
+# `jax.jit(lookahead_decode, static_argnames=("max_new_tokens", "cache_len", "eos_ids", "greedy",
+# "window", "ngram", "guesses", "pool_from_prompt", "verify_window"))`, and so on.
 
 
-def _by_name(name: str, graphdef, params, prompts, prompt_lengths, rng, sampling, *, max_new_tokens, cache_len,
+def _by_name(name: str, graphdef, params, prompts, prompt_lengths, rng, sampling, max_new_tokens, cache_len,
              eos_ids, greedy, **options):
     opts = METHODS[name].options(**options)
     return decode(graphdef, params, prompts, prompt_lengths, rng, sampling, engine=METHODS[name].engine(opts, greedy),
@@ -113,19 +117,27 @@ def _by_name(name: str, graphdef, params, prompts, prompt_lengths, rng, sampling
                   lp_devices=getattr(opts, "lp_devices", 1))
 
 
-def autoregressive_decode(graphdef, params, prompts, prompt_lengths, rng, sampling, **kw):
-    """`jax.jit(autoregressive_decode, static_argnames=("max_new_tokens", "cache_len", "eos_ids", "greedy"))`."""
-    return _by_name("autoregressive", graphdef, params, prompts, prompt_lengths, rng, sampling, **kw)
+def autoregressive_decode(graphdef, params, prompts, prompt_lengths, rng, sampling, *, max_new_tokens: int,
+                          cache_len: int, eos_ids: tuple[int, ...], greedy: bool):
+    return _by_name("autoregressive", graphdef, params, prompts, prompt_lengths, rng, sampling, max_new_tokens,
+                    cache_len, eos_ids, greedy)
 
 
-def lookahead_decode(graphdef, params, prompts, prompt_lengths, rng, sampling, **kw):
-    """Lookahead decoding; keyword options as `LookaheadOptions` (window, ngram, guesses, ...)."""
-    return _by_name("lookahead", graphdef, params, prompts, prompt_lengths, rng, sampling, **kw)
+def lookahead_decode(graphdef, params, prompts, prompt_lengths, rng, sampling, *, max_new_tokens: int,
+                     cache_len: int, eos_ids: tuple[int, ...], greedy: bool, window: int, ngram: int, guesses: int,
+                     pool_from_prompt: bool = True, verify_window: bool = True, lp_devices: int = 1):
+    return _by_name("lookahead", graphdef, params, prompts, prompt_lengths, rng, sampling, max_new_tokens, cache_len,
+                    eos_ids, greedy, window=window, ngram=ngram, guesses=guesses, pool_from_prompt=pool_from_prompt,
+                    verify_window=verify_window, lp_devices=lp_devices)
 
 
-def prompt_lookup_decode(graphdef, params, prompts, prompt_lengths, rng, sampling, **kw):
-    return _by_name("prompt-lookup", graphdef, params, prompts, prompt_lengths, rng, sampling, **kw)
+def prompt_lookup_decode(graphdef, params, prompts, prompt_lengths, rng, sampling, *, max_new_tokens: int,
+                         cache_len: int, eos_ids: tuple[int, ...], greedy: bool, ngram: int, guesses: int):
+    return _by_name("prompt-lookup", graphdef, params, prompts, prompt_lengths, rng, sampling, max_new_tokens,
+                    cache_len, eos_ids, greedy, ngram=ngram, guesses=guesses)
 
 
-def jacobi_decode(graphdef, params, prompts, prompt_lengths, rng, sampling, **kw):
-    return _by_name("jacobi", graphdef, params, prompts, prompt_lengths, rng, sampling, **kw)
+def jacobi_decode(graphdef, params, prompts, prompt_lengths, rng, sampling, *, max_new_tokens: int, cache_len: int,
+                  eos_ids: tuple[int, ...], greedy: bool, window: int):
+    return _by_name("jacobi", graphdef, params, prompts, prompt_lengths, rng, sampling, max_new_tokens, cache_len,
+                    eos_ids, greedy, window=window)

@@ -1,6 +1,6 @@
 """Devices and processes: the `lp` mesh, replicated inputs, and multi-process start-up.
 
-Lookahead parallelism (see `jaxspec.decoding.lookahead_parallel`) runs on a one-axis mesh
+Lookahead parallelism (see `jaxspec.decoding.parallel`) runs on a one-axis mesh
 named `lp` over the first `lp_devices` devices of the run. With several processes
 (`jax.distributed.initialize`), `jax.devices()` lists every process's devices, so the same
 mesh spans hosts and every process runs the same program on its own devices.

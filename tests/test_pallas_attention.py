@@ -12,7 +12,6 @@ transcription of `../shared/docs/pard2.md`.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import itertools
 import os

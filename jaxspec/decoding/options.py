@@ -214,8 +214,8 @@ class DrafterOptions(Options):
                          target_layers=tuple(d.target_layers) if self.target_features else (),
                          feature_scale=float(d.feature_scale), bonus_in_context=self.bonus_in_context)
 
-    def drafter_weights(self) -> tuple[Any, dict]:
-        """(graphdef, params) of the drafter source: arguments of the program, not constants."""
+    def source_weights(self, source) -> tuple[Any, dict]:
+        """(graphdef, params) of the drafter source (`PardDrafter.load` reads them)."""
         d = self.drafter
         return d.model.graphdef, {"model": d.model.params, "projection": d.projection if self.target_features else None}
 
@@ -224,24 +224,12 @@ class DrafterOptions(Options):
 
 
 @dataclasses.dataclass(frozen=True)
-class HybridOptions(DrafterOptions):
-    """A drafter's branch next to lookahead's window and pool (see `DrafterOptions` and
-    `LookaheadOptions`); `lp_devices` > 1 splits each step over devices."""
-
-    window: int = 15
-    ngram: int = 5
-    guesses: int = 15
-    pool_from_prompt: bool = True
-    verify_window: bool = True
-    lp_devices: int = 1
+class HybridOptions(DrafterOptions, LookaheadOptions):
+    """A drafter's branch next to lookahead's window and pool: the fields of both."""
 
     def __post_init__(self):
-        super().__post_init__()
-        LookaheadOptions(**self.lookahead())  # validates
-        object.__setattr__(self, "lp_devices", check_lp_devices(self.lp_devices))
-
-    def lookahead(self) -> dict:
-        return {k: getattr(self, k) for k in LookaheadOptions.names()}
+        DrafterOptions.__post_init__(self)
+        LookaheadOptions.__post_init__(self)
 
     @classmethod
     def resolve(cls, cfg, given):

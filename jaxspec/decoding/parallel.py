@@ -195,7 +195,7 @@ class ShardedBlock:
 
     def step(self, engine: Engine, model, block_tokens, decode: DecodeState, valid, q, key,
              sampling: SamplingParams, pending) -> tuple[Chosen, KVCache, Int[Array, " b"]]:
-        sharded, tree = self.sharded, self.sharded.tree
+        sharded = self.sharded
         slots, batch = sharded.refeed, block_tokens.shape[0]
         rows = jnp.arange(batch)
         device = jax.lax.axis_index(LP_AXIS)

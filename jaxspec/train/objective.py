@@ -6,15 +6,14 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from jaxspec.kv_cache import KVCache
+from jaxspec.kv_cache import init_cache
 from jaxspec.model import Transformer, causal_mask
 
 
 def sequence_logits(model: Transformer, inputs: Int[Array, "b t"]) -> Float[Array, "b t vocab"]:
     """Causal float32 logits for full sequences, through the same forward decoding uses."""
     b, t = inputs.shape
-    cfg = model.config
-    empty = KVCache.zeros(cfg.num_layers, b, 0, cfg.num_kv_heads, cfg.head_dim, dtype=model.embed_tokens.embedding.dtype)
+    empty = init_cache(model, b, 0)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     return model(inputs, positions, causal_mask(jnp.full((b,), t, jnp.int32), t), empty).logits
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from jaxspec.drafter import embed_offset
-from jaxspec.kv_cache import KVCache
+from jaxspec.kv_cache import init_cache
 from jaxspec.masks import PardMask
 from jaxspec.model import Transformer, causal_mask
 from jaxspec.train.pard_batch import feature_index
@@ -40,9 +40,7 @@ def target_outputs(target: Transformer, inputs: Int[Array, "b L"], layers: tuple
                    ) -> tuple[Float[Array, "b L V"], Float[Array, "b L f"]]:
     """The frozen target's float32 logits and concatenated hidden states of `layers` (no gradient)."""
     b, t = inputs.shape
-    cfg = target.config
-    empty = KVCache.zeros(cfg.num_layers, b, 0, cfg.num_kv_heads, cfg.head_dim,
-                          dtype=target.embed_tokens.embedding.dtype)
+    empty = init_cache(target, b, 0)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     out = target(inputs, positions, causal_mask(jnp.full((b,), t, jnp.int32), t), empty, hidden_layers=layers)
     features = jnp.concatenate([h.astype(jnp.float32) for h in out.hidden_states], axis=-1)
@@ -86,9 +84,7 @@ def drafter_logits(drafter: Transformer, projection: Float[Array, "f d"] | None,
     """The drafter over a PARD batch (`PardMask`: the XLA path builds the dense relation, the
     Pallas kernel evaluates it per tile); no features = target-independent."""
     b = tokens.shape[0]
-    cfg = drafter.config
-    empty = KVCache.zeros(cfg.num_layers, b, 0, cfg.num_kv_heads, cfg.head_dim,
-                          dtype=drafter.embed_tokens.embedding.dtype)
+    empty = init_cache(drafter, b, 0)
     offset = None if projection is None or features is None else embed_offset(projection, features, scale)
     return drafter(tokens, positions, PardMask(block_ids=block_ids), empty, embed_offset=offset).logits
 
