@@ -2,8 +2,8 @@
 
 `python benchmarks/ab_speed.py --a PATH --b PATH` starts one worker process per checkout
 (`PYTHONPATH` = that checkout, so each imports its own jaxspec), each loads the default model
-(pycode-5M) and compiles greedy, lookahead (15, 5, 15) and speculative decoding (the shipped
-drafter) on the held-out code prompts. Then, round after round, the two workers decode every
+(pycode-5M) and compiles greedy, lookahead (15, 5, 15), prompt lookup (4, 8) and
+speculative decoding (the shipped drafter), or the `--methods` named on the held-out code prompts. Then, round after round, the two workers decode every
 prompt with every method in turn, A then B then A ...: the machine's load drifts the same way
 for both, and the ratio B/A of each method's tokens/s (decode time only, compilation
 excluded) is reported with its spread over rounds. Tokens and steps of both sides are
@@ -24,12 +24,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 METHODS = {
     "greedy": ("greedy", {}),
-    "lookahead (15,5,15)": ("lookahead", dict(window=15, ngram=5, guesses=15)),
+    "lookahead-15-5-15": ("lookahead", dict(window=15, ngram=5, guesses=15)),
+    "prompt-lookup-4-8": ("prompt-lookup", dict(ngram=4, guesses=8)),
     "speculative": ("speculative", {}),
 }
 
 
-def worker(prompts: int, new_tokens: int) -> None:
+def worker(prompts: int, new_tokens: int, names: list[str]) -> None:
     """Reads 'run' lines on stdin; answers one JSON line per round: per method, tokens/seconds/steps."""
     sys.path.insert(0, str(HERE))
     import jaxspec  # noqa: PLC0415 -- imported from the checkout on PYTHONPATH, after it is set
@@ -40,7 +41,8 @@ def worker(prompts: int, new_tokens: int) -> None:
 
     def round_() -> dict:
         out = {}
-        for name, (method, options) in METHODS.items():
+        for name in names:
+            method, options = METHODS[name]
             runs = [jaxspec.generate(model, t, max_new_tokens=new_tokens, method=method, stop_at_eos=False, **options)
                     for t in texts]
             out[name] = {"seconds": sum(r.seconds for r in runs), "tokens": [r.tokens for r in runs],
@@ -62,10 +64,15 @@ def main(argv=None) -> dict:
     p.add_argument("--prompts", type=int, default=6)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--out", type=Path, default=HERE / "results")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of: {', '.join(METHODS)}")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    names = [n for n in args.methods.split(",") if n]
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        p.error(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
     if args.worker:
-        worker(args.prompts, args.new_tokens)
+        worker(args.prompts, args.new_tokens, names)
         return {}
 
     procs = {}
@@ -73,7 +80,7 @@ def main(argv=None) -> dict:
         env = dict(os.environ, PYTHONPATH=str(root.resolve()))
         # The worker is this script; PYTHONPATH decides which checkout's jaxspec it imports.
         procs[side] = subprocess.Popen([sys.executable, __file__, "--a", ".", "--worker", "--prompts", str(args.prompts),
-                                        "--new-tokens", str(args.new_tokens)],
+                                        "--new-tokens", str(args.new_tokens), "--methods", args.methods],
                                        cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     sources = {side: json.loads(proc.stdout.readline())["ready"] for side, proc in procs.items()}
     print(f"workers ready: {sources}", file=sys.stderr)
@@ -89,7 +96,7 @@ def main(argv=None) -> dict:
         proc.wait()
 
     summary = {}
-    for name in METHODS:
+    for name in names:
         tokens = sum(len(t) for t in rounds["A"][0][name]["tokens"])
         tps = {side: [tokens / rd[name]["seconds"] for rd in rounds[side]] for side in rounds}
         ratios = [b / a for a, b in zip(tps["A"], tps["B"])]
@@ -111,7 +118,7 @@ def main(argv=None) -> dict:
     (args.out / "ab_speed.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"# Decode speed, interleaved: B = {result['b']} vs A = {args.a}", "",
              f"{args.prompts} held-out code prompts x {args.new_tokens} tokens, pycode-5M, {args.rounds} rounds "
-             f"(A and B alternate); {result['date']}; command: `python benchmarks/ab_speed.py --a {args.a}`", "",
+             f"(A and B alternate); {result['date']}; command: `python benchmarks/ab_speed.py {' '.join(sys.argv[1:])}`", "",
              "| method | A tok/s | B tok/s | B / A (median) | B / A (min..max) | same tokens | same steps |",
              "|---|---:|---:|---:|---:|---|---|"]
     for name, s in summary.items():

@@ -126,9 +126,12 @@ class LocalBlock:
         paths, pred_idx = tree.paths, tree.pred_idx
         path_tokens = jnp.where(paths >= 0, tokens[:, np.maximum(paths, 0)], -1)  # [b, K, P]
         verdict = engine.verifier(key, path_tokens, valid, out.logits, preds, pred_idx, q, sampling)
-        take = jnp.asarray(pred_idx)[verdict.best]  # the last token + the path's tokens
+        if len(paths) == 1:  # one path (greedy, speculative, Jacobi): its block indices are constants
+            take = jnp.broadcast_to(jnp.asarray(pred_idx[0]), (batch, pred_idx.shape[1]))
+        else:
+            take = jnp.asarray(pred_idx)[verdict.best]  # the last token + the path's tokens
         cache = commit(cache, out.block_kv, take, jnp.where(decode.done, 0, verdict.n_acc + 1))
-        hidden = concat_features(out.hidden_states, batch, tokens.shape[1])
+        hidden = concat_features(out.hidden_states, batch, tokens.shape[1])  # f = 0 unless a source asks
         runs = None
         if engine.needs_runs:
             runs = source_runs(engine, verdict.accepted, np.arange(len(paths)))
