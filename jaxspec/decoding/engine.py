@@ -126,18 +126,23 @@ class LocalBlock:
         paths, pred_idx = tree.paths, tree.pred_idx
         path_tokens = jnp.where(paths >= 0, tokens[:, np.maximum(paths, 0)], -1)  # [b, K, P]
         verdict = engine.verifier(key, path_tokens, valid, out.logits, preds, pred_idx, q, sampling)
+        hidden = concat_features(out.hidden_states, batch, tokens.shape[1])  # f = 0 unless a source asks
         if len(paths) == 1:  # one path (greedy, speculative, Jacobi): its block indices are constants
-            take = jnp.broadcast_to(jnp.asarray(pred_idx[0]), (batch, pred_idx.shape[1]))
+            lo, n = int(pred_idx[0, 0]), pred_idx.shape[1]
+            take = jnp.broadcast_to(jnp.asarray(pred_idx[0]), (batch, n))
+            contiguous = (pred_idx[0] == lo + np.arange(n)).all()
+            path_preds = preds[:, lo:lo + n] if contiguous else preds[:, pred_idx[0]]
+            path_hidden = hidden[:, lo:lo + n] if contiguous else hidden[:, pred_idx[0]]
         else:
             take = jnp.asarray(pred_idx)[verdict.best]  # the last token + the path's tokens
+            path_preds = jnp.take_along_axis(preds, take, axis=1)
+            path_hidden = jnp.take_along_axis(hidden, take[..., None], axis=1)
         cache = commit(cache, out.block_kv, take, jnp.where(decode.done, 0, verdict.n_acc + 1))
-        hidden = concat_features(out.hidden_states, batch, tokens.shape[1])  # f = 0 unless a source asks
         runs = None
         if engine.needs_runs:
             runs = source_runs(engine, verdict.accepted, np.arange(len(paths)))
         chosen = Chosen(best=verdict.best, n_acc=verdict.n_acc, emitted=verdict.emitted,
-                        path_preds=jnp.take_along_axis(preds, take, axis=1),
-                        path_hidden=jnp.take_along_axis(hidden, take[..., None], axis=1),
+                        path_preds=path_preds, path_hidden=path_hidden,
                         observed=tuple(preds[:, tree.observed(i)] for i in range(len(engine.sources))),
                         runs=runs)
         return chosen, cache, carry

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.masks import TreeMask, tree_relation
@@ -185,6 +184,7 @@ class TokenTree:
         return tree_relation(pre[:, None], pre[None, :], end[None, :])
 
     def mask(self, batch: int) -> TreeMask:
+        """The step's `TreeMask`, as numpy constants: the XLA reference's dense relation is then
+        a compile-time constant, and the kernel reads the two vectors."""
         pre, end = dfs_intervals(self.parents)
-        return TreeMask(pre=jnp.broadcast_to(jnp.asarray(pre), (batch, self.size)),
-                        end=jnp.broadcast_to(jnp.asarray(end), (batch, self.size)))
+        return TreeMask(pre=np.broadcast_to(pre, (batch, self.size)), end=np.broadcast_to(end, (batch, self.size)))

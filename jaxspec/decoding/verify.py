@@ -141,6 +141,9 @@ class Greedy:
     needs_q = False
 
     def __call__(self, key, path_tokens, valid, logits, preds, pred_idx, q, sampling) -> Verdict:
+        if path_tokens.shape[-1] == 0:  # no draft at all (a one-token block): the argmax, nothing to walk
+            zeros = jnp.zeros(preds.shape[:1], jnp.int32)
+            return Verdict(best=zeros, n_acc=zeros, emitted=preds[:, :1], accepted=zeros[:, None])
         return verify_greedy(path_tokens, valid, preds, pred_idx)
 
 
