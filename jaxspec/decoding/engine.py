@@ -215,7 +215,9 @@ def step(engine: Engine, model: Transformer, weights: tuple, block, state: Engin
                                   run=run, rival_run=rival)
         states[i], seen = source.update(states[i], own)
         outcome = dataclasses.replace(outcome, ngrams=outcome.ngrams + seen)
-    histogram = state.accept_histogram.at[jnp.arange(batch), kept].add(active.astype(jnp.int32))
+    histogram = state.accept_histogram
+    if engine.max_commit > 1:  # (a one-token tree emits one token per step: `run` fills it in at the end)
+        histogram = histogram.at[jnp.arange(batch), kept].add(active.astype(jnp.int32))
     return EngineState(decode=decode, sources=tuple(states), block=carry, accept_histogram=histogram)
 
 
@@ -229,7 +231,10 @@ def run(engine: Engine, block, graphdef, params, prompts: Int[Array, "b p"], pro
                   greedy=not engine.verifier.sampled)
     final = jax.lax.while_loop(lambda s: ~jnp.all(s.decode.done),
                                lambda s: step(engine, model, weights, block, s, sampling, eos_ids), state)
-    stats = {"accept_histogram": final.accept_histogram}
+    histogram = final.accept_histogram
+    if engine.max_commit == 1:
+        histogram = histogram.at[:, 1].set(final.decode.steps - 1)
+    stats = {"accept_histogram": histogram}
     for source, source_state in zip(engine.sources, final.sources):
         if hasattr(source, "finish"):
             stats.update(source.finish(source_state))
