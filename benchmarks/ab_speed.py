@@ -1,13 +1,14 @@
 """Decode speed of two checkouts of jaxspec, interleaved in one run (a before/after check).
 
 `python benchmarks/ab_speed.py --a PATH --b PATH` starts one worker process per checkout
-(`PYTHONPATH` = that checkout, so each imports its own jaxspec), each loads the default model
-(pycode-5M) and compiles greedy, lookahead (15, 5, 15), prompt lookup (4, 8) and
-speculative decoding (the shipped drafter), or the `--methods` named on the held-out code prompts. Then, round after round, the two workers decode every
-prompt with every method in turn, A then B then A ...: the machine's load drifts the same way
-for both, and the ratio B/A of each method's tokens/s (decode time only, compilation
-excluded) is reported with its spread over rounds. Tokens and steps of both sides are
-compared too. Writes `ab_speed.json` and `ab_speed.md` under `--out`.
+(`PYTHONPATH` = that checkout, so each imports its own jaxspec); each loads the default model
+(pycode-5M) and compiles greedy, lookahead (15, 5, 15), prompt lookup (4, 8) and speculative
+decoding (the shipped drafter), or the `--methods` named, on held-out code prompts. Then,
+round after round and method after method, the two workers decode every prompt back to back
+(A then B, who goes first alternating): the machine's load drifts the same way for both. The
+ratio B / A of each method's tokens/s (decode time only, compilation excluded) is reported
+as the median over rounds with its spread; tokens and steps of both sides are compared too.
+Writes `ab_speed.json` and `ab_speed.md` under `--out`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ METHODS = {
 
 
 def worker(prompts: int, new_tokens: int, names: list[str]) -> None:
-    """Reads 'run' lines on stdin; answers one JSON line per round: per method, tokens/seconds/steps."""
+    """Reads 'run NAME' lines on stdin; answers each with one JSON line: tokens, seconds, steps."""
     sys.path.insert(0, str(HERE))
     import jaxspec  # noqa: PLC0415 -- imported from the checkout on PYTHONPATH, after it is set
     from code_prompts import code_prompts  # noqa: PLC0415
@@ -39,21 +40,18 @@ def worker(prompts: int, new_tokens: int, names: list[str]) -> None:
     model = jaxspec.load()
     texts = [p["text"] for p in code_prompts(prompts)]
 
-    def round_() -> dict:
-        out = {}
-        for name in names:
-            method, options = METHODS[name]
-            runs = [jaxspec.generate(model, t, max_new_tokens=new_tokens, method=method, stop_at_eos=False, **options)
-                    for t in texts]
-            out[name] = {"seconds": sum(r.seconds for r in runs), "tokens": [r.tokens for r in runs],
-                         "steps": [r.steps for r in runs]}
-        return out
+    def run(name: str) -> dict:
+        method, options = METHODS[name]
+        runs = [jaxspec.generate(model, t, max_new_tokens=new_tokens, method=method, stop_at_eos=False, **options)
+                for t in texts]
+        return {"seconds": sum(r.seconds for r in runs), "tokens": [r.tokens for r in runs],
+                "steps": [r.steps for r in runs]}
 
-    round_()  # compile everything
+    for name in names:  # compile everything
+        run(name)
     print(json.dumps({"ready": jaxspec.__file__}), flush=True)
-    for line in sys.stdin:
-        if line.strip() == "run":
-            print(json.dumps(round_()), flush=True)
+    for line in sys.stdin:  # "run NAME": one pass of NAME over every prompt
+        print(json.dumps(run(line.split(maxsplit=1)[1].strip())), flush=True)
 
 
 def main(argv=None) -> dict:
@@ -86,10 +84,14 @@ def main(argv=None) -> dict:
     print(f"workers ready: {sources}", file=sys.stderr)
     rounds = {"A": [], "B": []}
     for r in range(args.rounds):
-        for side in ("A", "B") if r % 2 == 0 else ("B", "A"):  # alternate who goes first
-            procs[side].stdin.write("run\n")
-            procs[side].stdin.flush()
-            rounds[side].append(json.loads(procs[side].stdout.readline()))
+        results = {"A": {}, "B": {}}
+        for name in names:  # A and B back to back for each method; who goes first alternates
+            for side in ("A", "B") if r % 2 == 0 else ("B", "A"):
+                procs[side].stdin.write(f"run {name}\n")
+                procs[side].stdin.flush()
+                results[side][name] = json.loads(procs[side].stdout.readline())
+        for side in rounds:
+            rounds[side].append(results[side])
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     for proc in procs.values():
         proc.stdin.close()
