@@ -112,15 +112,21 @@ def main(argv=None) -> dict:
     sys.path.insert(0, str(HERE))
     from machine import machine_info, repo_relative  # noqa: PLC0415 -- the driver imports no jaxspec before here
 
-    result = {"benchmark": "ab_speed", "a": str(args.a), "b": repo_relative(args.b), "sources": sources,
+    def commit(root: Path) -> str:
+        proc = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        return proc.stdout.strip() or "unknown"
+
+    # A checkout outside this repository is named by its commit, not by this machine's path.
+    result = {"benchmark": "ab_speed", "a": f"commit {commit(args.a)}", "b": f"commit {commit(args.b)}",
               "rounds": args.rounds, "prompts": args.prompts, "new_tokens": args.new_tokens,
               "machine": machine_info(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
               "summary": summary}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ab_speed.json").write_text(json.dumps(result, indent=1) + "\n")
-    lines = [f"# Decode speed, interleaved: B = {result['b']} vs A = {args.a}", "",
+    lines = [f"# Decode speed, interleaved: B = {result['b']} vs A = {result['a']}", "",
              f"{args.prompts} held-out code prompts x {args.new_tokens} tokens, pycode-5M, {args.rounds} rounds "
-             f"(A and B alternate); {result['date']}; command: `python benchmarks/ab_speed.py {' '.join(sys.argv[1:])}`", "",
+             f"(A and B back to back per method); {result['date']}; command: "
+             f"`python benchmarks/ab_speed.py {' '.join(sys.argv[1:])}` (A: a git worktree of {result['a']})", "",
              "| method | A tok/s | B tok/s | B / A (median) | B / A (min..max) | same tokens | same steps |",
              "|---|---:|---:|---:|---:|---|---|"]
     for name, s in summary.items():
