@@ -14,7 +14,8 @@ program's key) with
   handed to the sources after it (the lookahead window feeds the n-gram pool this way).
 
 `weights` is whatever `load(graphdef, params)` returned for a source that has its own model
-(a PARD drafter), else None. Class attributes say what the engine must provide: a key for a
+(a PARD drafter), else None. A source may also define `finish(state) -> dict`: statistics the
+engine reports next to `accept_histogram`. Class attributes say what the engine must provide: a key for a
 random initial state (`random_init`), a key per step (`stochastic`), the target's hidden
 states (`hidden_layers`), each source's longest accepted run (`needs_runs`).
 """
