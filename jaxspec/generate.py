@@ -69,7 +69,7 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
     parallelism, greedy only; see docs/scaling.md); in a multi-process run every process
     calls this with the same arguments and gets the same output.
     """
-    name, spec, options = resolve_method(method, model.config, method_options)
+    name, spec, options = resolve_method(method, model.config, method_options, model.drafters)
     lp_devices = getattr(options, "lp_devices", 1)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise GenerationError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")

@@ -59,6 +59,9 @@ class Model:
     attention: str
     source: str
     compiled: dict = dataclasses.field(default_factory=dict, repr=False)
+    # Drafters loaded from disk for this target, by (folder, target-independent): a speculative
+    # `generate` reads its drafter once, not at every call.
+    drafters: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @classmethod
     def from_module(cls, module: Transformer, *, tokenizer=None, dtype="float32", source="<memory>") -> "Model":

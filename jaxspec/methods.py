@@ -67,8 +67,10 @@ METHODS: dict[str, Method] = {
 ALIASES = {"greedy": "autoregressive"}
 
 
-def resolve_method(name: str, cfg: ModelConfig, options: dict) -> tuple[str, Method, Options]:
-    """Canonical name, method, and its validated options with the model's defaults filled in."""
+def resolve_method(name: str, cfg: ModelConfig, options: dict, drafters: dict | None = None
+                   ) -> tuple[str, Method, Options]:
+    """Canonical name, method, and its validated options with the model's defaults filled in
+    (`drafters`: the target's cache of loaded drafters, `Model.drafters`)."""
     canonical = ALIASES.get(name, name)
     if canonical not in METHODS:
         raise GenerationError(f"unknown method {name!r}; available: {', '.join(sorted([*METHODS, *ALIASES]))}")
@@ -77,7 +79,8 @@ def resolve_method(name: str, cfg: ModelConfig, options: dict) -> tuple[str, Met
     if unknown:
         raise GenerationError(f"method {canonical!r} has no option {unknown[0]!r}; "
                               f"its options: {', '.join(method.option_names) or 'none'}")
-    return canonical, method, method.options.resolve(cfg, {k: v for k, v in options.items() if v is not None})
+    given = {k: v for k, v in options.items() if v is not None}
+    return canonical, method, method.options.resolve(cfg, given, drafters)
 
 
 def bind(model, engine: Engine, options: Options) -> tuple[Any, Any]:

@@ -47,8 +47,9 @@ class Options:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
-    def resolve(cls, cfg: ModelConfig, given: dict) -> "Options":
-        """Options from the caller's values (None = the model's default), validated."""
+    def resolve(cls, cfg: ModelConfig, given: dict, drafters: dict | None = None) -> "Options":
+        """Options from the caller's values (None = the model's default), validated. `drafters`:
+        drafters already loaded for this target (`Model.drafters`), reused and filled in."""
         return cls(**given)
 
 
@@ -101,7 +102,7 @@ class LookaheadOptions(Options):
         object.__setattr__(self, "lp_devices", check_lp_devices(self.lp_devices))
 
     @classmethod
-    def resolve(cls, cfg, given):
+    def resolve(cls, cfg, given, drafters=None):
         return cls(**_fill_lookahead(cfg, given, ("window", "ngram", "guesses")))
 
 
@@ -115,7 +116,7 @@ class PromptLookupOptions(Options):
         _check_int("lookahead", "guesses", self.guesses, 0)
 
     @classmethod
-    def resolve(cls, cfg, given):
+    def resolve(cls, cfg, given, drafters=None):
         return cls(**_fill_lookahead(cfg, given, ("ngram", "guesses")))
 
 
@@ -127,7 +128,7 @@ class JacobiOptions(Options):
         _check_int("lookahead", "window", self.window, 1)
 
     @classmethod
-    def resolve(cls, cfg, given):
+    def resolve(cls, cfg, given, drafters=None):
         return cls(**_fill_lookahead(cfg, given, ("window",)))
 
 
@@ -144,23 +145,33 @@ def find_drafter(name_or_path) -> Path:
                           f"(trained with `jaxspec train-drafter`) or {DEFAULT_DRAFTER!r}")
 
 
-def resolve_drafter(cfg: ModelConfig, drafter, target_features: bool | None) -> tuple[Drafter, bool]:
+def resolve_drafter(cfg: ModelConfig, drafter, target_features: bool | None, drafters: dict | None = None
+                    ) -> tuple[Drafter, bool]:
     """A `Drafter` for this target: given (a Drafter, a drafter folder or name, or a loaded
-    drafter `Model`), or the shipped default drafter when the target is the default model."""
+    drafter `Model`), or the shipped default drafter when the target is the default model.
+    Drafters read from disk are kept in `drafters` (keyed by folder and mode) for the next call."""
     independent = target_features is False
+    drafters = {} if drafters is None else drafters
+
+    def load(folder: Path) -> Drafter:
+        key = (str(folder.resolve()), independent)
+        if key not in drafters:
+            drafters[key] = load_drafter(folder, target_independent=independent)
+        return drafters[key]
+
     if drafter is None:
         folder = ASSETS / DEFAULT_DRAFTER
-        default = load_drafter(folder, target_independent=independent) if folder.exists() else None
+        default = load(folder) if folder.exists() else None
         if default is None or default.target_vocab_size != cfg.vocab_size:
             raise GenerationError("speculative decoding needs a drafter for this model: pass drafter=PATH "
                                   "(CLI: --drafter PATH); only the default model has a shipped drafter"
                                   + ("" if folder.exists() else f" ({folder} is not installed)"))
         drafter = default
     elif isinstance(drafter, (str, os.PathLike)):
-        drafter = load_drafter(find_drafter(drafter), target_independent=independent)
+        drafter = load(find_drafter(drafter))
     elif isinstance(drafter, Model):
         try:
-            drafter = load_drafter(Path(drafter.source), target_independent=independent)
+            drafter = load(Path(drafter.source))
         except (CheckpointError, OSError):  # a bare model: a PARD drafter without features
             drafter = Drafter(model=drafter, mask_token_id=drafter.config.vocab_size - 1,
                               target_vocab_size=drafter.config.vocab_size - 1, target_layers=(),
@@ -201,9 +212,10 @@ class DrafterOptions(Options):
         _check_bool("bonus_in_context", self.bonus_in_context)
 
     @classmethod
-    def resolve(cls, cfg, given):
+    def resolve(cls, cfg, given, drafters=None):
         cls(**{**given, "drafter": None, "target_features": None})  # validates the plain values first
-        drafter, target_features = resolve_drafter(cfg, given.get("drafter"), given.get("target_features"))
+        drafter, target_features = resolve_drafter(cfg, given.get("drafter"), given.get("target_features"),
+                                                   drafters)
         draft_len = given.get("draft_len")
         return cls(**{**given, "drafter": drafter, "target_features": target_features,
                       "draft_len": drafter.draft_len if draft_len is None else draft_len})
@@ -232,5 +244,5 @@ class HybridOptions(DrafterOptions, LookaheadOptions):
         LookaheadOptions.__post_init__(self)
 
     @classmethod
-    def resolve(cls, cfg, given):
-        return super().resolve(cfg, _fill_lookahead(cfg, given, ("window", "ngram", "guesses")))
+    def resolve(cls, cfg, given, drafters=None):
+        return super().resolve(cfg, _fill_lookahead(cfg, given, ("window", "ngram", "guesses")), drafters)

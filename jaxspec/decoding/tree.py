@@ -23,6 +23,7 @@ parallel` deals the groups out to devices.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -110,11 +111,12 @@ def dfs_intervals(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TokenTree:
-    """The block of one step: the root (index 0), then each branch's tokens in order."""
+    """The block of one step: the root (index 0), then each branch's tokens in order. Static:
+    its tables are numpy arrays, computed once per tree (cached), read while tracing."""
 
     branches: tuple[BranchLayout, ...]
 
-    @property
+    @functools.cached_property
     def starts(self) -> tuple[int, ...]:
         """Block index of each branch's first token."""
         out, at = [], 1
@@ -127,14 +129,14 @@ class TokenTree:
     def size(self) -> int:
         return 1 + sum(b.size for b in self.branches)
 
-    @property
+    @functools.cached_property
     def parents(self) -> np.ndarray:
         out = [-1]
         for start, b in zip(self.starts, self.branches):
             out += [0 if p == ROOT else start + p for p in b.parents]
         return np.asarray(out, np.int32)
 
-    @property
+    @functools.cached_property
     def depths(self) -> np.ndarray:
         """Each token's position relative to the root's."""
         parents = self.parents
@@ -151,7 +153,7 @@ class TokenTree:
             at = rows[i][1]
         return rows
 
-    @property
+    @functools.cached_property
     def paths(self) -> np.ndarray:
         """Block indices `[K, P]` of every verified path (-1 = padding), last branch's first.
 
