@@ -1,16 +1,18 @@
 """jaxspec: lossless fast decoding for LLMs in JAX (Lookahead Decoding, PARD-2 drafters)."""
 
+from jaxspec.chat import ChatReply, chat, chat_stream
 from jaxspec.config import ModelConfig, RopeConfig
 from jaxspec.errors import CheckpointError, ConfigError, GenerationError, JaxspecError, PromptError
-from jaxspec.generate import GenerateOutput, generate
+from jaxspec.generate import GenerateOutput, Stream, StreamChunk, generate, stream
 from jaxspec.kv_cache import BlockKV, KVCache, commit
 from jaxspec.loading import Model, load
 from jaxspec.model import Transformer, causal_mask
 from jaxspec.sampling import SamplingParams, warp_logits
 
 __all__ = [
-    "BlockKV", "CheckpointError", "ConfigError", "GenerateOutput", "GenerationError", "JaxspecError",
+    "BlockKV", "ChatReply", "CheckpointError", "ConfigError", "GenerateOutput", "GenerationError", "JaxspecError",
     "KVCache", "Model", "ModelConfig", "PromptError", "RopeConfig", "SamplingParams", "Transformer",
-    "causal_mask", "commit", "generate", "load", "warp_logits",
+    "Stream", "StreamChunk", "causal_mask", "chat", "chat_stream", "commit", "generate", "load", "stream",
+    "warp_logits",
 ]
 __version__ = "0.1.0"

@@ -41,37 +41,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate tokens from a prompt")
     g.add_argument("--model", default=None,
-                   help="HF folder, llama2.c .bin, or a known name (pycode-5M, stories260K); default: pycode-5M")
+                   help="HF folder, .gguf file, llama2.c .bin, or a known name (pycode-5M, stories260K, "
+                        "smollm2-135m-instruct); default: pycode-5M")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (needs a tokenizer in the checkpoint)")
     src.add_argument("--prompt-ids", type=_ids, help="comma-separated prompt token ids, e.g. 1,14,220")
     g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--method", default="autoregressive", help="decoding method (autoregressive|greedy|...)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=0, help="0 = off")
-    g.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    g.add_argument("--seed", type=_seed, default=0, help="random seed for sampling, in [0, 2**32)")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    g.add_argument("--attention", default="xla", help="attention backend (xla|pallas)")
+    _add_decoding_options(g)
     g.add_argument("--no-eos-stop", action="store_true", help="do not stop at the end-of-sequence token")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.add_argument("--no-compare", dest="compare", action="store_false",
                    help="with a method other than greedy: do not also run greedy to print both statistics")
-    la = g.add_argument_group("lookahead / prompt-lookup / jacobi (defaults: configs/lookahead.toml by model size)")
-    la.add_argument("--window", type=int, help="lookahead window W (jacobi: guess length)")
-    la.add_argument("--ngram", type=int, help="n-gram size N (N-1 lookahead levels; candidates of N-1 tokens)")
-    la.add_argument("--guesses", type=int, help="max candidates G verified per step")
-    la.add_argument("--no-pool-from-prompt", dest="pool_from_prompt", action="store_false", default=None,
-                    help="do not seed the n-gram pool with the prompt's n-grams")
-    la.add_argument("--no-verify-window", dest="verify_window", action="store_false", default=None,
-                    help="verify pool candidates only, not the lookahead window's own diagonals")
-    la.add_argument("--lp-devices", dest="lp_devices", type=int,
-                    help="lookahead parallelism: split each step over this many devices (greedy only)")
-    sp = g.add_argument_group("speculative / hybrid (PARD / PARD-2 drafter; hybrid also takes the lookahead flags)")
-    sp.add_argument("--drafter", help="drafter folder or name (default: the default model's shipped drafter)")
-    sp.add_argument("--draft-len", dest="draft_len", type=int, help="K drafts per step (default: the drafter's)")
-    sp.add_argument("--target-independent", dest="target_features", action="store_false", default=None,
-                    help="draft without the target's hidden states (no projection needed)")
     _add_distributed_options(g)
 
     t = sub.add_parser("train", help="train a model from a config in configs/ (tokenizer, data, model)")
@@ -93,11 +73,48 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     d.add_argument("--json", action="store_true", help="print one JSON object with the final metrics")
 
+    c = sub.add_parser("chat", help="chat with an instruction-tuned model (history kept, reply streamed)")
+    c.add_argument("--model", required=True, help="HF folder or .gguf file with a chat template, or a known name "
+                                                  "(smollm2-135m-instruct)")
+    c.add_argument("--message", help="one user message: print the reply and exit (default: interactive)")
+    c.add_argument("--system", help="a system message before the conversation")
+    c.add_argument("--max-new-tokens", type=int, default=256, help="per reply")
+    _add_decoding_options(c)
+    c.add_argument("--chunk-steps", type=int, default=4, help="decoding steps between two streamed pieces")
+    c.add_argument("--compare", action="store_true",
+                   help="also decode each reply greedily and say whether the method's reply is identical")
+    c.add_argument("--json", action="store_true", help="with --message: print one JSON object, no streaming")
+
     e = sub.add_parser("export", help="save a checkpoint as an HF folder that transformers loads")
     e.add_argument("--model", required=True)
     e.add_argument("--out", required=True)
     e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     return parser
+
+
+def _add_decoding_options(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--method", default="autoregressive", help="decoding method (autoregressive|greedy|...)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=0, help="0 = off")
+    g.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    g.add_argument("--seed", type=_seed, default=0, help="random seed for sampling, in [0, 2**32)")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    g.add_argument("--attention", default="xla", help="attention backend (xla|pallas)")
+    la = g.add_argument_group("lookahead / prompt-lookup / jacobi (defaults: configs/lookahead.toml by model size)")
+    la.add_argument("--window", type=int, help="lookahead window W (jacobi: guess length)")
+    la.add_argument("--ngram", type=int, help="n-gram size N (N-1 lookahead levels; candidates of N-1 tokens)")
+    la.add_argument("--guesses", type=int, help="max candidates G verified per step")
+    la.add_argument("--no-pool-from-prompt", dest="pool_from_prompt", action="store_false", default=None,
+                    help="do not seed the n-gram pool with the prompt's n-grams")
+    la.add_argument("--no-verify-window", dest="verify_window", action="store_false", default=None,
+                    help="verify pool candidates only, not the lookahead window's own diagonals")
+    la.add_argument("--lp-devices", dest="lp_devices", type=int,
+                    help="lookahead parallelism: split each step over this many devices (greedy only)")
+    sp = g.add_argument_group("speculative / hybrid (PARD / PARD-2 drafter; hybrid also takes the lookahead flags)")
+    sp.add_argument("--drafter", help="drafter folder or name (default: the default model's shipped drafter)")
+    sp.add_argument("--draft-len", dest="draft_len", type=int, help="K drafts per step (default: the drafter's)")
+    sp.add_argument("--target-independent", dest="target_features", action="store_false", default=None,
+                    help="draft without the target's hidden states (no projection needed)")
 
 
 def _add_distributed_options(parser: argparse.ArgumentParser) -> None:
@@ -161,6 +178,72 @@ def _generate(args) -> int:
     return 0
 
 
+def _sampling(args) -> dict:
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+
+
+def _stats_line(out, greedy=None) -> str:
+    line = (f"[{out.method}] {len(out.tokens)} tokens in {out.steps} steps (S {out.compression:.2f}), "
+            f"{out.tokens_per_second:.1f} tokens/s")
+    if greedy is not None:
+        line += (f"; greedy {greedy.tokens_per_second:.1f} tokens/s; identical to greedy: "
+                 f"{'yes' if out.tokens == greedy.tokens else 'NO'}")
+    return line
+
+
+def _chat(args) -> int:
+    import jaxspec
+
+    model = jaxspec.load(args.model, dtype=args.dtype, attention=args.attention)
+    options = dict(method=args.method, max_new_tokens=args.max_new_tokens, **_sampling(args),
+                   **{k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k) is not None})
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+
+    def greedy_of(reply):
+        if not args.compare:
+            return None
+        if args.temperature != 0:
+            raise jaxspec.GenerationError("--compare checks a lossless method against greedy: use temperature 0")
+        return jaxspec.generate(model, reply.prompt_ids, max_new_tokens=args.max_new_tokens, stop_ids=reply.stop_ids)
+
+    def turn(text: str) -> None:
+        nonlocal messages
+        live = jaxspec.chat_stream(model, [*messages, {"role": "user", "content": text}],
+                                   chunk_steps=args.chunk_steps, **options)
+        for piece in live:
+            print(piece, end="", flush=True)
+        print()
+        reply = live.reply
+        messages = reply.messages
+        print(_stats_line(reply.output, greedy_of(reply)) + ("" if reply.finish_reason == "end_of_turn" else
+              f"; cut at --max-new-tokens {args.max_new_tokens}"), file=sys.stderr)
+
+    if args.message is not None:
+        if args.json:
+            reply = jaxspec.chat(model, [*messages, {"role": "user", "content": args.message}], **options)
+            greedy = greedy_of(reply)
+            out = reply.output
+            print(json.dumps({"reply": reply.text, "finish_reason": reply.finish_reason, "tokens": out.tokens,
+                              "steps": out.steps, "compression": out.compression, "seconds": out.seconds,
+                              "tokens_per_second": out.tokens_per_second, "method": out.method,
+                              "identical_to_greedy": None if greedy is None else out.tokens == greedy.tokens,
+                              "config": {"model": model.source, "dtype": args.dtype, **_sampling(args),
+                                         "max_new_tokens": args.max_new_tokens, **out.options}}))
+        else:
+            turn(args.message)
+        return 0
+    print(f"chatting with {model.source} ({args.method}); an empty line or Ctrl-D ends", file=sys.stderr)
+    while True:
+        try:
+            text = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if not text.strip():
+            return 0
+        turn(text)
+
+
 def _train(args) -> int:
     _initialize_distributed(args)  # data parallel across processes: the mesh spans all their devices
     from jaxspec.train.config import load_train_config
@@ -211,7 +294,7 @@ def _export(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": _generate, "train": _train, "export": _export,
+        return {"generate": _generate, "chat": _chat, "train": _train, "export": _export,
                 "train-drafter": _train_drafter}[args.command](args)
     except JaxspecError as e:
         print(f"jaxspec: error: {e}", file=sys.stderr)

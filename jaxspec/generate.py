@@ -1,10 +1,16 @@
-"""`jaxspec.generate`: validate a request, run one compiled decoding loop, report what it did."""
+"""`jaxspec.generate` and `jaxspec.stream`: validate a request, run one compiled decoding loop,
+report what it did.
+
+`generate` runs the whole loop as one program. `stream` runs the same engine as two programs:
+`begin` (prefill, first token) and `advance` (steps until a traced step count), called chunk
+after chunk on the state pytree it returns, so tokens reach the caller every few steps
+without a host round trip per step and without recompiling per chunk."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +18,8 @@ import numpy as np
 
 from jaxspec.errors import GenerationError, PromptError
 from jaxspec.loading import Model
-from jaxspec.methods import bind, decode, resolve_method
+from jaxspec.decoding.engine import finish
+from jaxspec.methods import advance, begin, bind, decode, resolve_method
 from jaxspec.parallel import lp_mesh, replicate
 from jaxspec.sampling import SamplingParams
 
@@ -60,15 +67,30 @@ def normalize_prompts(model: Model, prompt) -> tuple[list[list[int]], bool]:
     return [[int(t) for t in r] for r in rows], batched
 
 
-def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "autoregressive",
-             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             stop_at_eos: bool = True, **method_options) -> GenerateOutput:
-    """Generate with any registered method; the whole loop is one compiled `lax.while_loop`.
+@dataclasses.dataclass
+class Request:
+    """A validated generation request: the engine, its static arguments and its device inputs."""
 
-    `method="lookahead"` or `"hybrid"` with `lp_devices=D` splits each step over the first D devices (lookahead
-    parallelism, greedy only; see docs/scaling.md); in a multi-process run every process
-    calls this with the same arguments and gets the same output.
-    """
+    name: str
+    options: Any
+    statics: dict
+    args: tuple  # (graphdef, params, prompts, lengths, rng, sampling)
+    bound: bool  # a drafter's graph travels with the target's (the compile key must say so)
+    batched: bool
+    lp_devices: int
+
+    @property
+    def engine(self):
+        return self.statics["engine"]
+
+    def compile_key(self, program: str) -> tuple:
+        return (program, self.args[2].shape, tuple(self.statics.items()), self.args[0] if self.bound else None)
+
+
+def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "autoregressive",
+            temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+            stop_at_eos: bool = True, stop_ids: Sequence[int] = (), **method_options) -> Request:
+    """Check every argument and build the request (see `generate` for their meaning)."""
     name, spec, options = resolve_method(method, model.config, method_options, model.drafters)
     lp_devices = getattr(options, "lp_devices", 1)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
@@ -76,6 +98,10 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
     max_new_tokens = int(max_new_tokens)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
         raise GenerationError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+    vocab = model.config.vocab_size
+    for t in stop_ids:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab:
+            raise GenerationError(f"stop_ids must be token ids in [0, {vocab}), got {t!r}")
     sampling = SamplingParams.create(temperature, top_k, top_p)
     rows, batched = normalize_prompts(model, prompt)
     longest = max(len(r) for r in rows)
@@ -96,6 +122,7 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
         prompts[i, : len(r)] = r
     lengths = np.asarray([len(r) for r in rows], np.int32)
     eos_ids = tuple(model.config.eos_token_ids) if stop_at_eos else ()
+    eos_ids = tuple(dict.fromkeys(eos_ids + tuple(int(t) for t in stop_ids)))
     graphdef, params = bind(model, engine, options)  # a drafter's graph and weights travel with the target's
     statics = dict(engine=engine, max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids,
                    lp_devices=lp_devices)
@@ -103,24 +130,17 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
     if lp_devices > 1:
         # Lookahead parallelism: inputs replicated on the `lp` mesh (across processes too).
         args = (args[0], *replicate(args[1:], lp_mesh(lp_devices)))
+    return Request(name=name, options=options, statics=statics, args=args, bound=graphdef is not model.graphdef,
+                   batched=batched, lp_devices=lp_devices)
 
-    key = (prompts.shape, tuple(statics.items()), graphdef if graphdef is not model.graphdef else None)
-    compile_seconds = 0.0
-    if key not in model.compiled:
-        t0 = time.perf_counter()
-        jitted = jax.jit(decode, static_argnames=tuple(statics))
-        model.compiled[key] = jitted.lower(*args, **statics).compile()
-        compile_seconds = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    state, stats = model.compiled[key](*args)
-    jax.block_until_ready(state.tokens)
-    seconds = time.perf_counter() - t0
 
+def _output(model: Model, request: Request, state, stats: dict, seconds: float, compile_seconds: float
+            ) -> GenerateOutput:
     num = np.asarray(state.num_generated)
     tokens = [row[:n].tolist() for row, n in zip(np.asarray(state.tokens), num)]
     steps = np.asarray(state.steps).tolist()
     compression = [n / s for n, s in zip(num.tolist(), steps)]
-    one = (lambda x: x) if batched else (lambda x: x[0])  # per-row values, unwrapped for one prompt
+    one = (lambda x: x) if request.batched else (lambda x: x[0])  # per-row values, unwrapped for one prompt
     extras = {k: one(np.asarray(v).tolist()) for k, v in stats.items()}
     text = None
     if model.tokenizer is not None:
@@ -128,6 +148,108 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
     return GenerateOutput(
         tokens=one(tokens), steps=one(steps), compression=one(compression), seconds=seconds,
         tokens_per_second=float(num.sum()) / max(seconds, 1e-9),
-        method=name, compile_seconds=compile_seconds, text=None if text is None else one(text),
-        options=options.as_dict(), extras=extras,
+        method=request.name, compile_seconds=compile_seconds, text=None if text is None else one(text),
+        options=request.options.as_dict(), extras=extras,
     )
+
+
+def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "autoregressive",
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+             stop_at_eos: bool = True, stop_ids: Sequence[int] = (), **method_options) -> GenerateOutput:
+    """Generate with any registered method; the whole loop is one compiled `lax.while_loop`.
+
+    `stop_ids`: token ids that end a row besides the model's EOS ids (e.g. a chat's end of turn).
+    `method="lookahead"` or `"hybrid"` with `lp_devices=D` splits each step over the first D devices (lookahead
+    parallelism, greedy only; see docs/scaling.md); in a multi-process run every process
+    calls this with the same arguments and gets the same output.
+    """
+    request = prepare(model, prompt, max_new_tokens, method, temperature, top_k, top_p, seed, stop_at_eos,
+                      stop_ids, **method_options)
+    key = request.compile_key("decode")
+    compile_seconds = 0.0
+    if key not in model.compiled:
+        t0 = time.perf_counter()
+        jitted = jax.jit(decode, static_argnames=tuple(request.statics))
+        model.compiled[key] = jitted.lower(*request.args, **request.statics).compile()
+        compile_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    state, stats = model.compiled[key](*request.args)
+    jax.block_until_ready(state.tokens)
+    return _output(model, request, state, stats, time.perf_counter() - t0, compile_seconds)
+
+
+@dataclasses.dataclass
+class StreamChunk:
+    tokens: list[int]  # ids generated since the previous chunk
+    text: str | None  # their text (None without a tokenizer); a character split over chunks comes whole, later
+
+
+class Stream:
+    """`for chunk in jaxspec.stream(model, prompt, ...)`: `StreamChunk`s as the loop produces them;
+    afterwards `.result` is the same `GenerateOutput` `generate` returns (the same tokens)."""
+
+    def __init__(self, model: Model, request: Request, chunk_steps: int):
+        self.model, self.request, self.chunk_steps = model, request, chunk_steps
+        self.result: GenerateOutput | None = None
+
+    def _compiled(self, program: str, fn, args: tuple, statics: dict, **jit_options):
+        key = self.request.compile_key(program)
+        if key not in self.model.compiled:
+            t0 = time.perf_counter()
+            jitted = jax.jit(fn, static_argnames=tuple(statics), **jit_options)
+            self.model.compiled[key] = jitted.lower(*args, **statics).compile()
+            self._compile_seconds += time.perf_counter() - t0
+        return self.model.compiled[key]
+
+    def __iter__(self) -> Iterator[StreamChunk]:
+        request, model = self.request, self.model
+        statics = request.statics
+        advance_statics = {k: statics[k] for k in ("engine", "eos_ids", "lp_devices")}
+        graphdef, params, sampling = request.args[0], request.args[1], request.args[5]
+        self._compile_seconds = 0.0
+        seconds = 0.0
+        t0 = time.perf_counter()
+        state = self._compiled("begin", begin, request.args, statics)(*request.args)
+        seconds += time.perf_counter() - t0
+        until = jnp.int32(1)
+        # The state is donated: each chunk updates the cache and buffers in place.
+        step_fn = self._compiled("advance", advance, (graphdef, params, state, sampling, until), advance_statics,
+                                 donate_argnames=("state",))
+        tokenizer = model.tokenizer
+        sent, text = 0, ""
+        steps_done = 1
+        while True:
+            t0 = time.perf_counter()
+            steps_done += self.chunk_steps
+            state = step_fn(graphdef, params, state, sampling, jnp.int32(steps_done))
+            num = int(state.decode.num_generated[0])  # the one host sync per chunk
+            new = np.asarray(state.decode.tokens[0, sent:num]).tolist()
+            done = bool(state.decode.done[0])
+            seconds += time.perf_counter() - t0
+            piece = None
+            if tokenizer is not None:
+                full = tokenizer.decode(np.asarray(state.decode.tokens[0, :num]).tolist())
+                held = full if done or not full.endswith("\ufffd") else full.rstrip("\ufffd")
+                piece, text = held[len(text):], held
+            sent = num
+            if new or piece:
+                yield StreamChunk(tokens=new, text=piece)
+            if done:
+                break
+        decoded, stats = finish(request.engine, state)
+        self.result = _output(model, request, decoded, stats, seconds, self._compile_seconds)
+
+
+def stream(model: Model, prompt, max_new_tokens: int = 128, method: str = "autoregressive",
+           temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+           stop_at_eos: bool = True, stop_ids: Sequence[int] = (), chunk_steps: int = 4,
+           **method_options) -> Stream:
+    """Like `generate` for one prompt, but iterable: tokens come back every `chunk_steps` steps
+    (one host sync per chunk). The tokens equal `generate`'s for the same arguments."""
+    if isinstance(chunk_steps, bool) or not isinstance(chunk_steps, (int, np.integer)) or chunk_steps < 1:
+        raise GenerationError(f"chunk_steps must be an integer >= 1, got {chunk_steps!r}")
+    request = prepare(model, prompt, max_new_tokens, method, temperature, top_k, top_p, seed, stop_at_eos,
+                      stop_ids, **method_options)
+    if request.batched:
+        raise PromptError("stream takes one prompt; use generate for a batch")
+    return Stream(model, request, int(chunk_steps))

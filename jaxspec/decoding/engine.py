@@ -221,24 +221,47 @@ def step(engine: Engine, model: Transformer, weights: tuple, block, state: Engin
     return EngineState(decode=decode, sources=tuple(states), block=carry, accept_histogram=histogram)
 
 
+def begin(engine: Engine, block, graphdef, params, prompts: Int[Array, "b p"], prompt_lengths: Int[Array, " b"], rng,
+          sampling: SamplingParams, *, max_new_tokens: int, cache_len: int, eos_ids: tuple[int, ...]) -> EngineState:
+    """The state before the first step (prefill, first token, sources' states): `advance` runs from it."""
+    model, weights = engine.load(graphdef, params)
+    return start(engine, model, weights, block, prompts, prompt_lengths, rng, sampling,
+                 max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids,
+                 greedy=not engine.verifier.sampled)
+
+
+def advance(engine: Engine, block, graphdef, params, state: EngineState, sampling: SamplingParams,
+            until: Int[Array, ""], *, eos_ids: tuple[int, ...]) -> EngineState:
+    """Steps (one `lax.while_loop`) until every row is done or has taken `until` steps.
+
+    `until` is traced: streaming calls one compiled program chunk after chunk on the same state."""
+    model, weights = engine.load(graphdef, params)
+    return jax.lax.while_loop(
+        lambda s: jnp.any(~s.decode.done & (s.decode.steps < until)),  # (active rows share one step count)
+        lambda s: step(engine, model, weights, block, s, sampling, eos_ids), state)
+
+
+def finish(engine: Engine, state: EngineState) -> tuple[DecodeState, dict]:
+    """The decode state and the statistics (accept histogram, sources' own) of a finished state."""
+    histogram = state.accept_histogram
+    if engine.max_commit == 1:
+        histogram = histogram.at[:, 1].set(state.decode.steps - 1)
+    stats = {"accept_histogram": histogram}
+    for source, source_state in zip(engine.sources, state.sources):
+        if hasattr(source, "finish"):
+            stats.update(source.finish(source_state))
+    return state.decode, stats
+
+
 def run(engine: Engine, block, graphdef, params, prompts: Int[Array, "b p"], prompt_lengths: Int[Array, " b"], rng,
         sampling: SamplingParams, *, max_new_tokens: int, cache_len: int, eos_ids: tuple[int, ...]
         ) -> tuple[DecodeState, dict]:
     """The whole generation as one `lax.while_loop` with `block` running each step's block."""
-    model, weights = engine.load(graphdef, params)
-    state = start(engine, model, weights, block, prompts, prompt_lengths, rng, sampling,
-                  max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids,
-                  greedy=not engine.verifier.sampled)
-    final = jax.lax.while_loop(lambda s: ~jnp.all(s.decode.done),
-                               lambda s: step(engine, model, weights, block, s, sampling, eos_ids), state)
-    histogram = final.accept_histogram
-    if engine.max_commit == 1:
-        histogram = histogram.at[:, 1].set(final.decode.steps - 1)
-    stats = {"accept_histogram": histogram}
-    for source, source_state in zip(engine.sources, final.sources):
-        if hasattr(source, "finish"):
-            stats.update(source.finish(source_state))
-    return final.decode, stats
+    state = begin(engine, block, graphdef, params, prompts, prompt_lengths, rng, sampling,
+                  max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
+    # (a row takes at most max_new_tokens steps: the bound never stops the loop early)
+    state = advance(engine, block, graphdef, params, state, sampling, jnp.int32(max_new_tokens + 1), eos_ids=eos_ids)
+    return finish(engine, state)
 
 
 def decode(engine: Engine, graphdef, params, prompts: Int[Array, "b p"], prompt_lengths: Int[Array, " b"], rng,

@@ -38,7 +38,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Int
 
-from jaxspec.decoding.engine import Chosen, Engine, run, source_runs
+from jaxspec.decoding.engine import Chosen, Engine, EngineState, advance, begin, run, source_runs
 from jaxspec.decoding.prefill import concat_features
 from jaxspec.decoding.state import DecodeState
 from jaxspec.decoding.tree import TokenTree, dfs_intervals
@@ -283,24 +283,57 @@ class ShardedBlock:
         return chosen_step, cache, n_acc + 1 - replicated
 
 
+def _check(engine: Engine) -> None:
+    if engine.verifier.sampled:
+        raise GenerationError("lookahead parallelism (lp_devices > 1) supports greedy decoding only; "
+                              "use temperature 0, or lp_devices=1 to sample")
+
+
+def _on_lp_mesh(fn, lp_devices: int, *args):
+    """`fn(*args)` inside one shard_map over the `lp` mesh, every input and output replicated.
+
+    check_vma=False because the per-device tables (`axis_index`) make values device-varying
+    in the type system even where, after the all_gather, every device computes the same thing."""
+    replicated = PartitionSpec()
+    return jax.shard_map(fn, mesh=lp_mesh(lp_devices), in_specs=replicated, out_specs=replicated,
+                         check_vma=False)(*args)
+
+
 def decode(engine: Engine, graphdef, params, prompts: Int[Array, "b p"], prompt_lengths: Int[Array, " b"], rng,
            sampling: SamplingParams, *, max_new_tokens: int, cache_len: int, eos_ids: tuple[int, ...],
            lp_devices: int) -> tuple[DecodeState, dict]:
     """The engine's loop with each step split over `lp_devices` devices (see the module docstring).
 
     Pure and jit-able like `jaxspec.decoding.engine.decode`; the inputs are used replicated."""
-    if engine.verifier.sampled:
-        raise GenerationError("lookahead parallelism (lp_devices > 1) supports greedy decoding only; "
-                              "use temperature 0, or lp_devices=1 to sample")
+    _check(engine)
     block = ShardedBlock(shard_tree(engine.tree, lp_devices))
 
     def body(params, prompts, prompt_lengths, rng, sampling):
         return run(engine, block, graphdef, params, prompts, prompt_lengths, rng, sampling,
                    max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
 
-    # Every input and output is replicated; check_vma=False because the per-device tables
-    # (`axis_index`) make values device-varying in the type system even where, after the
-    # all_gather, every device computes the same thing.
-    replicated = PartitionSpec()
-    return jax.shard_map(body, mesh=lp_mesh(lp_devices), in_specs=replicated, out_specs=replicated,
-                         check_vma=False)(params, prompts, prompt_lengths, rng, sampling)
+    return _on_lp_mesh(body, lp_devices, params, prompts, prompt_lengths, rng, sampling)
+
+
+def begin_sharded(engine: Engine, graphdef, params, prompts, prompt_lengths, rng, sampling: SamplingParams, *,
+                  max_new_tokens: int, cache_len: int, eos_ids: tuple[int, ...], lp_devices: int) -> EngineState:
+    """`engine.begin` on the `lp` mesh (the state is replicated)."""
+    _check(engine)
+    block = ShardedBlock(shard_tree(engine.tree, lp_devices))
+
+    def body(params, prompts, prompt_lengths, rng, sampling):
+        return begin(engine, block, graphdef, params, prompts, prompt_lengths, rng, sampling,
+                     max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
+
+    return _on_lp_mesh(body, lp_devices, params, prompts, prompt_lengths, rng, sampling)
+
+
+def advance_sharded(engine: Engine, graphdef, params, state: EngineState, sampling: SamplingParams, until, *,
+                    eos_ids: tuple[int, ...], lp_devices: int) -> EngineState:
+    """`engine.advance` on the `lp` mesh."""
+    block = ShardedBlock(shard_tree(engine.tree, lp_devices))
+
+    def body(params, state, sampling, until):
+        return advance(engine, block, graphdef, params, state, sampling, until, eos_ids=eos_ids)
+
+    return _on_lp_mesh(body, lp_devices, params, state, sampling, until)

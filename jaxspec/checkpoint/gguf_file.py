@@ -1,0 +1,221 @@
+"""GGUF checkpoints (llama.cpp's format): metadata -> `ModelConfig`, tensors -> HF-named arrays.
+
+Read with the `gguf` package (llama.cpp's own reader); every quantized tensor is dequantized
+by `gguf.quants.dequantize`, one tensor at a time, when the model asks for it, so host
+memory peaks at about one float32 tensor beyond the loaded model.
+
+llama.cpp's converter permutes the rows of q_proj/k_proj for llama-architecture files (its
+rotary embedding pairs adjacent features, HF's pairs the two halves); `_unpermute` undoes
+it as transformers' GGUF loader does. qwen2/qwen3 files are written unpermuted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxspec.config import ARCHITECTURES, ModelConfig, RopeConfig
+from jaxspec.errors import CheckpointError
+
+# general.architecture -> ModelConfig.model_type
+GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+# llama.cpp tensor names -> HF names ({i} is the layer index).
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_LAYER = re.compile(r"blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+# Tensors llama.cpp writes that hold no weights of ours: `rope_freqs` is read into the config.
+_NOT_WEIGHTS = ("rope_freqs.weight",)
+
+
+def open_gguf(path: Path):
+    """A `gguf.GGUFReader` over the memory-mapped file; any read failure is one CheckpointError."""
+    import gguf
+
+    path = Path(path)
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as e:  # the reader raises ValueError, struct/index errors, etc. on bad files
+        reason = str(e) or type(e).__name__
+        if path.stat().st_size < 24:
+            reason = f"{path.stat().st_size} bytes, shorter than a GGUF header"
+        raise CheckpointError(f"{path} is not a readable GGUF file ({reason}); re-download or re-convert it") from None
+
+
+def read_metadata(reader) -> dict[str, Any]:
+    """Every metadata field as a Python value (strings, numbers, lists)."""
+    out = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            out[key] = field.contents()
+        except Exception as e:  # a field cut off by truncation
+            raise CheckpointError(f"GGUF metadata field {key!r} cannot be read ({e}); the file is damaged") from None
+    return out
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """The HF name of a llama.cpp tensor name (None for a name we do not know)."""
+    m = _LAYER.match(gguf_name)
+    if m:
+        layer, part, kind = m.groups()
+        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}" if part in _LAYER_NAMES else None
+    stem, _, kind = gguf_name.rpartition(".")
+    return f"{_GLOBAL_NAMES[stem]}.{kind}" if stem in _GLOBAL_NAMES else None
+
+
+def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row order: within each head, rows (0, d/2, 1, d/2+1, ...) -> (0..d)."""
+    rows = w.shape[0]
+    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def config_from_gguf(meta: Mapping[str, Any], tensors: Mapping[str, Any], source: str) -> ModelConfig:
+    """The ModelConfig a GGUF file describes (`tensors`: its tensor infos by name)."""
+    arch = meta.get("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise CheckpointError(
+            f"{source}: GGUF architecture {arch!r} is not supported; supported: {', '.join(GGUF_ARCHITECTURES)}"
+        )
+    model_type = GGUF_ARCHITECTURES[arch]
+
+    def need(key):
+        full = f"{arch}.{key}"
+        if full not in meta:
+            raise CheckpointError(f"{source}: GGUF metadata has no {full!r}; the file is incomplete")
+        return meta[full]
+
+    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
+    kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
+    head_dim = int(meta.get(f"{arch}.attention.key_length")
+                   or meta.get(f"{arch}.rope.dimension_count") or hidden // heads)
+    if "token_embd.weight" not in tensors:
+        raise CheckpointError(f"{source}: GGUF file has no token_embd.weight tensor")
+    vocab = int(meta.get(f"{arch}.vocab_size") or tensors["token_embd.weight"].shape[-1])
+
+    def has(part: str, kind: str) -> bool:
+        return f"blk.0.{part}.{kind}" in tensors
+
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    stops = [eos, meta.get("tokenizer.ggml.eot_token_id"), meta.get("tokenizer.ggml.eom_token_id")]
+    eos_ids = tuple(dict.fromkeys(int(t) for t in stops if t is not None))
+    bos, pad = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.padding_token_id")
+    return ModelConfig(
+        model_type=model_type,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=int(need("feed_forward_length")),
+        num_layers=int(need("block_count")),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=int(meta.get(f"{arch}.context_length", 2048)),
+        rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        rope=_rope(meta, arch, tensors, head_dim, source),
+        tie_word_embeddings="output.weight" not in tensors,
+        qkv_bias=has("attn_q", "bias"),
+        o_bias=has("attn_output", "bias"),
+        mlp_bias=has("ffn_up", "bias"),
+        qk_norm=ARCHITECTURES[model_type][1],
+        sliding_window=meta.get(f"{arch}.attention.sliding_window") if model_type == "mistral" else None,
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_ids=eos_ids,
+        pad_token_id=None if pad is None else int(pad),
+    )
+
+
+def _rope(meta: Mapping[str, Any], arch: str, tensors: Mapping[str, Any], head_dim: int, source: str) -> RopeConfig:
+    theta = float(meta.get(f"{arch}.rope.freq_base", 10000.0))
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling == "linear":
+        return RopeConfig(theta=theta, rope_type="linear", factor=float(meta[f"{arch}.rope.scaling.factor"]))
+    if scaling not in ("none", None):
+        raise CheckpointError(f"{source}: GGUF rope scaling {scaling!r} is not supported (only linear and llama3)")
+    if "rope_freqs.weight" not in tensors:
+        return RopeConfig(theta=theta)
+    # Llama 3.1+ long-context rope: llama.cpp stores the per-frequency divisors, not the formula's
+    # parameters. Recover them: the divisors must be exactly what the llama3 formula gives.
+    factors = _dequantize(tensors["rope_freqs.weight"]).reshape(-1).astype(np.float64)
+    base = RopeConfig(theta=theta).inverse_frequencies(head_dim)
+    for original in (8192, 4096, 16384, 32768, 2048):
+        cand = RopeConfig(theta=theta, rope_type="llama3", factor=float(factors.max()), low_freq_factor=1.0,
+                          high_freq_factor=4.0, original_max_position_embeddings=original)
+        if factors.shape == base.shape and np.allclose(base / cand.inverse_frequencies(head_dim), factors, rtol=1e-3):
+            return cand
+    raise CheckpointError(f"{source}: the file's rope_freqs do not follow the llama3 rope formula; not supported")
+
+
+def _dequantize(tensor) -> np.ndarray:
+    import gguf
+
+    try:
+        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError:
+        raise CheckpointError(
+            f"GGUF tensor {tensor.name!r} has quantization type {tensor.tensor_type.name}, which the gguf "
+            "package cannot dequantize; re-quantize the model (e.g. Q8_0, Q4_K_M) or use F16"
+        ) from None
+    return np.asarray(array, np.float32).reshape([int(d) for d in reversed(tensor.shape)])
+
+
+class GGUFTensors(Mapping):
+    """HF-named float32 arrays in HF layout, dequantized when read (one at a time)."""
+
+    def __init__(self, reader, config: ModelConfig, source: str):
+        import gguf
+
+        supported = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, *gguf.quants._type_traits}
+        self._config = config
+        self._by_hf: dict[str, Any] = {}
+        for t in reader.tensors:
+            if t.name in _NOT_WEIGHTS:
+                continue
+            name = hf_tensor_name(t.name)
+            if name is None:
+                raise CheckpointError(f"{source}: unexpected GGUF tensor {t.name!r} for a {config.model_type} model")
+            if t.tensor_type not in supported:  # fail before dequantizing anything
+                raise CheckpointError(
+                    f"{source}: GGUF tensor {t.name!r} has quantization type {t.tensor_type.name}, which the "
+                    "gguf package cannot dequantize; re-quantize the model (e.g. Q8_0, Q4_K_M) or use F16")
+            self._by_hf[name] = t
+        self._permuted = config.model_type in ("llama", "mistral")
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        array = _dequantize(self._by_hf[name])
+        if self._permuted and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
+            cfg = self._config
+            array = _unpermute(array, cfg.num_heads if ".q_proj." in name else cfg.num_kv_heads)
+        return array
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_hf)
+
+    def __len__(self) -> int:
+        return len(self._by_hf)
+
+
+def read_gguf(path: Path) -> tuple[ModelConfig, GGUFTensors, dict[str, Any]]:
+    """(config, lazily dequantized HF-named tensors, metadata) of a GGUF file."""
+    source = str(path)
+    reader = open_gguf(path)
+    meta = read_metadata(reader)
+    infos = {t.name: t for t in reader.tensors}
+    config = config_from_gguf(meta, infos, source)
+    return config, GGUFTensors(reader, config, source), meta

@@ -1,0 +1,124 @@
+"""GGUF checkpoints against transformers' own GGUF loader (the independent reference).
+
+Each case writes a tiny random model as llama.cpp writes it (tests/gguf_files.py: llama.cpp
+names, q/k row permutation for llama, F32 / F16 / Q8_0 / Q4_1 tensors) and loads the same
+file with `transformers.AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)` and with
+`jaxspec.load`: the configs agree, fp32 logits agree within 1e-4 and greedy tokens are equal.
+Bad files (truncated, wrong magic, unknown architecture, a quantization type the gguf
+package cannot dequantize) are one-line CheckpointErrors, exit code 2 from the CLI.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import jaxspec  # noqa: E402
+from gguf_files import Q, write_gguf  # noqa: E402
+from jaxspec.checkpoint.gguf_file import _unpermute  # noqa: E402
+from jaxspec.cli import main  # noqa: E402
+from test_hf_parity import build_hf, hf_greedy, hf_logits, jax_logits  # noqa: E402
+
+torch.set_num_threads(1)
+transformers.logging.set_verbosity_error()
+
+SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2)
+
+# name -> (config class, overrides, default quantization)
+CASES = {
+    "llama_f32": (transformers.LlamaConfig, {}, Q.F32),
+    "llama_q8_0_tied": (transformers.LlamaConfig, dict(tie_word_embeddings=True), Q.Q8_0),
+    "llama_q4_1_mha": (transformers.LlamaConfig, dict(num_key_value_heads=4), Q.Q4_1),
+    "qwen2_f16": (transformers.Qwen2Config, {}, Q.F16),
+    "qwen3_q8_0": (transformers.Qwen3Config, {}, Q.Q8_0),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request, tmp_path_factory):
+    name = request.param
+    config_cls, overrides, quant = CASES[name]
+    source = build_hf(config_cls, {**SMALL, **overrides}, seed=list(CASES).index(name) + 11)
+    folder = tmp_path_factory.mktemp(name)
+    path = write_gguf(folder / f"{name}.gguf", source, quant)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=path.name, dtype=torch.float32,
+                                                                  attn_implementation="eager").eval()
+    return name, reference, jaxspec.load(path)
+
+
+def test_config_matches_transformers(case):
+    _, ref, model = case
+    rc, cfg = ref.config, model.config
+    assert (cfg.model_type, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads) == (
+        rc.model_type, rc.num_hidden_layers, rc.num_attention_heads, rc.num_key_value_heads)
+    assert cfg.tie_word_embeddings == bool(rc.tie_word_embeddings)
+    assert cfg.qkv_bias == (ref.model.layers[0].self_attn.q_proj.bias is not None)
+    assert cfg.num_params == sum(p.numel() for p in ref.parameters())
+
+
+def test_logits_and_greedy_match_transformers(case):
+    name, ref, model = case
+    tokens = np.random.default_rng(list(CASES).index(name)).integers(0, SMALL["vocab_size"], (1, 24))
+    expected = hf_logits(ref, tokens)
+    assert expected.std() > 0.5
+    np.testing.assert_allclose(jax_logits(model, tokens), expected, atol=1e-4, rtol=1e-4)
+    prompt = tokens[0, :12].tolist()
+    out = jaxspec.generate(model, prompt, max_new_tokens=16, stop_at_eos=False)
+    assert out.tokens == hf_greedy(ref, prompt, 16)
+
+
+def test_unpermute_inverts_llama_cpp_permutation():
+    from gguf_files import llama_cpp_permute
+
+    w = np.arange(8 * 16 * 3, dtype=np.float32).reshape(8 * 16, 3)
+    assert not np.array_equal(llama_cpp_permute(w, 8), w)
+    np.testing.assert_array_equal(_unpermute(llama_cpp_permute(w, 8), 8), w)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    return build_hf(transformers.LlamaConfig, SMALL, seed=3)
+
+
+def _bad(path, capsys) -> str:
+    with pytest.raises(jaxspec.CheckpointError) as err:
+        jaxspec.load(path)
+    assert "\n" not in str(err.value)
+    assert main(["generate", "--model", str(path), "--prompt-ids", "1"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.count("\n") == 0 and line.startswith("jaxspec: error:")
+    return str(err.value)
+
+
+def test_truncated_file_is_one_line_error(tmp_path, tiny_llama, capsys):
+    path = write_gguf(tmp_path / "full.gguf", tiny_llama, Q.Q8_0)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    assert "cut.gguf" in _bad(cut, capsys)
+    tiny = tmp_path / "tiny.gguf"
+    tiny.write_bytes(b"GGUF\x03\x00")
+    assert "GGUF" in _bad(tiny, capsys)
+
+
+def test_wrong_magic_is_one_line_error(tmp_path, tiny_llama, capsys):
+    path = write_gguf(tmp_path / "m.gguf", tiny_llama, Q.F32)
+    data = bytearray(path.read_bytes())
+    data[:4] = b"GGML"
+    path.write_bytes(bytes(data))
+    assert "magic" in _bad(path, capsys)
+
+
+def test_unknown_architecture_is_named(tmp_path, tiny_llama, capsys):
+    path = write_gguf(tmp_path / "a.gguf", tiny_llama, Q.F32, architecture="falcon")
+    assert "'falcon'" in _bad(path, capsys)
+
+
+def test_unsupported_quantization_is_named(tmp_path, tiny_llama, capsys):
+    tiny_q8k = build_hf(transformers.LlamaConfig, {**SMALL, "hidden_size": 256, "intermediate_size": 256}, seed=4)
+    path = write_gguf(tmp_path / "q.gguf", tiny_q8k, Q.F32, tensor_types={"blk.0.ffn_up.weight": Q.Q8_K})
+    message = _bad(path, capsys)
+    assert "Q8_K" in message and "blk.0.ffn_up.weight" in message
