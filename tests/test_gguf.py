@@ -122,3 +122,27 @@ def test_unsupported_quantization_is_named(tmp_path, tiny_llama, capsys):
     path = write_gguf(tmp_path / "q.gguf", tiny_q8k, Q.F32, tensor_types={"blk.0.ffn_up.weight": Q.Q8_K})
     message = _bad(path, capsys)
     assert "Q8_K" in message and "blk.0.ffn_up.weight" in message
+
+
+def test_export_writes_an_hf_folder_transformers_loads(tmp_path, capsys):
+    """`jaxspec export --model x.gguf`: weights, config, tokenizer and chat template in an HF folder."""
+    from test_tokenizer_gguf import MESSAGES, MULTILINGUAL, SMOLLM2_TEMPLATE, train_byte_level, types_of
+
+    tokens, merges = train_byte_level("smollm")
+    source = build_hf(transformers.LlamaConfig, {**SMALL, "vocab_size": len(tokens), "tie_word_embeddings": True},
+                      seed=5)
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": types_of(tokens), "tokenizer.ggml.merges": merges,
+            "tokenizer.chat_template": SMOLLM2_TEMPLATE}
+    path = write_gguf(tmp_path / "chat.gguf", source, Q.Q8_0, tokenizer=meta)
+    out = tmp_path / "hf"
+    assert main(["export", "--model", str(path), "--out", str(out)]) == 0
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32)
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    ids = np.random.default_rng(0).integers(0, len(tokens), (1, 20))
+    np.testing.assert_allclose(hf_logits(exported, ids), hf_logits(reference, ids), atol=1e-5)
+    ours = jaxspec.load(path).tokenizer
+    theirs = transformers.AutoTokenizer.from_pretrained(out)
+    assert theirs.encode(MULTILINGUAL, add_special_tokens=False) == ours.encode(MULTILINGUAL, add_special_tokens=False)
+    assert theirs.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) == \
+        ours.chat_template.render(MESSAGES, add_generation_prompt=True)
