@@ -37,6 +37,27 @@ def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def llama3_rope_freqs(rope: dict, head_dim: int) -> np.ndarray:
+    """The per-frequency divisors llama.cpp's LlamaModel.generate_extra_tensors writes for
+    Llama 3.1 RoPE scaling (its formula, written out here independently of jaxspec's)."""
+    base = rope["rope_theta"]
+    freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / low, old / high
+    out = []
+    for f in freqs:
+        wavelen = 2 * np.pi / f
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, np.float32)
+
+
 def write_gguf(path: Path, hf_model, quant: Q = Q.F32, *, architecture: str | None = None,
                tokenizer: dict | None = None, tensor_types: dict[str, Q] | None = None) -> Path:
     """Write `hf_model` as llama.cpp would. `tokenizer`: extra metadata (tokenizer.ggml.*) to add;
@@ -66,6 +87,9 @@ def write_gguf(path: Path, hf_model, quant: Q = Q.F32, *, architecture: str | No
     w.add_eos_token_id(cfg.eos_token_id if isinstance(cfg.eos_token_id, int) else cfg.eos_token_id[0])
     for key, value in (tokenizer or {}).items():
         _add(w, key, value)
+
+    if rope.get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight", llama3_rope_freqs(rope, head_dim))
 
     tied = bool(cfg.tie_word_embeddings)
     for name, tensor in hf_model.state_dict().items():

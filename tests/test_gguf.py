@@ -71,6 +71,20 @@ def test_logits_and_greedy_match_transformers(case):
     assert out.tokens == hf_greedy(ref, prompt, 16)
 
 
+def test_llama3_rope_freqs_read_back(tmp_path):
+    """Llama 3.1 long-context RoPE: llama.cpp stores the divisors (rope_freqs), not the formula's
+    parameters; jaxspec recovers them and matches the source model, past the original context."""
+    rope = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                original_max_position_embeddings=32)
+    source = build_hf(transformers.LlamaConfig, {**SMALL, "max_position_embeddings": 256, "rope_parameters": rope},
+                      seed=6)
+    model = jaxspec.load(write_gguf(tmp_path / "l3.gguf", source, Q.F32))
+    assert model.config.rope.rope_type == "llama3" and model.config.rope.factor == 8.0
+    assert model.config.rope.original_max_position_embeddings == 32
+    tokens = np.random.default_rng(6).integers(0, SMALL["vocab_size"], (1, 100))
+    np.testing.assert_allclose(jax_logits(model, tokens), hf_logits(source, tokens), atol=1e-4, rtol=1e-4)
+
+
 def test_unpermute_inverts_llama_cpp_permutation():
     from gguf_files import llama_cpp_permute
 

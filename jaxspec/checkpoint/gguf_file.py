@@ -151,13 +151,24 @@ def _rope(meta: Mapping[str, Any], arch: str, tensors: Mapping[str, Any], head_d
     if "rope_freqs.weight" not in tensors:
         return RopeConfig(theta=theta)
     # Llama 3.1+ long-context rope: llama.cpp stores the per-frequency divisors, not the formula's
-    # parameters. Recover them: the divisors must be exactly what the llama3 formula gives.
+    # parameters. Recover them (low/high frequency factors 1 and 4, as every Llama 3.x release
+    # uses): `factor` is the largest divisor; the original context length follows from any
+    # divisor in the smooth band; then the formula must give back every divisor.
     factors = _dequantize(tensors["rope_freqs.weight"]).reshape(-1).astype(np.float64)
     base = RopeConfig(theta=theta).inverse_frequencies(head_dim)
-    for original in (8192, 4096, 16384, 32768, 2048):
-        cand = RopeConfig(theta=theta, rope_type="llama3", factor=float(factors.max()), low_freq_factor=1.0,
-                          high_freq_factor=4.0, original_max_position_embeddings=original)
-        if factors.shape == base.shape and np.allclose(base / cand.inverse_frequencies(head_dim), factors, rtol=1e-3):
+    factor, low, high = float(factors.max()), 1.0, 4.0
+    wavelen = 2 * np.pi / base
+    smooth_band = (factors > 1 + 1e-6) & (factors < factor * (1 - 1e-6)) if factors.shape == base.shape else []
+    if np.any(smooth_band):
+        i = int(np.argmax(smooth_band))
+        smooth = (1 / factors[i] - 1 / factor) / (1 - 1 / factor)
+        original = float(wavelen[i] * (low + smooth * (high - low)))
+    else:  # no frequency in the band: any length between the two regimes gives these divisors
+        original = float(wavelen[factors >= factor * (1 - 1e-6)].min()) * low if factors.shape == base.shape else 0.0
+    if factor > 1 and original >= 1:
+        cand = RopeConfig(theta=theta, rope_type="llama3", factor=factor, low_freq_factor=low, high_freq_factor=high,
+                          original_max_position_embeddings=int(round(original)))
+        if np.allclose(base / cand.inverse_frequencies(head_dim), factors, rtol=1e-3):
             return cand
     raise CheckpointError(f"{source}: the file's rope_freqs do not follow the llama3 rope formula; not supported")
 
