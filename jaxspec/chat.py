@@ -27,12 +27,10 @@ class ChatReply:
 
 def chat_prompt(model: Model, messages: list[dict]) -> list[int]:
     """The prompt ids of `messages` (the template asks the assistant for the next turn)."""
-    tokenizer = model.tokenizer
-    if tokenizer is None or tokenizer.chat_template is None:
+    if model.tokenizer is None or model.tokenizer.chat_template is None:
         raise PromptError(f"{model.source} has no chat template; chat needs an instruction-tuned model "
                           "(e.g. smollm2-135m-instruct), or use generate with a plain prompt")
-    text = tokenizer.chat_template.render(messages, add_generation_prompt=True)
-    return tokenizer.encode(text, add_special_tokens=False)
+    return model.tokenizer.encode_chat(messages, add_generation_prompt=True)
 
 
 def stop_ids(model: Model) -> tuple[int, ...]:

@@ -222,13 +222,14 @@ class Stream:
             t0 = time.perf_counter()
             steps_done += self.chunk_steps
             state = step_fn(graphdef, params, state, sampling, jnp.int32(steps_done))
-            num = int(state.decode.num_generated[0])  # the one host sync per chunk
-            new = np.asarray(state.decode.tokens[0, sent:num]).tolist()
-            done = bool(state.decode.done[0])
+            # The one host sync per chunk; copies, since the next chunk reuses the donated buffers.
+            host = jax.device_get((state.decode.tokens, state.decode.num_generated, state.decode.done))
+            row, num, done = np.array(host[0][0]), int(host[1][0]), bool(host[2][0])
+            new = row[sent:num].tolist()
             seconds += time.perf_counter() - t0
             piece = None
             if tokenizer is not None:
-                full = tokenizer.decode(np.asarray(state.decode.tokens[0, :num]).tolist())
+                full = tokenizer.decode(row[:num].tolist())
                 held = full if done or not full.endswith("\ufffd") else full.rstrip("\ufffd")
                 piece, text = held[len(text):], held
             sent = num
