@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -96,7 +97,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.split, args.new_tokens = "quick", 24
-    chosen = QUICK_METHODS if args.quick else (args.methods.split(",") if args.methods else METHODS)
+    # (commas inside a name's parentheses do not separate names)
+    chosen = QUICK_METHODS if args.quick else (
+        re.split(r",\s*(?![^()]*\))", args.methods) if args.methods else METHODS)
     unknown = [k for k in chosen if k not in METHODS]
     if unknown or "greedy" not in chosen:
         p.error(f"--methods must name greedy and known methods ({', '.join(METHODS)}); got {unknown or chosen}")
