@@ -113,7 +113,7 @@ def main() -> None:
     data = {
         "model": f"SmolLM2-135M-Instruct ({GGUF_NAME} from the {GGUF_PACKAGE} package, dequantized to float32)",
         "versions": versions,
-        "command": "python benchmarks/make_smollm2_references.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "command": " ".join(["python benchmarks/make_smollm2_references.py", *map(shlex.quote, sys.argv[1:])]),
         "generation": {
             "new_tokens": n, "do_sample": False, "eos_stop": False,
             "how_eos_stop_is_off": "eos_token_id=None and min_new_tokens=max_new_tokens",

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
+from pathlib import Path
 
 from jaxspec.errors import JaxspecError
 
@@ -18,8 +21,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _ids(text: str) -> list[int]:
+    items = text.replace(" ", "").split(",")
+    if items == [""]:
+        return []  # no ids at all: `generate` says the prompt is empty
+    if "" in items:
+        raise argparse.ArgumentTypeError(f"--prompt-ids has an empty item in {text!r} (item {items.index('') + 1}); "
+                                         "pass comma-separated integers, e.g. 1,14,220")
     try:
-        return [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+        return [int(t) for t in items]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
 
@@ -87,8 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", help="save a checkpoint as an HF folder that transformers loads")
     e.add_argument("--model", required=True)
-    e.add_argument("--out", required=True)
+    e.add_argument("--out", required=True, help="a new or empty folder (outside the model's own folder)")
     e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    e.add_argument("--force", action="store_true",
+                   help="replace a non-empty --out: the export is written beside it, then swapped in")
     return parser
 
 
@@ -133,18 +144,47 @@ def _initialize_distributed(args) -> None:
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
 
 
-# Method options the CLI forwards to `jaxspec.generate` when given.
-METHOD_FLAGS = ("window", "ngram", "guesses", "pool_from_prompt", "verify_window", "lp_devices", "drafter",
-                "draft_len", "target_features")
+# Method options the CLI forwards to `jaxspec.generate` when given, and the flag that sets each.
+METHOD_FLAGS = {"window": "--window", "ngram": "--ngram", "guesses": "--guesses",
+                "pool_from_prompt": "--no-pool-from-prompt", "verify_window": "--no-verify-window",
+                "lp_devices": "--lp-devices", "drafter": "--drafter", "draft_len": "--draft-len",
+                "target_features": "--target-independent"}
+
+
+def _method_options(args) -> dict:
+    """The method flags given, as `generate` options; a flag the method does not take is an
+    error that names the flag (not the option it maps to)."""
+    from jaxspec.errors import GenerationError
+    from jaxspec.methods import ALIASES, METHODS
+
+    given = {k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k) is not None}
+    method = METHODS.get(ALIASES.get(args.method, args.method))
+    if method is not None:  # an unknown method: `generate` names it and the known ones
+        unknown = [METHOD_FLAGS[k] for k in given if k not in method.option_names]
+        if unknown:
+            takes = [METHOD_FLAGS[k] for k in METHOD_FLAGS if k in method.option_names]
+            raise GenerationError(f"{', '.join(unknown)} {'does' if len(unknown) == 1 else 'do'} not apply to "
+                                  f"--method {args.method}; "
+                                  + (f"its flags: {', '.join(takes)}" if takes else "it takes no method flags"))
+    return given
+
+
+def _warn_unused_sampling(args) -> None:
+    """--top-k / --top-p shape sampling only: say so when greedy decoding ignores them."""
+    unused = [flag for flag, given in (("--top-k", args.top_k != 0), ("--top-p", args.top_p != 1.0)) if given]
+    if unused and args.temperature == 0:
+        print(f"jaxspec: note: {' and '.join(unused)} {'is' if len(unused) == 1 else 'are'} ignored under greedy "
+              "decoding (--temperature 0); pass --temperature > 0 to sample", file=sys.stderr)
 
 
 def _generate(args) -> int:
     _initialize_distributed(args)
     import jaxspec
 
+    method_options = _method_options(args)
+    _warn_unused_sampling(args)
     model = jaxspec.load(args.model or jaxspec.loading.DEFAULT_MODEL, dtype=args.dtype, attention=args.attention)
     prompt = args.prompt if args.prompt is not None else args.prompt_ids
-    method_options = {k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k) is not None}
     out = jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens, method=args.method,
                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                            seed=args.seed, stop_at_eos=not args.no_eos_stop, **method_options)
@@ -194,9 +234,10 @@ def _stats_line(out, greedy=None) -> str:
 def _chat(args) -> int:
     import jaxspec
 
-    model = jaxspec.load(args.model, dtype=args.dtype, attention=args.attention)
     options = dict(method=args.method, max_new_tokens=args.max_new_tokens, **_sampling(args),
-                   **{k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k) is not None})
+                   **_method_options(args))
+    _warn_unused_sampling(args)
+    model = jaxspec.load(args.model, dtype=args.dtype, attention=args.attention)
     messages = [{"role": "system", "content": args.system}] if args.system else []
 
     def greedy_of(reply):
@@ -282,12 +323,58 @@ def _train_drafter(args) -> int:
     return 0
 
 
+def _check_export_target(model_path: Path, out: Path, force: bool) -> Path:
+    """The real path to write to; CheckpointError for an --out that is a file, is (or is
+    inside, or holds) the model being exported, or is not empty without --force."""
+    from jaxspec.errors import CheckpointError
+
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"--out {out} is a file, not a folder; pass a folder path")
+    source, target = model_path.resolve(), out.resolve()
+    if target == source or source in target.parents:
+        raise CheckpointError(f"--out {out} is inside the model being exported ({model_path}); "
+                              "export to a folder outside it")
+    if target in source.parents:
+        raise CheckpointError(f"--out {out} holds the model being exported ({model_path}); "
+                              "export to a folder that does not contain it")
+    if target.is_dir() and any(target.iterdir()) and not force:
+        raise CheckpointError(f"--out {out} is not empty; choose a new folder, or pass --force to replace "
+                              "its contents")
+    return target
+
+
+def _save_replacing(model, target: Path, dtype: str) -> Path:
+    """`model.save` into a temporary folder beside `target`, then swap it in: `target` is only
+    ever the old folder or the complete new one, and the old one is removed last."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.export-{os.getpid()}")
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save(tmp, dtype=dtype)
+        if target.exists():
+            os.replace(target, old)
+            try:
+                os.replace(tmp, target)
+            except BaseException:
+                os.replace(old, target)  # put the old folder back
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def _export(args) -> int:
     import jaxspec
+    from jaxspec.loading import resolve
 
+    target = _check_export_target(resolve(args.model), Path(args.out), args.force)
     model = jaxspec.load(args.model, dtype=args.dtype)
-    folder = model.save(args.out, dtype=args.dtype)
-    print(f"saved {model.config.architecture} to {folder}")
+    _save_replacing(model, target, args.dtype)
+    print(f"saved {model.config.architecture} to {args.out}")
     return 0
 
 

@@ -23,9 +23,16 @@ def read_config(folder: Path) -> ModelConfig:
     if not path.exists():
         raise CheckpointError(f"{folder} has no config.json; pass an HF model folder or a llama2.c .bin file")
     try:
-        hf = json.loads(path.read_text())
+        hf = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); fix or re-download it") from None
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); "
+                              "fix or re-download it") from None
+    if not isinstance(hf, dict):
+        kind = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(hf), "null")
+        raise CheckpointError(f"{path} holds a JSON {kind}, not an object of model settings "
+                              "(e.g. {\"model_type\": \"llama\", ...}); fix or re-download it")
     return ModelConfig.from_hf(hf)
 
 

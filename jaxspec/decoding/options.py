@@ -112,8 +112,8 @@ class PromptLookupOptions(Options):
     guesses: int = 15
 
     def __post_init__(self):
-        _check_int("lookahead", "ngram", self.ngram, 2)
-        _check_int("lookahead", "guesses", self.guesses, 0)
+        _check_int("prompt-lookup", "ngram", self.ngram, 2)
+        _check_int("prompt-lookup", "guesses", self.guesses, 0)
 
     @classmethod
     def resolve(cls, cfg, given, drafters=None):
@@ -125,7 +125,7 @@ class JacobiOptions(Options):
     window: int = 15
 
     def __post_init__(self):
-        _check_int("lookahead", "window", self.window, 1)
+        _check_int("jacobi", "window", self.window, 1)
 
     @classmethod
     def resolve(cls, cfg, given, drafters=None):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxspec.config import ModelConfig, RopeConfig
-from jaxspec.errors import ConfigError
+from jaxspec.errors import CheckpointError, ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +202,66 @@ def parse_train_config(raw: dict, where: str = "<config>") -> TrainConfig:
         raise ConfigError(f"{where}: [tokenizer] vocab_size must be < 65536 (tokens are stored as uint16)")
     cfg.model_config()  # architecture checks (e.g. odd head_dim) with ModelConfig's messages
     return cfg
+
+
+# What `--resume` may change: how long the run lasts (steps), what it logs, evaluates and
+# checkpoints and how often, how it is laid out on the devices, and how it is exported. Each
+# leaves the model, the tokenizer and the data as they are; every other key (the [data],
+# [tokenizer], [model] and [optim] sections, [train] batch_size, seed and dtype) must equal
+# the run's saved config.json. docs/training.md lists these.
+RESUMABLE_KEYS = frozenset({
+    "name", "train.steps", "train.log_every", "train.eval_every", "train.eval_batches",
+    "train.checkpoint_every", "train.keep_checkpoints", "train.export_dtype", "train.sample_prompts",
+    "train.sample_tokens", "mesh.data", "mesh.fsdp",
+})
+
+
+def _flat(config: dict) -> dict[str, Any]:
+    """{"section.key": value} (top-level keys as they are) of a config dict, JSON-normalised."""
+    config = json.loads(json.dumps(config))  # tuples -> lists, as config.json holds them
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def _key_name(key: str) -> str:
+    section, _, name = key.rpartition(".")
+    return f"[{section}] {name}" if section else name
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_resume_config(out: Path, config: dict, resumable: frozenset = RESUMABLE_KEYS,
+                        derived: tuple[str, ...] = ()) -> None:
+    """Before a `--resume` touches anything: ConfigError naming every key of `config` that differs
+    from the run's saved `out/config.json` and may not change on resume (`resumable` may);
+    `derived`: keys the trainer adds to config.json, not compared. No saved config: nothing to check."""
+    path = Path(out) / "config.json"
+    if not path.exists():
+        return
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot --resume {out}: its {path.name} is unreadable ({type(e).__name__}: {e}); "
+                              "restore it, or train into a new --out") from None
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"cannot --resume {out}: {path} is not a JSON object; restore it, or train into "
+                              "a new --out")
+    old, new = _flat(saved), _flat(config)
+    changed = [k for k in new if k in old and old[k] != new[k] and k not in resumable and k not in derived]
+    if changed:
+        what = "; ".join(f"{_key_name(k)} was {_short(old[k])}, now {_short(new[k])}" for k in changed)
+        raise ConfigError(f"cannot --resume {out} with a changed config: {what} (the model, tokenizer and data "
+                          "settings of a run are fixed; only [train] steps, the log / eval / checkpoint cadence, "
+                          "export settings and [mesh] may change, see docs/training.md); restore "
+                          f"{'it' if len(changed) == 1 else 'them'} in the config, or train into a new --out")
 
 
 def load_train_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = None) -> TrainConfig:

@@ -168,20 +168,26 @@ def _epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
 
 
 def prepare_data(data: DataConfig, tok: TokenizerConfig, folder: Path, seed: int, fingerprint: str,
-                 log=print, tokenizer_model: Path | None = None) -> dict:
+                 log=print, tokenizer_model: Path | None = None, rebuild: bool = True) -> dict:
     """Tokenizer + packed train/held-out arrays in `folder`, built once and reused while the
     data and tokenizer sections of the config are unchanged. Returns the metadata dict.
 
     `tokenizer_model`: use this sentencepiece model instead of training one (a drafter must
-    share its target's tokenizer); include its hash in `fingerprint`."""
-    folder.mkdir(parents=True, exist_ok=True)
+    share its target's tokenizer); include its hash in `fingerprint`. `rebuild=False` (a resumed
+    run): data built from other settings is a ConfigError, not rebuilt. Nothing is created
+    before the corpus is found."""
     meta_path = folder / "data.json"
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
         if meta.get("fingerprint") == fingerprint:
             return meta
+        if not rebuild:
+            raise ConfigError(f"{folder} was built from other data or tokenizer settings (fingerprint "
+                              f"{meta.get('fingerprint')}, now {fingerprint}); a resumed run keeps its data: "
+                              "restore the settings (or the target's tokenizer), or train into a new --out")
         log(f"data/tokenizer settings changed; rebuilding {folder}")
     root, files = list_documents(data)
+    folder.mkdir(parents=True, exist_ok=True)
     heldout = [f for f in files if is_heldout(f, data.heldout_fraction)]
     train = [f for f in files if not is_heldout(f, data.heldout_fraction)]
     if not heldout or not train:

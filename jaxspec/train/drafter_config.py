@@ -10,8 +10,8 @@ from typing import Any
 
 from jaxspec.config import ModelConfig, RopeConfig
 from jaxspec.errors import ConfigError
-from jaxspec.train.config import (ArchConfig, DataConfig, MeshConfig, OptimConfig, RunConfig, build_section,
-                                  read_toml)
+from jaxspec.train.config import (RESUMABLE_KEYS, ArchConfig, DataConfig, MeshConfig, OptimConfig, RunConfig,
+                                  build_section, read_toml)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +71,11 @@ class DrafterTrainConfig:
 
 
 _CHOICES = {("pard", "attention"): ("xla", "pallas")}
+
+# What `train-drafter --resume` may change: the LM trainer's resumable keys, and the attention
+# kernel (the same drafter computed by another backend). The target, the drafter's init and
+# architecture, the PARD objective, the data and the optimizer are fixed for a run.
+RESUMABLE_DRAFTER_KEYS = RESUMABLE_KEYS | {"pard.attention"}
 
 
 def parse_drafter_config(raw: dict, where: str = "<config>") -> DrafterTrainConfig:

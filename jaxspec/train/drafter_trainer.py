@@ -36,8 +36,8 @@ from jaxspec.loading import Model
 from jaxspec.model import Transformer
 from jaxspec.train import corpus
 from jaxspec.train.acceptance import AcceptanceStats, acceptance
-from jaxspec.train.config import TokenizerConfig
-from jaxspec.train.drafter_config import DrafterTrainConfig
+from jaxspec.train.config import TokenizerConfig, check_resume_config
+from jaxspec.train.drafter_config import RESUMABLE_DRAFTER_KEYS, DrafterTrainConfig
 from jaxspec.train.loop import LoopHooks, run_loop, start_or_resume
 from jaxspec.train.metrics import append_metric, plot_losses
 from jaxspec.train.pard_batch import cod_counts, full_counts, make_batch
@@ -214,20 +214,19 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     if not resume and ckpt_dir.exists() and any(ckpt_dir.iterdir()):
         raise CheckpointError(f"{out} already holds checkpoints; pass --resume to continue that run "
                               "or choose another --out")
+    if resume:  # first, before any file is touched: a resumed run keeps its target, drafter and data
+        check_resume_config(out, cfg.to_dict(), RESUMABLE_DRAFTER_KEYS, derived=("resolved_target_layers",))
     say = log if is_main else (lambda *a, **k: None)
     target = jaxspec.load(cfg.target.path, dtype="float32")
     layers = resolve_target_layers(cfg, target.config.num_layers)
     tok_path = target_tokenizer(target)
-    out.mkdir(parents=True, exist_ok=True)
     fingerprint = hashlib.sha256(json.dumps(dataclasses.asdict(cfg.data), sort_keys=True).encode()
                                  + tok_path.read_bytes()).hexdigest()[:16]
     corpus.prepare_data(cfg.data, TokenizerConfig(vocab_size=target.config.vocab_size), out / "data",
-                        cfg.train.seed, fingerprint, log=say, tokenizer_model=tok_path)
+                        cfg.train.seed, fingerprint, log=say, tokenizer_model=tok_path, rebuild=not resume)
+    out.mkdir(parents=True, exist_ok=True)  # prepare_data made it, once the corpus was found
     train_data = corpus.PackedData(out / "data" / "train.npy", cfg.data.seq_len)
     heldout = corpus.PackedData(out / "data" / "heldout.npy", cfg.data.seq_len)
-    if is_main:
-        (out / "config.json").write_text(json.dumps({**cfg.to_dict(), "resolved_target_layers": list(layers)},
-                                                    indent=1))
 
     mesh = make_mesh(cfg.mesh)
     run, p = cfg.train, cfg.pard
@@ -250,7 +249,10 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     target_params = jax.device_put(target.params, NamedSharding(mesh, P()))
     optimizer = make_optimizer(cfg.optim, run.steps)
     begin = start_or_resume(params, optimizer, mesh, out, keep=run.keep_checkpoints, resume=resume,
-                            is_main=is_main, say=say)
+                            is_main=is_main, say=say, steps=run.steps)
+    if is_main:  # after the restore, which refuses a run shorter than its checkpoint
+        (out / "config.json").write_text(json.dumps({**cfg.to_dict(), "resolved_target_layers": list(layers)},
+                                                    indent=1))
     start, records, metrics_path, checkpoints = begin.start, begin.records, begin.metrics_path, begin.checkpoints
     param_shardings, opt_shardings = begin.param_shardings, begin.opt_shardings
 

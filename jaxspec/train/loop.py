@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import jax
 
+from jaxspec.errors import ConfigError
 from jaxspec.train.checkpoints import TrainCheckpoints
 from jaxspec.train.metrics import append_metric, read_metrics, write_metrics
 from jaxspec.train.sharding import replicated_scalar, tree_shardings
@@ -99,9 +100,10 @@ class RunStart:
 
 
 def start_or_resume(params, optimizer, mesh, out: Path, *, keep: int, resume: bool, is_main: bool,
-                    say: Callable) -> RunStart:
+                    say: Callable, steps: int | None = None) -> RunStart:
     """Shard fresh params and optimizer state on `mesh`; with `resume`, replace them by the newest
-    readable checkpoint in out/checkpoints and cut the metrics log back to its step."""
+    readable checkpoint in out/checkpoints and cut the metrics log back to its step. A checkpoint
+    past `steps` (the run's length) is a ConfigError, raised before any file is written."""
     param_shardings = tree_shardings(mesh, params)
     params = jax.device_put(params, param_shardings)
     opt_state = jax.jit(optimizer.init)(params)
@@ -114,6 +116,11 @@ def start_or_resume(params, optimizer, mesh, out: Path, *, keep: int, resume: bo
         restored = checkpoints.restore_latest(state, log=say)
         if restored is not None:
             start, state = restored
+            if steps is not None and start > steps:
+                checkpoints.close()
+                raise ConfigError(f"cannot --resume {out} for {steps} steps: its newest checkpoint is at step "
+                                  f"{start} ({out / 'checkpoints' / str(start)}); pass --steps {start} or more "
+                                  f"([train] steps), e.g. --steps {start} to export that checkpoint")
             say(f"resumed from step {start} ({out / 'checkpoints' / str(start)})")
     metrics_path = out / "metrics.jsonl"
     records = read_metrics(metrics_path, upto=start) if resume else []

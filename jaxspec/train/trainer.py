@@ -29,7 +29,7 @@ from flax import nnx
 from jaxspec.errors import CheckpointError
 from jaxspec.model import Transformer
 from jaxspec.train import corpus
-from jaxspec.train.config import OptimConfig, TrainConfig
+from jaxspec.train.config import OptimConfig, TrainConfig, check_resume_config
 from jaxspec.train.loop import LoopHooks, run_loop, start_or_resume
 from jaxspec.train.metrics import append_metric, plot_losses
 from jaxspec.train.objective import token_nats
@@ -118,12 +118,13 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
     if not resume and ckpt_dir.exists() and any(ckpt_dir.iterdir()):
         raise CheckpointError(f"{out} already holds checkpoints; pass --resume to continue that run "
                               "or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
+    if resume:  # first, before any file is touched: a resumed run keeps its model, tokenizer and data
+        check_resume_config(out, cfg.to_dict())
     say = log if is_main else (lambda *a, **k: None)
 
     def prepare():
         return corpus.prepare_data(cfg.data, cfg.tokenizer, out / "data", cfg.train.seed,
-                                   cfg.fingerprint("data", "tokenizer"), log=say)
+                                   cfg.fingerprint("data", "tokenizer"), log=say, rebuild=not resume)
 
     if jax.process_count() > 1:
         # Process 0 builds the data first; the others then find it (shared filesystem) or
@@ -135,12 +136,11 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
         meta = meta or prepare()
     else:
         meta = prepare()
+    out.mkdir(parents=True, exist_ok=True)  # prepare_data made it, once the corpus was found
     train_data = corpus.PackedData(out / "data" / "train.npy", cfg.data.seq_len)
     heldout = corpus.PackedData(out / "data" / "heldout.npy", cfg.data.seq_len)
     tokenizer_path = out / "data" / "tokenizer.model"
     byte_lengths = jnp.asarray(corpus.piece_byte_lengths(tokenizer_path))
-    if is_main:
-        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
 
     mesh = make_mesh(cfg.mesh)
     run = cfg.train
@@ -153,7 +153,9 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
     params, graphdef = init_params(cfg)
     optimizer = make_optimizer(cfg.optim, run.steps)
     begin = start_or_resume(params, optimizer, mesh, out, keep=run.keep_checkpoints, resume=resume,
-                            is_main=is_main, say=say)
+                            is_main=is_main, say=say, steps=run.steps)
+    if is_main:  # after the restore, which refuses a run shorter than its checkpoint
+        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
     records, metrics_path, checkpoints = begin.records, begin.metrics_path, begin.checkpoints
     param_shardings, opt_shardings = begin.param_shardings, begin.opt_shardings
 
