@@ -138,25 +138,55 @@ def test_unsupported_quantization_is_named(tmp_path, tiny_llama, capsys):
     assert "Q8_K" in message and "blk.0.ffn_up.weight" in message
 
 
-def test_export_writes_an_hf_folder_transformers_loads(tmp_path, capsys):
-    """`jaxspec export --model x.gguf`: weights, config, tokenizer and chat template in an HF folder."""
-    from test_tokenizer_gguf import MESSAGES, MULTILINGUAL, SMOLLM2_TEMPLATE, train_byte_level, types_of
+@pytest.fixture(scope="module")
+def chat_gguf(tmp_path_factory):
+    """A tiny llama GGUF with a byte-level BPE tokenizer and SmolLM2's chat template."""
+    from test_tokenizer_gguf import SMOLLM2_TEMPLATE, train_byte_level, types_of
 
     tokens, merges = train_byte_level("smollm")
-    source = build_hf(transformers.LlamaConfig, {**SMALL, "vocab_size": len(tokens), "tie_word_embeddings": True},
-                      seed=5)
+    source = build_hf(transformers.LlamaConfig, {**SMALL, "vocab_size": len(tokens), "tie_word_embeddings": True,
+                                                 "eos_token_id": tokens.index("<|im_end|>")}, seed=5)
     meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm", "tokenizer.ggml.tokens": tokens,
             "tokenizer.ggml.token_type": types_of(tokens), "tokenizer.ggml.merges": merges,
             "tokenizer.chat_template": SMOLLM2_TEMPLATE}
-    path = write_gguf(tmp_path / "chat.gguf", source, Q.Q8_0, tokenizer=meta)
+    return write_gguf(tmp_path_factory.mktemp("chat") / "chat.gguf", source, Q.Q8_0, tokenizer=meta)
+
+
+def test_export_writes_an_hf_folder_transformers_loads(chat_gguf, tmp_path):
+    """`jaxspec export --model x.gguf`: weights, config, tokenizer and chat template in an HF folder."""
+    from test_tokenizer_gguf import MESSAGES, MULTILINGUAL
+
     out = tmp_path / "hf"
-    assert main(["export", "--model", str(path), "--out", str(out)]) == 0
-    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32)
+    assert main(["export", "--model", str(chat_gguf), "--out", str(out)]) == 0
+    reference = transformers.AutoModelForCausalLM.from_pretrained(chat_gguf.parent, gguf_file=chat_gguf.name,
+                                                                  dtype=torch.float32)
     exported = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
-    ids = np.random.default_rng(0).integers(0, len(tokens), (1, 20))
+    ours = jaxspec.load(chat_gguf)
+    ids = np.random.default_rng(0).integers(0, ours.config.vocab_size, (1, 20))
     np.testing.assert_allclose(hf_logits(exported, ids), hf_logits(reference, ids), atol=1e-5)
-    ours = jaxspec.load(path).tokenizer
     theirs = transformers.AutoTokenizer.from_pretrained(out)
-    assert theirs.encode(MULTILINGUAL, add_special_tokens=False) == ours.encode(MULTILINGUAL, add_special_tokens=False)
+    assert theirs.encode(MULTILINGUAL, add_special_tokens=False) == ours.tokenizer.encode(
+        MULTILINGUAL, add_special_tokens=False)
     assert theirs.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) == \
-        ours.chat_template.render(MESSAGES, add_generation_prompt=True)
+        ours.tokenizer.chat_template.render(MESSAGES, add_generation_prompt=True)
+
+
+def test_chat_keeps_the_conversation(chat_gguf):
+    model = jaxspec.load(chat_gguf)
+    first = jaxspec.chat(model, [{"role": "user", "content": "Hello"}], max_new_tokens=6)
+    assert [m["role"] for m in first.messages] == ["user", "assistant"]
+    assert first.finish_reason in ("end_of_turn", "length") and len(first.output.tokens) <= 6
+    second = jaxspec.chat(model, [*first.messages, {"role": "user", "content": "And?"}], max_new_tokens=6)
+    assert second.prompt_ids[:len(first.prompt_ids)] == first.prompt_ids  # the history is in the prompt
+    assert len(second.prompt_ids) > len(first.prompt_ids) + len(first.output.tokens)
+    assert model.tokenizer.eos_ids[0] == model.config.eos_token_ids[0]  # <|im_end|> ends a turn
+
+
+def test_chat_cli_interactive(chat_gguf, monkeypatch, capsys):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello\nTell me more\n\n"))
+    assert main(["chat", "--model", str(chat_gguf), "--max-new-tokens", "6", "--method", "lookahead",
+                 "--window", "3", "--ngram", "3", "--guesses", "3", "--compare"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("identical to greedy: yes") == 2  # two turns, each checked against greedy
