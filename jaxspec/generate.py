@@ -9,7 +9,6 @@ without a host round trip per step and without recompiling per chunk."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Any, Iterator, Sequence
 
@@ -18,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.errors import GenerationError, PromptError
+from jaxspec.inputs import as_bool, describe, given, int_arg, is_array, normalize_prompts, number_arg, plain_option
 from jaxspec.loading import Model
 from jaxspec.decoding.engine import finish
 from jaxspec.methods import advance, begin, bind, decode, resolve_method
@@ -41,162 +41,6 @@ class GenerateOutput:
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
-
-
-def _describe(value) -> str:
-    """`value`'s type for an error message (an array's dtype and shape too)."""
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return f"{type(value).__name__} of {value.dtype}, shape {tuple(value.shape)}"
-    return type(value).__name__
-
-
-def _short(value, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _is_array(value) -> bool:
-    return isinstance(value, np.ndarray) or (hasattr(value, "shape") and hasattr(value, "dtype")
-                                             and hasattr(value, "__array__"))
-
-
-def as_int(value) -> int | None:
-    """`value` as a Python int if it is an integer scalar (int, a numpy or jax integer, a 0-d
-    integer array; never a bool), else None."""
-    if isinstance(value, (bool, np.bool_)):
-        return None
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if _is_array(value) and tuple(value.shape) == () and np.issubdtype(np.dtype(value.dtype), np.integer):
-        return int(value)
-    return None
-
-
-def as_float(value) -> float | None:
-    """`value` as a Python float if it is a real number (int, float, numpy or jax scalar, 0-d
-    array; never a bool), else None."""
-    if isinstance(value, (bool, np.bool_)):
-        return None
-    if isinstance(value, (int, float, np.integer, np.floating)):
-        return float(value)
-    if _is_array(value) and tuple(value.shape) == () and (np.issubdtype(np.dtype(value.dtype), np.integer)
-                                                          or np.issubdtype(np.dtype(value.dtype), np.floating)):
-        return float(value)
-    return None
-
-
-def _as_bool(value) -> bool | None:
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if _is_array(value) and tuple(value.shape) == () and np.dtype(value.dtype) == np.bool_:
-        return bool(value)
-    return None
-
-
-def _given(value) -> str:
-    return f"{_short(value)} ({_describe(value)})"
-
-
-def _int_arg(name: str, value, expected: str, ok) -> int:
-    """`value` as a Python int (see `as_int`) for which `ok` holds, else GenerationError."""
-    number = as_int(value)
-    if number is None or not ok(number):
-        raise GenerationError(f"{name} must be {expected}, got {_given(value)}")
-    return number
-
-
-def _number_arg(name: str, value, expected: str) -> float:
-    """`value` as a finite Python float (see `as_float`), else GenerationError."""
-    number = as_float(value)
-    if number is None or not math.isfinite(number):
-        raise GenerationError(f"{name} must be {expected}, got {_given(value)}")
-    return number
-
-
-def _plain_option(value):
-    """A method option with numpy / jax scalars turned into Python ints and bools (the option
-    classes validate Python values); anything else unchanged."""
-    flag = _as_bool(value)
-    if flag is not None:
-        return flag
-    number = as_int(value)
-    return value if number is None else number
-
-
-PROMPT_FORMS = ("a str, a list of token ids, a list of str, a list of token-id lists, "
-                "or a 1-D / 2-D integer array")
-
-
-def _is_row(value) -> bool:
-    """A candidate prompt row: a list / tuple / range of ids or an array (checked by `_ids`)."""
-    return (isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray))) or (
-        _is_array(value) and tuple(value.shape) != ())
-
-
-def _ids(row, where: str, vocab: int) -> list[int]:
-    """One prompt's ids as Python ints, each checked against the vocabulary."""
-    if _is_array(row):
-        array = np.asarray(row)
-        if array.ndim != 1:
-            raise PromptError(f"{where} must be a 1-D list of token ids, got an array of shape {array.shape}")
-        if array.size and not np.issubdtype(array.dtype, np.integer):
-            raise PromptError(f"{where} token ids must be integers, got an array of {array.dtype}")
-        row = array.tolist()
-    ids = []
-    for i, t in enumerate(row):
-        number = as_int(t)
-        if number is None:
-            raise PromptError(f"{where} has {_given(t)} at index {i}, not a token id; "
-                              f"token ids are integers in [0, {vocab})")
-        if not 0 <= number < vocab:
-            raise PromptError(f"{where} has token id {number!r} outside the vocabulary [0, {vocab})")
-        ids.append(number)
-    if not ids:
-        raise PromptError(f"{where} is empty; pass at least one token id (e.g. the BOS id)")
-    return ids
-
-
-def normalize_prompts(model: Model, prompt) -> tuple[list[list[int]], bool]:
-    """Prompts as a list of id lists, and whether the caller passed a batch.
-
-    Accepted: a str (encoded by the model's tokenizer), a list / tuple of token ids, a list of
-    str, a list of id lists (or 1-D arrays), or a 1-D / 2-D integer numpy or jax array; ids
-    may be Python, numpy or jax integers. Anything else is a PromptError naming the type given."""
-    if isinstance(prompt, str):
-        if model.tokenizer is None:
-            raise PromptError(f"{model.source} has no tokenizer; pass prompt token ids instead of text")
-        return [model.tokenizer.encode(prompt)], False
-    if isinstance(prompt, (bytes, bytearray, memoryview)):
-        raise PromptError(f"prompt must be text (str) or token ids, got {type(prompt).__name__}; decode bytes "
-                          "first, e.g. data.decode('utf-8', errors='replace'), or pass list(data) for byte ids")
-    vocab = model.config.vocab_size
-    if _is_array(prompt):
-        array = np.asarray(prompt)
-        if array.ndim not in (1, 2):
-            raise PromptError(f"a prompt array must be 1-D (one prompt) or 2-D (a batch), got shape {array.shape}")
-        if array.size and not np.issubdtype(array.dtype, np.integer):
-            raise PromptError(f"prompt token ids must be integers, got an array of {array.dtype}")
-        if array.ndim == 2:
-            if not len(array):
-                raise PromptError("prompt is empty (a batch of 0 rows); pass at least one prompt")
-            return [_ids(r, f"prompt row {i}", vocab) for i, r in enumerate(array.tolist())], True
-        prompt = array.tolist()
-    if not isinstance(prompt, Sequence):
-        raise PromptError(f"prompt must be {PROMPT_FORMS}; got {_describe(prompt)}")
-    if len(prompt) == 0:
-        raise PromptError("prompt is empty; pass at least one token id (e.g. the BOS id)")
-    texts = [isinstance(p, str) for p in prompt]
-    if all(texts):
-        return [normalize_prompts(model, p)[0][0] for p in prompt], True
-    rows = [_is_row(p) for p in prompt]
-    if any(texts) or (any(rows) and not all(rows)):
-        other = next(i for i in range(1, len(prompt)) if (texts[i], rows[i]) != (texts[0], rows[0]))
-        raise PromptError(f"prompt mixes kinds of item: item 0 is {_given(prompt[0])}, item {other} is "
-                          f"{_given(prompt[other])}; pass one list of token ids, a list of token-id lists, "
-                          "or a list of str")
-    if all(rows):
-        return [_ids(r, f"prompt row {i}", vocab) for i, r in enumerate(prompt)], True
-    return [_ids(prompt, "prompt", vocab)], False
 
 
 @dataclasses.dataclass
@@ -227,27 +71,27 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     Integer arguments take Python, numpy or jax integers (0-d arrays too); numbers take floats
     as well; anything else is a GenerationError naming the type given and what is expected."""
     if not isinstance(method, str):
-        raise GenerationError(f"method must be a method name (str), got {_describe(method)}")
-    method_options = {k: _plain_option(v) for k, v in method_options.items()}
+        raise GenerationError(f"method must be a method name (str), got {describe(method)}")
+    method_options = {k: plain_option(v) for k, v in method_options.items()}
     name, spec, options = resolve_method(method, model.config, method_options, model.drafters)
     lp_devices = getattr(options, "lp_devices", 1)
-    max_new_tokens = _int_arg("max_new_tokens", max_new_tokens, "an integer >= 1", lambda n: n >= 1)
-    seed = _int_arg("seed", seed, "an integer in [0, 2**32)", lambda n: 0 <= n < 2**32)
-    stop_at_eos_flag = _as_bool(stop_at_eos)
+    max_new_tokens = int_arg("max_new_tokens", max_new_tokens, "an integer >= 1", lambda n: n >= 1)
+    seed = int_arg("seed", seed, "an integer in [0, 2**32)", lambda n: 0 <= n < 2**32)
+    stop_at_eos_flag = as_bool(stop_at_eos)
     if stop_at_eos_flag is None:
-        raise GenerationError(f"stop_at_eos must be true or false, got {_given(stop_at_eos)}")
+        raise GenerationError(f"stop_at_eos must be true or false, got {given(stop_at_eos)}")
     stop_at_eos = stop_at_eos_flag
     vocab = model.config.vocab_size
-    if _is_array(stop_ids) and np.ndim(stop_ids) == 1:
+    if is_array(stop_ids) and np.ndim(stop_ids) == 1:
         stop_ids = np.asarray(stop_ids).tolist()
     if not isinstance(stop_ids, Sequence) or isinstance(stop_ids, (str, bytes, bytearray)):
-        raise GenerationError(f"stop_ids must be a list of token ids, got {_given(stop_ids)}")
-    stop_ids = tuple(_int_arg("stop_ids", t, f"token ids in [0, {vocab})", lambda n: 0 <= n < vocab)
+        raise GenerationError(f"stop_ids must be a list of token ids, got {given(stop_ids)}")
+    stop_ids = tuple(int_arg("stop_ids", t, f"token ids in [0, {vocab})", lambda n: 0 <= n < vocab)
                      for t in stop_ids)
     # Range checks (and their messages) are SamplingParams.create's; the types are checked here.
-    temperature = _number_arg("temperature", temperature, "a number >= 0 (0 = greedy)")
-    top_k = _int_arg("top_k", top_k, "an integer >= 0 (0 = off)", lambda n: True)
-    top_p = _number_arg("top_p", top_p, "a number in (0, 1] (1 = off)")
+    temperature = number_arg("temperature", temperature, "a number >= 0 (0 = greedy)")
+    top_k = int_arg("top_k", top_k, "an integer >= 0 (0 = off)", lambda n: True)
+    top_p = number_arg("top_p", top_p, "a number in (0, 1] (1 = off)")
     sampling = SamplingParams.create(temperature, top_k, top_p)
     rows, batched = normalize_prompts(model, prompt)
     longest = max(len(r) for r in rows)
@@ -393,7 +237,7 @@ def stream(model: Model, prompt, max_new_tokens: int = 128, method: str = "autor
            **method_options) -> Stream:
     """Like `generate` for one prompt, but iterable: tokens come back every `chunk_steps` steps
     (one host sync per chunk). The tokens equal `generate`'s for the same arguments."""
-    steps = _int_arg("chunk_steps", chunk_steps, "an integer >= 1", lambda n: n >= 1)
+    steps = int_arg("chunk_steps", chunk_steps, "an integer >= 1", lambda n: n >= 1)
     request = prepare(model, prompt, max_new_tokens, method, temperature, top_k, top_p, seed, stop_at_eos,
                       stop_ids, **method_options)
     if request.batched:
