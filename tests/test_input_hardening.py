@@ -21,8 +21,8 @@ import pytest
 from flax import nnx
 
 import jaxspec
-from jaxspec.cli import main
 from jaxspec.generate import prepare
+from test_cli import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,15 +35,6 @@ TINY = jaxspec.ModelConfig(
 @pytest.fixture(scope="module")
 def model() -> jaxspec.Model:
     return jaxspec.load()
-
-
-def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse errors exit from inside parse_args
-        code = e.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def assert_one_line_error(code: int, out: str, err: str, needles: list[str], absent: tuple[str, ...] = ()) -> str:
