@@ -48,6 +48,7 @@ import numpy as np
 from tqdm import tqdm
 
 import jaxspec
+from jaxspec.exactness import next_logits
 from machine import machine_info, repo_relative
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,34 +148,16 @@ def source_state() -> dict:
 
 def logit_gaps(model, contexts: dict) -> dict:
     """For each diverging context, the float32 logits of the two disputed next tokens, from one
-    plain causal forward over the context (the prefill path). Keys: (context tuple, expected, got)."""
-    try:  # internal API: if it changed, report the mismatches without gaps
-        from flax import nnx
-        from jaxspec.decoding.prefill import prefill
-        from jaxspec.kv_cache import KVCache
-
-        cfg = model.config
-
-        @jax.jit
-        def last_logits(params, ids, length):
-            module = nnx.merge(model.graphdef, params)
-            cache = KVCache.zeros(cfg.num_layers, 1, ids.shape[1], cfg.num_kv_heads, cfg.head_dim,
-                                  module.embed_tokens.embedding.dtype)
-            return prefill(module, ids, length, cache)[0][0]
-
-        gaps = {}
-        for key in contexts:
-            context, expected, got = key
-            ids = np.zeros((1, bucket(context)), np.int32)
-            ids[0, : len(context)] = context
-            logits = np.asarray(last_logits(model.params, ids, np.asarray([len(context)], np.int32)), np.float64)
-            gaps[key] = {"logit_expected": float(logits[expected]), "logit_got": float(logits[got]),
-                         "logit_gap": float(logits[expected] - logits[got]),
-                         "rank_of_got": int((logits > logits[got]).sum())}
-        return gaps
-    except Exception as e:  # noqa: BLE001
-        print(f"(could not compute logit gaps: {e!r})", file=sys.stderr)
-        return {}
+    plain causal forward over the context (`jaxspec.exactness.next_logits`). Keys: (context
+    tuple, expected, got)."""
+    gaps = {}
+    for key in contexts:
+        context, expected, got = key
+        logits = next_logits(model, list(context))
+        gaps[key] = {"logit_expected": float(logits[expected]), "logit_got": float(logits[got]),
+                     "logit_gap": float(logits[expected] - logits[got]),
+                     "rank_of_got": int((logits > logits[got]).sum())}
+    return gaps
 
 
 def bucket(prompt) -> int:

@@ -2,7 +2,7 @@
 
 from jaxspec.chat import ChatReply, chat, chat_stream
 from jaxspec.config import ModelConfig, RopeConfig
-from jaxspec.errors import CheckpointError, ConfigError, GenerationError, JaxspecError, PromptError
+from jaxspec.errors import CheckpointError, ConfigError, GenerationError, JaxspecError, MemoryLimitError, PromptError
 from jaxspec.generate import GenerateOutput, Stream, StreamChunk, generate, stream
 from jaxspec.kv_cache import BlockKV, KVCache, commit
 from jaxspec.loading import Model, load
@@ -11,7 +11,7 @@ from jaxspec.sampling import SamplingParams, warp_logits
 
 __all__ = [
     "BlockKV", "ChatReply", "CheckpointError", "ConfigError", "GenerateOutput", "GenerationError", "JaxspecError",
-    "KVCache", "Model", "ModelConfig", "PromptError", "RopeConfig", "SamplingParams", "Transformer",
+    "KVCache", "MemoryLimitError", "Model", "ModelConfig", "PromptError", "RopeConfig", "SamplingParams", "Transformer",
     "Stream", "StreamChunk", "causal_mask", "chat", "chat_stream", "commit", "generate", "load", "stream",
     "warp_logits",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -199,6 +200,7 @@ def _generate(args) -> int:
                 "stop_at_eos": not args.no_eos_stop, "compile_seconds": out.compile_seconds,
                 **out.options, **out.extras,
             },
+            "memory": out.memory,
         }))
     else:
         print(out.text if out.text is not None else " ".join(map(str, out.tokens)))
@@ -214,7 +216,10 @@ def _generate(args) -> int:
                   f"(compression {run.compression:.2f}), {run.tokens_per_second:.1f} tokens/s, "
                   f"compile {run.compile_seconds:.1f}s", file=sys.stderr)
         if len(runs) == 2 and args.temperature == 0:
-            print(f"identical to greedy: {'yes' if runs[0].tokens == runs[1].tokens else 'NO'}", file=sys.stderr)
+            from jaxspec.inputs import normalize_prompts
+
+            (prompt_ids,), _ = normalize_prompts(model, prompt)
+            print(_identical_to_greedy(model, prompt_ids, runs[0].tokens, runs[1].tokens), file=sys.stderr)
     return 0
 
 
@@ -222,12 +227,22 @@ def _sampling(args) -> dict:
     return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
 
 
-def _stats_line(out, greedy=None) -> str:
+def _identical_to_greedy(model, prompt_ids, tokens, greedy_tokens) -> str:
+    """"identical to greedy: yes", or where the outputs part and whether the two disputed
+    tokens' logits are a near-tie at the model's dtype (`jaxspec.exactness`)."""
+    from jaxspec import exactness
+
+    difference = exactness.compare(model, prompt_ids, greedy_tokens, tokens)
+    return "identical to greedy: yes" if difference is None else \
+        f"identical to greedy: NO, {difference.describe(model.dtype)}"
+
+
+def _stats_line(model, out, prompt_ids, greedy=None) -> str:
     line = (f"[{out.method}] {len(out.tokens)} tokens in {out.steps} steps (S {out.compression:.2f}), "
             f"{out.tokens_per_second:.1f} tokens/s")
     if greedy is not None:
-        line += (f"; greedy {greedy.tokens_per_second:.1f} tokens/s; identical to greedy: "
-                 f"{'yes' if out.tokens == greedy.tokens else 'NO'}")
+        line += (f"; greedy {greedy.tokens_per_second:.1f} tokens/s; "
+                 + _identical_to_greedy(model, prompt_ids, out.tokens, greedy.tokens))
     return line
 
 
@@ -256,20 +271,28 @@ def _chat(args) -> int:
         print()
         reply = live.reply
         messages = reply.messages
-        print(_stats_line(reply.output, greedy_of(reply)) + ("" if reply.finish_reason == "end_of_turn" else
-              f"; cut at --max-new-tokens {args.max_new_tokens}"), file=sys.stderr)
+        cut = "" if reply.finish_reason == "end_of_turn" else f"; cut at --max-new-tokens {args.max_new_tokens}"
+        print(_stats_line(model, reply.output, reply.prompt_ids, greedy_of(reply)) + cut, file=sys.stderr)
 
     if args.message is not None:
         if args.json:
             reply = jaxspec.chat(model, [*messages, {"role": "user", "content": args.message}], **options)
             greedy = greedy_of(reply)
             out = reply.output
+            difference = None
+            if greedy is not None:
+                from jaxspec import exactness
+
+                difference = exactness.compare(model, reply.prompt_ids, greedy.tokens, out.tokens)
             print(json.dumps({"reply": reply.text, "finish_reason": reply.finish_reason, "tokens": out.tokens,
                               "steps": out.steps, "compression": out.compression, "seconds": out.seconds,
                               "tokens_per_second": out.tokens_per_second, "method": out.method,
                               "identical_to_greedy": None if greedy is None else out.tokens == greedy.tokens,
+                              "first_difference": None if difference is None else
+                              {**dataclasses.asdict(difference), "near_tie": difference.near_tie},
                               "config": {"model": model.source, "dtype": args.dtype, **_sampling(args),
-                                         "max_new_tokens": args.max_new_tokens, **out.options}}))
+                                         "max_new_tokens": args.max_new_tokens, **out.options},
+                              "memory": out.memory}))
         else:
             turn(args.message)
         return 0

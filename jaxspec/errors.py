@@ -23,3 +23,7 @@ class PromptError(JaxspecError):
 
 class GenerationError(JaxspecError):
     """Decoding options are invalid (method name, lengths, sampling parameters)."""
+
+
+class MemoryLimitError(GenerationError):
+    """A request needs more device memory than is free (`jaxspec.memory` estimates it)."""

@@ -16,9 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec import memory
 from jaxspec.errors import GenerationError, PromptError
 from jaxspec.inputs import as_bool, describe, given, int_arg, is_array, normalize_prompts, number_arg, plain_option
 from jaxspec.loading import Model
+from jaxspec.memory import MemoryEstimate
 from jaxspec.decoding.engine import finish
 from jaxspec.methods import advance, begin, bind, decode, resolve_method
 from jaxspec.parallel import lp_mesh, replicate
@@ -37,6 +39,9 @@ class GenerateOutput:
     text: str | list[str] | None = None
     options: dict = dataclasses.field(default_factory=dict)  # the method's options, defaults filled in
     extras: dict = dataclasses.field(default_factory=dict)  # method-specific statistics
+    # Device memory: the estimate made before compiling (`jaxspec.memory`), the free memory it was
+    # checked against, and XLA's own analysis of the compiled program ("compiled").
+    memory: dict = dataclasses.field(default_factory=dict)
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -54,6 +59,7 @@ class Request:
     bound: bool  # a drafter's graph travels with the target's (the compile key must say so)
     batched: bool
     lp_devices: int
+    memory: MemoryEstimate | None = None
 
     @property
     def engine(self):
@@ -106,6 +112,13 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     engine = spec.engine(options, greedy)
     # Bucketed shapes: nearby prompt lengths reuse one compiled program.
     p = _round_up(longest, 16)
+    # Before the step's tree is built or anything compiled: refuse what cannot fit (one line).
+    settings = ", ".join(f"{k}={v}" for k, v in options.as_dict().items()
+                         if type(v) is int and not (k == "lp_devices" and v == 1))
+    what = f"{name}{f' ({settings})' if settings else ''} at batch {len(rows)}, max_new_tokens {max_new_tokens}"
+    dtype_bytes = jnp.dtype(model.dtype).itemsize
+    memory.check(memory.first_estimate(model.config, dtype_bytes, engine, model.params, len(rows), p,
+                                       p + max_new_tokens + engine.block_tokens), what)
     cache_len = _round_up(p + max_new_tokens + engine.max_commit, 64)
     prompts = np.zeros((len(rows), p), np.int32)
     for i, r in enumerate(rows):
@@ -120,12 +133,30 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     if lp_devices > 1:
         # Lookahead parallelism: inputs replicated on the `lp` mesh (across processes too).
         args = (args[0], *replicate(args[1:], lp_mesh(lp_devices)))
-    return Request(name=name, options=options, statics=statics, args=args, bound=graphdef is not model.graphdef,
-                   batched=batched, lp_devices=lp_devices)
+    request = Request(name=name, options=options, statics=statics, args=args, bound=graphdef is not model.graphdef,
+                      batched=batched, lp_devices=lp_devices)
+    # With the loop state's exact size (traced, not compiled): the estimate `generate` reports.
+    key = request.compile_key("memory")
+    if key not in model.memory_estimates:
+        model.memory_estimates[key] = memory.estimate(request, model.config, dtype_bytes, begin)
+    request.memory = memory.check(model.memory_estimates[key], what)
+    return request
 
 
-def _output(model: Model, request: Request, state, stats: dict, seconds: float, compile_seconds: float
-            ) -> GenerateOutput:
+def _compiled_memory(program) -> dict:
+    """XLA's memory analysis of a compiled program (empty where the backend gives none)."""
+    try:
+        m = program.memory_analysis()
+    except Exception:  # noqa: BLE001  (not every backend implements it)
+        return {}
+    if m is None:
+        return {}
+    return {"temp_bytes": int(m.temp_size_in_bytes), "argument_bytes": int(m.argument_size_in_bytes),
+            "output_bytes": int(m.output_size_in_bytes)}
+
+
+def _output(model: Model, request: Request, state, stats: dict, seconds: float, compile_seconds: float,
+            program) -> GenerateOutput:
     num = np.asarray(state.num_generated)
     tokens = [row[:n].tolist() for row, n in zip(np.asarray(state.tokens), num)]
     steps = np.asarray(state.steps).tolist()
@@ -140,6 +171,7 @@ def _output(model: Model, request: Request, state, stats: dict, seconds: float, 
         tokens_per_second=float(num.sum()) / max(seconds, 1e-9),
         method=request.name, compile_seconds=compile_seconds, text=None if text is None else one(text),
         options=request.options.as_dict(), extras=extras,
+        memory={**request.memory.as_dict(), "compiled": _compiled_memory(program)},
     )
 
 
@@ -163,9 +195,10 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
         model.compiled[key] = jitted.lower(*request.args, **request.statics).compile()
         compile_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
-    state, stats = model.compiled[key](*request.args)
+    program = model.compiled[key]
+    state, stats = program(*request.args)
     jax.block_until_ready(state.tokens)
-    return _output(model, request, state, stats, time.perf_counter() - t0, compile_seconds)
+    return _output(model, request, state, stats, time.perf_counter() - t0, compile_seconds, program)
 
 
 @dataclasses.dataclass
@@ -228,7 +261,7 @@ class Stream:
             if done:
                 break
         decoded, stats = finish(request.engine, state)
-        self.result = _output(model, request, decoded, stats, seconds, self._compile_seconds)
+        self.result = _output(model, request, decoded, stats, seconds, self._compile_seconds, step_fn)
 
 
 def stream(model: Model, prompt, max_new_tokens: int = 128, method: str = "autoregressive",

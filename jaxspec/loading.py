@@ -78,6 +78,8 @@ class Model:
     # Drafters loaded from disk for this target, by (folder, target-independent): a speculative
     # `generate` reads its drafter once, not at every call.
     drafters: dict = dataclasses.field(default_factory=dict, repr=False)
+    # Memory estimates of prepared requests, by program shape (`jaxspec.memory`).
+    memory_estimates: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @classmethod
     def from_module(cls, module: Transformer, *, tokenizer=None, dtype="float32", source="<memory>") -> "Model":

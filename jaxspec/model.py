@@ -6,7 +6,8 @@ Parameter names follow Hugging Face's (`layers[i].self_attn.q_proj.kernel` is
 The single entry point is `Transformer.__call__(tokens, positions, block_mask, cache)`:
 a block of T query tokens at explicit positions, an arbitrary attention relation inside
 the block (a dense mask or a `jaxspec.masks` spec), the committed cache visible to every
-query. It returns float32 logits and the block's K/V (`BlockKV`) for the caller to `commit`.
+query. It returns float32 logits (or only their argmax, see `head`) and the block's K/V
+(`BlockKV`) for the caller to `commit`.
 """
 
 from __future__ import annotations
@@ -102,9 +103,17 @@ class DecoderLayer(nnx.Module):
         return x, k, v
 
 
+# The LM head runs over vocabulary chunks of this many entries when only the argmax is wanted,
+# so a block's float32 logits ([b, t, vocab]: 490 MB at b 8, t 120, vocab 128256) never exist.
+ARGMAX_CHUNK = 16384
+HEADS = ("logits", "argmax", "none")
+
+
 @struct.dataclass
 class ForwardOutput:
-    logits: Float[Array, "b t vocab"]  # always float32
+    logits: Float[Array, "b t vocab"] | None  # float32; head="logits" only
+    preds: Int[Array, "b t"] | None  # the logits' argmax; head="argmax" only
+    final: Float[Array, "b t d"]  # the last norm's output: `Transformer.head_logits` maps it to logits
     block_kv: BlockKV
     hidden_states: tuple  # outputs of the layers named in `hidden_layers` (index -1 = last norm input)
 
@@ -131,9 +140,14 @@ class Transformer(nnx.Module):
         cache: KVCache,
         hidden_layers: tuple[int, ...] = (),
         embed_offset: Float[Array, "b t d"] | None = None,
+        head: str = "logits",
     ) -> ForwardOutput:
         """`embed_offset` is added to the token embeddings (PARD-2 drafters add projected
-        target features there); `hidden_layers` names layers whose outputs are returned."""
+        target features there); `hidden_layers` names layers whose outputs are returned.
+        `head`: "logits" (float32 logits), "argmax" (their argmax, `head_argmax`: the logits are
+        never materialised) or "none" (only `final`, for a caller that needs a few rows' logits)."""
+        if head not in HEADS:
+            raise ValueError(f"head must be one of {HEADS}, got {head!r}")
         attention_fn = get_attention(self.attention)
         x = self.embed_tokens(tokens)
         if embed_offset is not None:
@@ -145,18 +159,66 @@ class Transformer(nnx.Module):
             vs.append(v)
             hidden[i] = x
         x = self.norm(x)
-        if self.config.tie_word_embeddings:
-            logits = jnp.einsum("btd,vd->btv", x, self.embed_tokens.embedding[...],
-                                preferred_element_type=jnp.float32)
-        else:
-            logits = jnp.einsum("btd,dv->btv", x, self.lm_head.kernel[...],
-                                preferred_element_type=jnp.float32)
         n = len(self.layers)
         return ForwardOutput(
-            logits=logits.astype(jnp.float32),
+            logits=self.head_logits(x) if head == "logits" else None,
+            preds=self.head_argmax(x) if head == "argmax" else None,
+            final=x,
             block_kv=BlockKV(k=jnp.stack(ks), v=jnp.stack(vs)),
             hidden_states=tuple(hidden[i % n] for i in hidden_layers),
         )
+
+    def _head(self, x, lo: int | Array = 0, size: int | None = None) -> Float[Array, "... n"]:
+        """float32 logits of vocabulary entries [lo, lo + size) (all of them by default)."""
+        if self.config.tie_word_embeddings:
+            w, spec, axis = self.embed_tokens.embedding[...], "...d,vd->...v", 0
+        else:
+            w, spec, axis = self.lm_head.kernel[...], "...d,dv->...v", 1
+        if size is not None:
+            w = jax.lax.dynamic_slice_in_dim(w, lo, size, axis=axis)
+        return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(jnp.float32)
+
+    def head_logits(self, x: Float[Array, "... d"]) -> Float[Array, "... vocab"]:
+        """float32 logits of final states."""
+        return self._head(x)
+
+    def head_argmax(self, x: Float[Array, "... d"], chunk: int | None = None) -> Int[Array, "..."]:
+        """`argmax(head_logits(x))` without the full logits: the head runs over vocabulary chunks
+        with a running max. Ties go to the lowest id, as `jnp.argmax`'s do (the last chunk is
+        shifted back to end at the vocabulary's end; the ids it repeats never win a tie). Chunk
+        size: `argmax_chunk`."""
+        vocab = self.config.vocab_size
+        chunk = argmax_chunk(vocab, chunk)
+        if chunk == vocab:
+            return jnp.argmax(self._head(x), axis=-1).astype(jnp.int32)
+        count = _ceil_div(vocab, chunk)
+
+        def body(i, carry):
+            best, best_id = carry
+            start = jnp.minimum(i * chunk, vocab - chunk)
+            part = self._head(x, start, chunk)
+            top = jnp.max(part, axis=-1)
+            better = top > best
+            top_id = start + jnp.argmax(part, axis=-1).astype(jnp.int32)
+            return jnp.where(better, top, best), jnp.where(better, top_id, best_id)
+
+        init = (jnp.full(x.shape[:-1], -jnp.inf, jnp.float32), jnp.zeros(x.shape[:-1], jnp.int32))
+        return jax.lax.fori_loop(0, count, body, init)[1]
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def argmax_chunk(vocab: int, chunk: int | None = None) -> int:
+    """The chunk size `Transformer.head_argmax` uses: the vocabulary itself up to `chunk`
+    (default ARGMAX_CHUNK), else ceil(vocab / chunk) equal chunks rounded up to a multiple of
+    128 (the last chunk is shifted back and overlaps the one before by less than 128 ids)."""
+    chunk = ARGMAX_CHUNK if chunk is None else chunk  # (read at trace time: a benchmark can turn it off)
+    if vocab <= chunk:
+        return vocab
+    align = 128 if chunk >= 128 else 1
+    return min(vocab, _ceil_div(_ceil_div(vocab, _ceil_div(vocab, chunk)), align) * align)
 
 
 def causal_mask(lengths: Int[Array, " b"], t: int) -> Bool[Array, "b t t"]:

@@ -190,6 +190,11 @@ def test_method_option_errors_name_the_method(model):
         generate(model, [1, 2], method="prompt-lookup", guesses=-1)
     with pytest.raises(jaxspec.GenerationError, match=r"^jacobi window must be an integer >= 1, got 0"):
         generate(model, [1, 2], method="jacobi", window=0)
+    with pytest.raises(jaxspec.GenerationError, match=r"^lookahead ngram must be an integer >= 2, got 1"):
+        generate(model, [1, 2], method="lookahead", ngram=1)
+    pycode = jaxspec.load("pycode-5M")  # (hybrid needs a drafter: the default model's)
+    with pytest.raises(jaxspec.GenerationError, match=r"^hybrid window must be an integer >= 1, got 0"):
+        generate(pycode, [1, 2], method="hybrid", window=0)
 
 
 # ----------------------------------------------------------------------------- config.json not an object

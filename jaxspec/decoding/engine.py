@@ -51,6 +51,12 @@ class Engine:
         return TokenTree(tuple(s.layout() for s in self.sources))
 
     @property
+    def block_tokens(self) -> int:
+        """`tree.size` without building the tree (its tables grow with the block's square); a
+        source without `block_tokens` is measured by its layout."""
+        return 1 + sum(s.block_tokens if hasattr(s, "block_tokens") else s.layout().size for s in self.sources)
+
+    @property
     def max_commit(self) -> int:
         """The most tokens one step commits or emits: the longest path + the bonus token."""
         return self.tree.max_path + 1
@@ -120,9 +126,11 @@ class LocalBlock:
              sampling: SamplingParams, carry) -> tuple[Chosen, KVCache, Any]:
         tree, cache = engine.tree, decode.cache
         batch = tokens.shape[0]
+        # Greedy verification reads only the argmax: the block's logits are never materialised.
+        sampled = engine.verifier.sampled
         out = model(tokens, cache.lengths[:, None] + jnp.asarray(tree.depths), tree.mask(batch), cache,
-                    hidden_layers=engine.hidden_layers)
-        preds = jnp.argmax(out.logits, axis=-1).astype(jnp.int32)  # [b, T]
+                    hidden_layers=engine.hidden_layers, head="logits" if sampled else "argmax")
+        preds = jnp.argmax(out.logits, axis=-1).astype(jnp.int32) if sampled else out.preds  # [b, T]
         paths, pred_idx = tree.paths, tree.pred_idx
         path_tokens = jnp.where(paths >= 0, tokens[:, np.maximum(paths, 0)], -1)  # [b, K, P]
         verdict = engine.verifier(key, path_tokens, valid, out.logits, preds, pred_idx, q, sampling)

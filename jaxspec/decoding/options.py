@@ -95,8 +95,9 @@ class LookaheadOptions(Options):
     lp_devices: int = 1
 
     def __post_init__(self):
+        method = "hybrid" if isinstance(self, HybridOptions) else "lookahead"  # (errors name the method used)
         for name, low in (("window", 1), ("ngram", 2), ("guesses", 0)):
-            _check_int("lookahead", name, getattr(self, name), low)
+            _check_int(method, name, getattr(self, name), low)
         for name in ("pool_from_prompt", "verify_window"):
             _check_bool(name, getattr(self, name))
         object.__setattr__(self, "lp_devices", check_lp_devices(self.lp_devices))

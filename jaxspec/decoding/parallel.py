@@ -224,8 +224,8 @@ class ShardedBlock:
         mask = TreeMask(pre=jnp.broadcast_to(jnp.concatenate([slot, slots + pre]), (batch, total)),
                         end=jnp.concatenate([jnp.where(pending_valid, total - 1, slot[None]),
                                              jnp.broadcast_to(slots + end, (batch, total - slots))], axis=1))
-        out = model(tokens, positions, mask, cache, hidden_layers=engine.hidden_layers)
-        preds = jnp.argmax(out.logits, axis=-1).astype(jnp.int32)
+        out = model(tokens, positions, mask, cache, hidden_layers=engine.hidden_layers, head="argmax")
+        preds = out.preds
 
         # This device's paths, then the one exchange of the step.
         pred_idx = jnp.concatenate([jnp.full((paths.shape[0], 1), sharded.last),

@@ -24,8 +24,9 @@ def prefill(model: Transformer, prompts: Int[Array, "b p"], prompt_lengths: Int[
     cache, and the hidden states at `hidden_layers` over the prompt (`concat_features`)."""
     batch, p = prompts.shape
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (batch, p))
-    out = model(prompts, positions, causal_mask(prompt_lengths, p), cache, hidden_layers=hidden_layers)
+    # Logits only at each row's last token: the whole prompt's ([b, p, vocab]) are never needed.
+    out = model(prompts, positions, causal_mask(prompt_lengths, p), cache, hidden_layers=hidden_layers, head="none")
     take = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (batch, p))
     cache = commit(cache, out.block_kv, take, prompt_lengths)
-    last = jnp.take_along_axis(out.logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+    last = model.head_logits(jnp.take_along_axis(out.final, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0])
     return last, cache, concat_features(out.hidden_states, batch, p)

@@ -105,6 +105,9 @@ class DraftSource(Protocol):
 
     def layout(self) -> BranchLayout: ...
 
+    # Optional: `block_tokens` (property), `layout().size` without building the layout, so the
+    # memory guard can refuse huge options before their layout exists (`Engine.block_tokens`).
+
     def init(self, start: Start, weights: Any) -> Any: ...
 
     def propose(self, state: Any, step: Step, weights: Any) -> tuple[Branch, Any]: ...

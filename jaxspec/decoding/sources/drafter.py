@@ -118,6 +118,10 @@ class PardDrafter:
     def hidden_layers(self) -> tuple[int, ...]:
         return self.spec.target_layers
 
+    @property
+    def block_tokens(self) -> int:
+        return self.spec.draft_len
+
     def layout(self) -> BranchLayout:
         return chain(self.spec.draft_len)
 

@@ -27,6 +27,10 @@ class JacobiGuess:
     hidden_layers = ()
     needs_runs = False
 
+    @property
+    def block_tokens(self) -> int:
+        return self.window
+
     def layout(self) -> BranchLayout:
         return chain(self.window)
 

@@ -54,6 +54,10 @@ class NGramCandidates:
     hidden_layers = ()
     needs_runs = False
 
+    @property
+    def block_tokens(self) -> int:
+        return self.guesses * (self.ngram - 1)
+
     def layout(self) -> BranchLayout:
         length = self.ngram - 1
         parents = tuple(ROOT if j == 0 else c * length + j - 1 for c in range(self.guesses) for j in range(length))

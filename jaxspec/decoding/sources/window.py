@@ -48,6 +48,10 @@ class LookaheadWindow:
         g = level * self.window + col
         return ROOT if g == 0 else g - 1
 
+    @property
+    def block_tokens(self) -> int:
+        return self.levels * self.window - 1  # every cell but the root's
+
     def layout(self) -> BranchLayout:
         w, levels = self.window, self.levels
         cells = [(lv, c) for lv in range(levels) for c in range(w)][1:]  # (0, 0) is the root

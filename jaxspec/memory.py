@@ -1,0 +1,163 @@
+"""Memory a decoding program needs, estimated before it is compiled, against what the device has.
+
+A request whose method options are too large for the device (`guesses=5000` at a 128k
+vocabulary needs a 150 GB n-gram pool) must fail with one line before XLA compiles or runs
+it, not as a RESOURCE_EXHAUSTED traceback or an exhausted host. The estimate is
+
+Two checks: `first_estimate`, from the options alone, before the step's token tree is built;
+then `estimate`, with the state's exact size:
+
+* state: the loop state's exact size (`jax.eval_shape` of the program's `begin`): output
+  buffer, KV cache, the sources' states (lookahead's pool `b x vocab x G x (N-1)` int32 ids,
+  the window, a drafter's cache), the accept histogram;
+* step: the largest buffers one step or the prefill makes, whichever is larger. Per layer
+  the attention scores `b x heads x T x (cache + T)` float32 (twice: scores and weights), the
+  MLP's `3 x b x T x intermediate`, the residual stream; the block's K/V for every layer; the
+  LM head: `b x T x vocab` float32 when sampling (the verifier reads probabilities), else
+  `b x T x argmax_chunk(vocab)` (`Transformer.head_argmax`); T = the block's tokens (the
+  prompt bucket for the prefill).
+
+Weights are already on the device and are reported, not counted against the free memory.
+The request is refused when state + step exceed the device's free memory (accelerators:
+`memory_stats()`; CPU: the host's MemAvailable). After compiling, `generate` adds XLA's own
+figure (`memory_analysis()`) to the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from jaxspec.config import ModelConfig
+from jaxspec.errors import MemoryLimitError
+from jaxspec.model import argmax_chunk
+
+F32 = 4
+
+
+def tree_bytes(tree) -> int:
+    """Bytes of a pytree's arrays (or ShapeDtypeStructs); PRNG keys count their key data."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        dtype = leaf.dtype
+        if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+            itemsize = 8  # two uint32 words (threefry), the default implementation
+        else:
+            itemsize = np.dtype(dtype).itemsize
+        total += int(np.prod(leaf.shape)) * itemsize
+    return total
+
+
+def forward_bytes(cfg: ModelConfig, dtype_bytes: int, batch: int, tokens: int, keys: int, head_columns: int) -> int:
+    """The largest buffers of one forward of `tokens` block tokens attending to `keys` keys
+    (see the module docstring); layers run one after another, so only one layer's count."""
+    attention = 2 * batch * cfg.num_heads * tokens * keys * F32
+    mlp = 3 * batch * tokens * cfg.intermediate_size * F32
+    residual = 4 * batch * tokens * cfg.hidden_size * F32
+    block_kv = 2 * cfg.num_layers * batch * tokens * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+    head = batch * tokens * head_columns * F32
+    return attention + mlp + residual + block_kv + head
+
+
+def free_memory(device) -> tuple[int | None, str]:
+    """(free bytes, how that was read) for `device`: None when it cannot be read."""
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001  (a backend without memory statistics)
+        stats = None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)), "memory_stats"
+    if device.platform == "cpu":
+        try:
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "MemAvailable"
+        except OSError:
+            pass
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "sysconf"
+        except (ValueError, OSError, AttributeError):
+            pass
+    return None, "unknown"
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    weights_bytes: int
+    state_bytes: int
+    step_bytes: int
+    free_bytes: int | None = None  # filled in by `with_free_memory` at each request
+    free_source: str = "unknown"
+    device: str = ""
+
+    @property
+    def need_bytes(self) -> int:
+        """What running the program adds on the device: state + the largest step."""
+        return self.state_bytes + self.step_bytes
+
+    def with_free_memory(self) -> "MemoryEstimate":
+        device = jax.devices()[0]
+        free, source = free_memory(device)
+        return dataclasses.replace(self, free_bytes=free, free_source=source, device=str(device))
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "need_bytes": self.need_bytes}
+
+
+def _gb(n: int) -> str:
+    if n >= 1e12:
+        return f"{n / 1e12:,.1f} TB"
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def step_bytes(cfg: ModelConfig, dtype_bytes: int, batch: int, prompt_len: int, block: int, cache_len: int,
+               sampled: bool) -> int:
+    """The larger of one step's and the prefill's buffers (see the module docstring)."""
+    step = forward_bytes(cfg, dtype_bytes, batch, block, cache_len + block,
+                         cfg.vocab_size if sampled else argmax_chunk(cfg.vocab_size))
+    prefill = forward_bytes(cfg, dtype_bytes, batch, prompt_len, cache_len + prompt_len, 0) \
+        + batch * cfg.vocab_size * F32
+    return max(step, prefill)
+
+
+def kv_cache_bytes(cfg: ModelConfig, dtype_bytes: int, batch: int, cache_len: int) -> int:
+    return 2 * cfg.num_layers * batch * cache_len * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+
+
+def first_estimate(cfg: ModelConfig, dtype_bytes: int, engine, params, batch: int, prompt_len: int,
+                   cache_len: int) -> MemoryEstimate:
+    """From the options alone, before the step's token tree exists (its tables grow with the
+    block's square, so `guesses=10**9` must be refused before it is built): the step and the
+    KV cache as the state (the sources' states are counted by `estimate`)."""
+    return MemoryEstimate(weights_bytes=tree_bytes(params), state_bytes=kv_cache_bytes(cfg, dtype_bytes, batch, cache_len),
+                          step_bytes=step_bytes(cfg, dtype_bytes, batch, prompt_len, engine.block_tokens, cache_len,
+                                                engine.verifier.sampled))
+
+
+def estimate(request, cfg: ModelConfig, dtype_bytes: int, begin_fn) -> MemoryEstimate:
+    """The estimate for a prepared request (`jaxspec.generate.Request`), free memory not read
+    yet; `begin_fn` is the program's begin (traced by `jax.eval_shape`, never compiled)."""
+    params, prompts = request.args[1], request.args[2]
+    state = jax.eval_shape(functools.partial(begin_fn, **request.statics), *request.args)
+    engine = request.engine
+    batch, prompt_len = prompts.shape
+    return MemoryEstimate(weights_bytes=tree_bytes(params), state_bytes=tree_bytes(state),
+                          step_bytes=step_bytes(cfg, dtype_bytes, batch, prompt_len, engine.tree.size,
+                                                request.statics["cache_len"], engine.verifier.sampled))
+
+
+def check(estimate: MemoryEstimate, what: str) -> MemoryEstimate:
+    """The estimate with the free memory read now; refused (one line) when it cannot fit.
+    `what` names the request."""
+    estimate = estimate.with_free_memory()
+    if estimate.free_bytes is not None and estimate.need_bytes > estimate.free_bytes:
+        raise MemoryLimitError(
+            f"{what} needs about {_gb(estimate.need_bytes)} (state {_gb(estimate.state_bytes)}, step "
+            f"{_gb(estimate.step_bytes)}; weights {_gb(estimate.weights_bytes)} already loaded) but {estimate.device} "
+            f"has {_gb(estimate.free_bytes)} free; lower the batch, max_new_tokens or the method's options")
+    return estimate
