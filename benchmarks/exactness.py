@@ -31,6 +31,7 @@ import jax
 import jaxspec
 from jaxspec import exactness
 from jaxspec.methods import resolve_method
+import report
 from machine import machine_info
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -76,7 +77,8 @@ def prompts_for(name: str, model) -> list[list[int]]:
     return [chat_prompt(model, c["messages"]) for c in chat_prompts("bench")[:PROMPTS]]
 
 
-def run_model(name: str, dtype: str, new_tokens: int, labels: list[str], batches, progress) -> list[dict]:
+def run_model(name: str, dtype: str, new_tokens: int, labels: list[str], batches, progress, done: dict
+              ) -> list[dict]:
     model = jaxspec.load(name, dtype=dtype)
     prompts = prompts_for(name, model)
     opts = dict(max_new_tokens=new_tokens, stop_at_eos=False)
@@ -88,6 +90,9 @@ def run_model(name: str, dtype: str, new_tokens: int, labels: list[str], batches
         for batch in batches:
             if method == "autoregressive" and batch == 1:
                 continue  # that is the reference
+            if (name, dtype, label, batch) in done:  # --resume: measured by the previous run
+                progress(done[(name, dtype, label, batch)])
+                continue
             t0 = time.perf_counter()
             tokens, block = [], None
             for i in range(0, len(prompts), batch):
@@ -110,31 +115,9 @@ def run_model(name: str, dtype: str, new_tokens: int, labels: list[str], batches
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# Exactness: identical to greedy (batch 1, same dtype), per dtype, batch and block", "",
-             f"{result['date']}, `{result['command']}`, jax {result['jax']}, {result['device']}. "
-             f"{PROMPTS} prompts per model; a near-tie is a first difference whose logit gap is within "
-             f"{exactness.NEAR_TIE_ULPS} ulps of the largest |logit| in the dtype.", "",
-             "| model | dtype | config | T | batch | identical | differing: near-ties / not | largest \\|gap\\| |",
-             "|---|---|---|---:|---:|---:|---|---:|"]
-    for r in result["rows"]:
-        diffs = r["differences"]
-        ties = sum(d["near_tie"] for d in diffs)
-        gaps = [abs(d["logit_gap"]) for d in diffs if d["logit_gap"] is not None]
-        lines.append(f"| {r['model']} | {r['dtype']} | {r['config']} | {r['block']} | {r['batch']} | "
-                     f"{r['identical']}/{r['prompts']} | {f'{ties} / {len(diffs) - ties}' if diffs else ''} | "
-                     f"{f'{max(gaps):.3g}' if gaps else ''} |")
-    lines += ["", "Per dtype, over every row above (greedy (batched) rows included):", "",
-              "| dtype | rows identical | differing rows | of which near-ties | not near-ties |", "|---|---:|---:|---:|---:|"]
-    for dtype in DTYPES:
-        rows = [r for r in result["rows"] if r["dtype"] == dtype]
-        if not rows:
-            continue
-        total = sum(r["prompts"] for r in rows)
-        diffs = [d for r in rows for d in r["differences"]]
-        ties = sum(d["near_tie"] for d in diffs)
-        lines.append(f"| {dtype} | {total - len(diffs)}/{total} ({100 * (total - len(diffs)) / total:.1f}%) | "
-                     f"{len(diffs)} | {ties} | {len(diffs) - ties} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(["# Exactness: identical to greedy (batch 1, same dtype), per dtype, batch and block", "",
+                      f"{result['date']}, `{result['command']}`, jax {result['jax']}, {result['device']}.", "",
+                      *report.exactness(result)]) + "\n"
 
 
 def main(argv=None) -> int:
@@ -142,14 +125,22 @@ def main(argv=None) -> int:
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     p.add_argument("--smoke", action="store_true", help="8 new tokens, two configs, batches 1 and 4")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows the previous run's JSON already has (same model, dtype, config, batch)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
-    result = dict(rows=[], machine=machine_info(), device=str(jax.devices()[0]), jax=jax.__version__,
+    result = dict(rows=[], prompts_per_model=PROMPTS, near_tie_ulps=exactness.NEAR_TIE_ULPS, machine=machine_info(), device=str(jax.devices()[0]), jax=jax.__version__,
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   command="python " + " ".join(["benchmarks/exactness.py", *argv]))
     stem = "exactness_smoke" if args.smoke else "exactness"
     args.out.mkdir(parents=True, exist_ok=True)
+
+    done = {}
+    if args.resume and (args.out / f"{stem}.json").exists():
+        previous = json.loads((args.out / f"{stem}.json").read_text())
+        done = {(r["model"], r["dtype"], r["config"], r["batch"]): r for r in previous["rows"]}
+        result["resumed_from"] = previous["date"]  # the report says the rows come from two runs
 
     def progress(row):
         print(f"{row['model']} {row['dtype']} {row['config']} batch {row['batch']}: {row['identical']}/{row['prompts']}"
@@ -165,7 +156,7 @@ def main(argv=None) -> int:
             new_tokens, labels, batches = 8, labels[:2], (1, 4)
         for dtype in args.dtypes:
             try:
-                run_model(name, dtype, new_tokens, labels, batches, progress)
+                run_model(name, dtype, new_tokens, labels, batches, progress, done)
             except jaxspec.CheckpointError as e:  # SmolLM2 not installed: say so, go on
                 print(f"skipping {name}: {e}", file=sys.stderr)
                 break

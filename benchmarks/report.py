@@ -226,6 +226,54 @@ def attention_bench(r: dict) -> list[str]:
     return lines
 
 
+def exactness(r: dict) -> list[str]:
+    """Also `benchmarks/exactness.py`'s own markdown."""
+    lines = [f"{r['prompts_per_model']} prompts per model; each row compares every prompt's output with greedy "
+             "decoding of that prompt alone (batch 1) in the same dtype. A near-tie is a first difference whose "
+             f"logit gap is within {r['near_tie_ulps']} ulps of the largest |logit| in the dtype; T = block tokens."
+             + (f" The rows come from two runs: the first ({r['resumed_from']}) stopped, the second resumed it "
+                "(`--resume`) and measured the rest." if r.get("resumed_from") else ""),
+             "", "| model | dtype | config | T | batch | new tokens | identical | differing: near-ties / not | "
+             "largest \\|gap\\| |", "|---|---|---|---:|---:|---:|---:|---|---:|"]
+    for row in r["rows"]:
+        diffs = row["differences"]
+        ties = sum(d["near_tie"] for d in diffs)
+        gaps = [abs(d["logit_gap"]) for d in diffs if d["logit_gap"] is not None]
+        lines.append(f"| {row['model']} | {row['dtype']} | {row['config']} | {row['block']} | {row['batch']} | "
+                     f"{row['new_tokens']} | {row['identical']}/{row['prompts']} | "
+                     f"{f'{ties} / {len(diffs) - ties}' if diffs else ''} | {f'{max(gaps):.3g}' if gaps else ''} |")
+    lines += ["", "Per model and dtype, over every row above (the greedy (batched) rows included):", "",
+              "| model | dtype | outputs identical | differing | of which near-ties | not near-ties | gaps of the "
+              "differences |", "|---|---|---:|---:|---:|---:|---|"]
+    for key in dict.fromkeys((row["model"], row["dtype"]) for row in r["rows"]):
+        rows = [row for row in r["rows"] if (row["model"], row["dtype"]) == key]
+        total = sum(row["prompts"] for row in rows)
+        diffs = [d for row in rows for d in row["differences"]]
+        ties = sum(d["near_tie"] for d in diffs)
+        gaps = sorted(abs(d["logit_gap"]) for d in diffs if d["logit_gap"] is not None)
+        span = f"{gaps[0]:.2g} to {gaps[-1]:.2g}" if gaps else ""
+        lines.append(f"| {key[0]} | {key[1]} | {total - len(diffs)}/{total} ({100 * (total - len(diffs)) / total:.1f}%)"
+                     f" | {len(diffs)} | {ties} | {len(diffs) - ties} | {span} |")
+    return lines
+
+
+def vocab_memory(r: dict) -> list[str]:
+    """Also `benchmarks/vocab_memory.py`'s own markdown."""
+    w, n, g = r["config"]
+    mb = lambda b: f"{b / 2**20:.0f}"  # noqa: E731
+    lines = [f"Greedy lookahead ({w},{n},{g}) at batch {r['batch']} (block T = {r['block_tokens']} tokens), random-"
+             f"weight Llama of hidden size {r['shape']['hidden_size']} with the vocabulary replaced; chunk bound "
+             f"{r['chunk']}. Memory is XLA's `memory_analysis()` of the whole compiled decode program; ms/step "
+             "interleaved, the best of the repeats.", "",
+             "| vocab | head | temporaries MB | arguments MB | block logits MB (b·T·chunk·4) | ms/step | same tokens |",
+             "|---:|---|---:|---:|---:|---:|---|"]
+    for row in r["rows"]:
+        lines.append(f"| {row['vocab']} | {row['variant']} | {mb(row['temp_bytes'])} | {mb(row['argument_bytes'])} | "
+                     f"{mb(row['block_logits_bytes'])} | {1e3 * row['seconds_per_step']:.1f} | "
+                     f"{_yes(row['identical_tokens'])} |")
+    return lines
+
+
 SECTIONS = [
     Section("code_bench", "Default model on held-out code: greedy, Lookahead Decoding, prompt lookup",
             "python benchmarks/code_bench.py",
@@ -265,6 +313,17 @@ SECTIONS = [
             "python benchmarks/greedy_bench.py",
             "Greedy decoding throughput of the two implementations from the same weights, batch 1, float32.",
             greedy_bench),
+    Section("exactness", "Exactness per dtype, batch and block: identical to greedy, and the gaps where not",
+            "python benchmarks/exactness.py",
+            "What lossless means in float32 and in bfloat16: each method's output against greedy's at batch 1, "
+            "8 prompts per model (stories260K, pycode-5M, SmolLM2-135M-Instruct), batches 1, 4 and 8, blocks "
+            "from 1 to 184 tokens.", exactness, variants=("exactness_smoke",)),
+    Section("vocab_memory", "Large vocabularies: the greedy step without its block logits",
+            "python benchmarks/vocab_memory.py",
+            "Greedy verification reads only the argmax, so the LM head runs over vocabulary chunks "
+            "(`Transformer.head_argmax`) and the block's float32 logits never exist; full logits (the previous "
+            "code) against the chunked head at vocabularies up to Qwen's 151936.", vocab_memory,
+            variants=("vocab_memory_smoke",)),
     Section("lp_bench", "Lookahead parallelism: work and bytes per device",
             "python benchmarks/lp_bench.py",
             "Lookahead at (15, 5, 15) split over 1, 2, 4 and 8 devices: block tokens per device, the bytes "

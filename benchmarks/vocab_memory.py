@@ -26,6 +26,7 @@ from flax import nnx
 
 import jaxspec
 import jaxspec.model as model_lib
+import report
 from machine import machine_info
 from jaxspec import Model, ModelConfig, Transformer
 
@@ -100,18 +101,9 @@ def main(argv=None) -> int:
     stem = "vocab_memory_smoke" if args.smoke else "vocab_memory"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
-    mb = lambda b: f"{b / 2**20:.0f}"  # noqa: E731
-    lines = [f"# Greedy lookahead ({w},{n},{g}) at batch {args.batch}: full block logits vs chunked argmax",
-             "", f"{result['date']}, `{result['command']}`, jax {jax.__version__}, {result['device']}; "
-             f"block T = {block} tokens, chunk {model_lib.ARGMAX_CHUNK}; random-weight model "
-             f"(d {SHAPE['hidden_size']}, {SHAPE['num_layers']} layer, tied head). Memory is XLA's "
-             "`memory_analysis()` of the whole compiled decode program.", "",
-             "| vocab | head | temporaries MB | arguments MB | block logits MB (b·T·chunk·4) "
-             "| ms/step | same tokens |", "|---:|---|---:|---:|---:|---:|---|"]
-    for r in rows:
-        lines.append(f"| {r['vocab']} | {r['variant']} | {mb(r['temp_bytes'])} | {mb(r['argument_bytes'])} | "
-                     f"{mb(r['block_logits_bytes'])} | {1e3 * r['seconds_per_step']:.1f} | "
-                     f"{'yes' if r['identical_tokens'] else 'NO'} |")
+    lines = [f"# Greedy lookahead ({w},{n},{g}) at batch {args.batch}: full block logits vs chunked argmax", "",
+             f"{result['date']}, `{result['command']}`, jax {jax.__version__}, {result['device']}.", "",
+             *report.vocab_memory(result)]
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -37,8 +37,8 @@ def near_tie_tolerance(dtype: str, logits: np.ndarray) -> float:
     """NEAR_TIE_ULPS units in the last place of the largest |logit|, in `dtype`."""
     eps = float(jnp.finfo(jnp.dtype(dtype)).eps)
     scale = float(np.max(np.abs(logits)))
-    ulp = eps * 2.0 ** np.floor(np.log2(scale)) if scale > 0 else eps
-    return NEAR_TIE_ULPS * ulp
+    ulp = eps * 2.0 ** float(np.floor(np.log2(scale))) if scale > 0 else eps
+    return float(NEAR_TIE_ULPS * ulp)
 
 
 @jax.jit
@@ -69,7 +69,7 @@ class Difference:
 
     @property
     def near_tie(self) -> bool:
-        return self.logit_gap is not None and abs(self.logit_gap) <= self.tolerance
+        return bool(self.logit_gap is not None and abs(self.logit_gap) <= self.tolerance)
 
     def describe(self, dtype: str) -> str:
         if self.logit_gap is None:

@@ -30,6 +30,7 @@ import test_sampling_distribution as harness
 from jaxspec.cli import main
 from jaxspec.drafter import Drafter
 from jaxspec.errors import GenerationError
+from jaxspec.generate import prepare
 from stories import CASES, CHECKPOINT, needs_stories
 
 EOS = (12, 23, 43)
@@ -154,10 +155,12 @@ def test_target_dependent_methods_prefill_once(tiny, drafters, monkeypatch, meth
         calls.append((self.config.vocab_size, tokens.shape[1], kwargs.get("hidden_layers", ())))
         return original(self, tokens, *args, **kwargs)
 
+    fresh = dataclasses.replace(tiny, compiled={}, memory_estimates={})
+    args = dict(max_new_tokens=6, method=method, drafter=drafters["random"], draft_len=K, target_features=True,
+                stop_at_eos=False, **(HYBRID if method == "hybrid" else {}))
+    prepare(fresh, [[1, 50, 8]] * batch, **args)  # the memory estimate traces `begin` once, before the patch
     monkeypatch.setattr(jaxspec.Transformer, "__call__", counting)
-    fresh = dataclasses.replace(tiny, compiled={})
-    out = jaxspec.generate(fresh, [[1, 50, 8]] * batch, max_new_tokens=6, method=method, drafter=drafters["random"],
-                           draft_len=K, target_features=True, stop_at_eos=False, **(HYBRID if method == "hybrid" else {}))
+    out = jaxspec.generate(fresh, [[1, 50, 8]] * batch, **args)
     monkeypatch.undo()
     assert out.options["target_features"] is True
     target = [c for c in calls if c[0] == TINY.vocab_size]
