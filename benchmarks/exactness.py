@@ -106,6 +106,10 @@ def run_model(name: str, dtype: str, new_tokens: int, labels: list[str], batches
                 if d is not None:
                     differences.append(dict(prompt=i, index=d.index, expected=d.expected, got=d.got,
                                             logit_gap=d.logit_gap, tolerance=d.tolerance, near_tie=d.near_tie))
+            # Drop this config's programs: a process holding every SmolLM2 program runs out of
+            # the memory maps LLVM's JIT needs ("LLVM compilation error: Cannot allocate memory").
+            model.compiled.clear()
+            jax.clear_caches()
             rows.append(dict(model=name, dtype=dtype, config=label, method=method, options=options, block=block,
                              batch=batch, prompts=len(prompts), new_tokens=new_tokens,
                              identical=len(prompts) - len(differences), differences=differences,

@@ -112,6 +112,9 @@ def _add_decoding_options(g: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=_seed, default=0, help="random seed for sampling, in [0, 2**32)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     g.add_argument("--attention", default="xla", help="attention backend (xla|pallas)")
+    g.add_argument("--tensor-parallel", type=int, default=1, metavar="T",
+                   help="shard the weights over T devices (GSPMD, Megatron layout; docs/scaling.md)")
+    g.add_argument("--data-parallel", type=int, default=1, metavar="D", help="with --tensor-parallel: the batch over D")
     la = g.add_argument_group("lookahead / prompt-lookup / jacobi (defaults: configs/lookahead.toml by model size)")
     la.add_argument("--window", type=int, help="lookahead window W (jacobi: guess length)")
     la.add_argument("--ngram", type=int, help="n-gram size N (N-1 lookahead levels; candidates of N-1 tokens)")
@@ -184,7 +187,8 @@ def _generate(args) -> int:
 
     method_options = _method_options(args)
     _warn_unused_sampling(args)
-    model = jaxspec.load(args.model or jaxspec.loading.DEFAULT_MODEL, dtype=args.dtype, attention=args.attention)
+    model = jaxspec.load(args.model or jaxspec.loading.DEFAULT_MODEL, dtype=args.dtype, attention=args.attention,
+                         tensor_parallel=args.tensor_parallel, data_parallel=args.data_parallel)
     prompt = args.prompt if args.prompt is not None else args.prompt_ids
     out = jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens, method=args.method,
                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -198,6 +202,7 @@ def _generate(args) -> int:
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                 "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
                 "stop_at_eos": not args.no_eos_stop, "compile_seconds": out.compile_seconds,
+                "tensor_parallel": args.tensor_parallel, "data_parallel": args.data_parallel,
                 **out.options, **out.extras,
             },
             "memory": out.memory,
@@ -252,7 +257,8 @@ def _chat(args) -> int:
     options = dict(method=args.method, max_new_tokens=args.max_new_tokens, **_sampling(args),
                    **_method_options(args))
     _warn_unused_sampling(args)
-    model = jaxspec.load(args.model, dtype=args.dtype, attention=args.attention)
+    model = jaxspec.load(args.model, dtype=args.dtype, attention=args.attention,
+                         tensor_parallel=args.tensor_parallel, data_parallel=args.data_parallel)
     messages = [{"role": "system", "content": args.system}] if args.system else []
 
     def greedy_of(reply):

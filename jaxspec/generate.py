@@ -25,6 +25,7 @@ from jaxspec.decoding.engine import finish
 from jaxspec.methods import advance, begin, bind, decode, resolve_method
 from jaxspec.parallel import lp_mesh, replicate
 from jaxspec.sampling import SamplingParams
+from jaxspec.tensor_parallel import place_inputs
 
 
 @dataclasses.dataclass
@@ -130,9 +131,14 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     statics = dict(engine=engine, max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids,
                    lp_devices=lp_devices)
     args = (graphdef, params, jnp.asarray(prompts), jnp.asarray(lengths), jax.random.key(seed), sampling)
+    if lp_devices > 1 and model.mesh is not None:
+        raise GenerationError("lp_devices > 1 on a tensor-parallel model (LP x TP) is not supported yet; "
+                              "use one of them")
     if lp_devices > 1:
         # Lookahead parallelism: inputs replicated on the `lp` mesh (across processes too).
         args = (args[0], *replicate(args[1:], lp_mesh(lp_devices)))
+    elif model.mesh is not None:  # tensor parallelism: GSPMD partitions the program from these layouts
+        args = (*args[:2], *place_inputs(model.mesh, *args[2:]))
     request = Request(name=name, options=options, statics=statics, args=args, bound=graphdef is not model.graphdef,
                       batched=batched, lp_devices=lp_devices)
     # With the loop state's exact size (traced, not compiled): the estimate `generate` reports.

@@ -80,6 +80,8 @@ class Model:
     drafters: dict = dataclasses.field(default_factory=dict, repr=False)
     # Memory estimates of prepared requests, by program shape (`jaxspec.memory`).
     memory_estimates: dict = dataclasses.field(default_factory=dict, repr=False)
+    # The (data, model) mesh the parameters are laid out on (`jaxspec.tensor_parallel`), or None.
+    mesh: Any = None
 
     @classmethod
     def from_module(cls, module: Transformer, *, tokenizer=None, dtype="float32", source="<memory>") -> "Model":
@@ -111,9 +113,17 @@ def resolve(path_or_name: str | os.PathLike) -> Path:
     )
 
 
-def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str = "float32", attention: str = "xla") -> Model:
+def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str = "float32", attention: str = "xla",
+         tensor_parallel: int = 1, data_parallel: int = 1) -> Model:
     """Load a checkpoint for decoding (default: the shipped model). `attention` names the
-    attention backend ("xla" | "pallas")."""
+    attention backend ("xla" | "pallas"). `tensor_parallel` T > 1 or `data_parallel` D > 1 lay
+    the weights out over T devices (and the batch over D) of a (data, model) mesh
+    (`jaxspec.tensor_parallel`); every method then runs on that mesh."""
+    from jaxspec import tensor_parallel as tp_lib
+
+    mesh = None
+    if (tensor_parallel, data_parallel) != (1, 1):
+        mesh = tp_lib.tp_mesh(tensor_parallel, data_parallel)  # (checked before reading the checkpoint)
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     get_attention(attention)  # fail now, not at the first generate
@@ -141,4 +151,5 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str = "float32"
         raise CheckpointError(
             f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only {module.config.vocab_size}"
         )
-    return Model.from_module(module, tokenizer=tokenizer, dtype=dtype, source=str(path))
+    model = Model.from_module(module, tokenizer=tokenizer, dtype=dtype, source=str(path))
+    return model if mesh is None else tp_lib.shard(model, mesh)

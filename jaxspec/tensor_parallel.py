@@ -1,0 +1,110 @@
+"""Tensor parallelism through GSPMD: the weights sharded over a `model` mesh axis in the
+Megatron layout, the batch over a `data` axis; XLA's partitioner inserts the collectives.
+
+Layout (`partition_spec`), T = the `model` axis size:
+
+* attention: q/k/v projections split by output (heads), o by input: each device computes its
+  heads' attention and the o projection's partial sums, one all-reduce per attention block.
+  k/v (and the KV cache that follows them) split only when the KV heads divide by T; otherwise
+  replicated: every device computes all KV heads (GQA with few KV heads), and only q/o split;
+* MLP: gate/up split by output (the ffn dimension), down by input: one all-reduce per MLP;
+* embedding and LM head split by vocabulary when it divides by T (the argmax over the vocabulary
+  becomes a reduction across devices), else replicated;
+* norms, biases of row-split matrices (o, down): replicated. Biases of column-split
+  matrices follow their columns.
+
+Every decoding method runs unchanged: `generate` jit-compiles the same program on sharded
+parameters and inputs. Float32 results can differ from one device at the last bit (partial
+sums add in another order), so greedy tokens can part only at near-ties (`jaxspec.exactness`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxspec.config import ModelConfig
+from jaxspec.errors import ConfigError
+
+MODEL_AXIS = "model"
+DATA_AXIS = "data"
+
+
+def tp_mesh(tensor_parallel: int, data_parallel: int = 1) -> Mesh:
+    """A (data, model) mesh over the first data_parallel x tensor_parallel devices."""
+    for name, value in (("tensor_parallel", tensor_parallel), ("data_parallel", data_parallel)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    need, available = tensor_parallel * data_parallel, jax.device_count()
+    if need > available:
+        hint = (" (on CPU, set XLA_FLAGS=--xla_force_host_platform_device_count=N before jax is imported)"
+                if jax.default_backend() == "cpu" else "")
+        raise ConfigError(f"tensor_parallel {tensor_parallel} x data_parallel {data_parallel} needs {need} devices "
+                          f"but {available} are visible{hint}")
+    if available % need:
+        raise ConfigError(f"tensor_parallel {tensor_parallel} x data_parallel {data_parallel} = {need} does not divide "
+                          f"the {available} visible devices; use a divisor of {available}")
+    devices = np.array(jax.devices()[:need]).reshape(data_parallel, tensor_parallel)
+    return Mesh(devices, (DATA_AXIS, MODEL_AXIS), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def _names(path) -> tuple[str, ...]:
+    out = []
+    for key in path:
+        name = getattr(key, "key", getattr(key, "name", getattr(key, "idx", None)))
+        out.append(str(name))
+    return tuple(out)
+
+
+def partition_spec(names: tuple[str, ...], shape: tuple[int, ...], cfg: ModelConfig, tp: int) -> PartitionSpec:
+    """The layout of one parameter (see the module docstring) by its path names."""
+    split = lambda n: n % tp == 0  # noqa: E731
+    kv_split = split(cfg.num_kv_heads)
+    module, leaf = (names[-3], names[-2]) if names[-1] == "value" else (names[-2], names[-1])
+    if module == "embed_tokens":
+        return PartitionSpec(MODEL_AXIS, None) if split(cfg.vocab_size) else PartitionSpec()
+    if module == "lm_head":
+        return PartitionSpec(None, MODEL_AXIS) if split(cfg.vocab_size) else PartitionSpec()
+    column = {"q_proj": split(cfg.num_heads), "k_proj": kv_split, "v_proj": kv_split,
+              "gate_proj": split(cfg.intermediate_size), "up_proj": split(cfg.intermediate_size)}
+    row = {"o_proj": split(cfg.num_heads), "down_proj": split(cfg.intermediate_size)}
+    if module in column and column[module]:
+        return PartitionSpec(None, MODEL_AXIS) if leaf == "kernel" else PartitionSpec(MODEL_AXIS)
+    if module in row and row[module] and leaf == "kernel":
+        return PartitionSpec(MODEL_AXIS, None)
+    return PartitionSpec()
+
+
+def param_shardings(params, cfg: ModelConfig, mesh: Mesh):
+    """A NamedSharding per parameter leaf (a pytree like `params`)."""
+    tp = mesh.shape[MODEL_AXIS]
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: NamedSharding(mesh, partition_spec(_names(path), x.shape, cfg, tp)), params)
+
+
+def kv_heads_split(cfg: ModelConfig, mesh: Mesh) -> bool:
+    return cfg.num_kv_heads % mesh.shape[MODEL_AXIS] == 0
+
+
+def shard(model, mesh: Mesh):
+    """The model with its parameters laid out on `mesh` (a `tp_mesh`); `generate` then runs every
+    method on that mesh. A new `Model` (its own compiled programs)."""
+    if tuple(mesh.axis_names) != (DATA_AXIS, MODEL_AXIS):
+        raise ConfigError(f"a tensor-parallel mesh has the axes {(DATA_AXIS, MODEL_AXIS)}, got {tuple(mesh.axis_names)}"
+                          " (make one with jaxspec.tensor_parallel.tp_mesh)")
+    params = jax.device_put(model.params, param_shardings(model.params, model.config, mesh))
+    return dataclasses.replace(model, params=params, mesh=mesh, compiled={}, memory_estimates={})
+
+
+def place_inputs(mesh: Mesh, prompts, lengths, rng, sampling) -> tuple:
+    """Decode inputs on `mesh`: the batch over `data` when it divides, else replicated; the key
+    and the sampling parameters replicated."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    rows = NamedSharding(mesh, PartitionSpec(DATA_AXIS)) if prompts.shape[0] % mesh.shape[DATA_AXIS] == 0 \
+        else replicated
+    put = lambda x, s: jax.device_put(x, s)  # noqa: E731
+    return (put(prompts, rows), put(lengths, rows), put(rng, replicated),
+            jax.tree.map(lambda x: put(x, replicated), sampling))

@@ -1,0 +1,172 @@
+"""Tensor parallelism (GSPMD): the weights sharded over a `model` axis, every method's tokens
+equal to one device's. The test process has one CPU device, so an 8-device worker (this file
+run as a script) decodes everything once and reports JSON; the tests read the report.
+
+The model is the LP tests' tiny LLaMA (4 query heads, 2 KV heads, ffn 64, vocabulary 64, loop-
+prone weights so drafts get accepted) with a drafter copied from it: at TP 2 every weight
+splits; at TP 4 the KV heads do not divide (k/v and the cache are replicated, q/o split); at
+TP 8 the query heads do not divide either (attention replicated, only the MLP and the
+vocabulary split).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import jaxspec
+from stories import CASES, CHECKPOINT, needs_stories
+from test_cli import assert_one_line_error, run_cli
+
+WORKER_DEVICES = 8
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+PROMPTS = [[1, 5, 9, 20], [1, 30], [1, 12, 40, 7, 3], [1, 50, 17]]
+BUDGET = 12
+LOOKAHEAD = dict(window=4, ngram=3, guesses=4)
+METHODS = {  # name: (method, options, temperature)
+    "greedy": ("autoregressive", {}, 0.0),
+    "lookahead": ("lookahead", LOOKAHEAD, 0.0),
+    "prompt-lookup": ("prompt-lookup", dict(ngram=3, guesses=4), 0.0),
+    "jacobi": ("jacobi", dict(window=4), 0.0),
+    "speculative": ("speculative", dict(draft_len=3), 0.0),
+    "hybrid": ("hybrid", dict(**LOOKAHEAD, draft_len=3), 0.0),
+    "lookahead-sampled": ("lookahead", LOOKAHEAD, 1.0),
+    "speculative-sampled": ("speculative", dict(draft_len=3), 1.0),
+}
+RUNS = {  # (tensor_parallel, data_parallel): the methods run there
+    (2, 1): list(METHODS),
+    (4, 1): ["greedy", "hybrid"],
+    (8, 1): ["lookahead"],
+    (2, 2): ["lookahead", "speculative-sampled"],
+}
+SPLIT = {  # parameter -> (its path, the TP degrees at which it is split)
+    "q_proj": (("layers", 0, "self_attn", "q_proj", "kernel"), (2, 4)),
+    "k_proj": (("layers", 0, "self_attn", "k_proj", "kernel"), (2,)),
+    "o_proj": (("layers", 0, "self_attn", "o_proj", "kernel"), (2, 4)),
+    "gate_proj": (("layers", 0, "mlp", "gate_proj", "kernel"), (2, 4, 8)),
+    "down_proj": (("layers", 0, "mlp", "down_proj", "kernel"), (2, 4, 8)),
+    "embedding": (("embed_tokens", "embedding"), (2, 4, 8)),
+    "norm": (("norm", "weight"), ()),
+}
+
+
+def _decode(model, name: str, drafter) -> list:
+    method, options, temperature = METHODS[name]
+    if method in ("speculative", "hybrid"):
+        options = dict(options, drafter=drafter)
+    return jaxspec.generate(model, PROMPTS, max_new_tokens=BUDGET, method=method, temperature=temperature, seed=3,
+                            stop_at_eos=False, **options).tokens
+
+
+def worker() -> dict:
+    import jax
+    from jaxspec.parallel import hlo_collectives
+    from jaxspec.tensor_parallel import shard, tp_mesh
+    from test_lookahead_parallel import tiny_model
+    from test_speculative import copy_drafter
+
+    assert jax.device_count() == WORKER_DEVICES
+    single = tiny_model()
+    drafter = copy_drafter(single)
+    report = {"single": {name: _decode(single, name, drafter) for name in METHODS}, "tp": {}, "shards": {}}
+    for (tp, dp), names in RUNS.items():
+        model = shard(single, tp_mesh(tp, dp))
+        report["tp"][f"{tp}x{dp}"] = {name: _decode(model, name, drafter) for name in names}
+        if dp == 1:
+            fractions = {}
+            for key, (path, _) in SPLIT.items():
+                leaf = model.params
+                for p in path:
+                    leaf = leaf[p]
+                array = leaf[...]
+                fractions[key] = [s.data.size / array.size for s in array.addressable_shards]
+            report["shards"][str(tp)] = fractions
+        if (tp, dp) == (2, 1):
+            greedy = [p for k, p in model.compiled.items() if k[1][0] == len(PROMPTS)]
+            report["collectives"] = [hlo_collectives(p.as_text()) for p in greedy[:1]][0]
+            report["layers"] = model.config.num_layers
+            try:
+                jaxspec.generate(model, PROMPTS, max_new_tokens=2, method="lookahead", lp_devices=2)
+                report["lp_error"] = ""
+            except jaxspec.GenerationError as e:
+                report["lp_error"] = str(e)
+    if CHECKPOINT.exists():  # a real checkpoint through `load(..., tensor_parallel=...)`
+        stories = jaxspec.load(str(CHECKPOINT), tensor_parallel=4, data_parallel=2)
+        report["stories"] = jaxspec.generate(stories, [c["prompt"] for c in CASES[:2]], max_new_tokens=24,
+                                             method="lookahead", stop_at_eos=False, **LOOKAHEAD).tokens
+    return report
+
+
+@pytest.fixture(scope="module")
+def tp_report() -> dict:
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={WORKER_DEVICES} {FAST_COMPILE}"
+    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mesh", [f"{tp}x{dp}" for tp, dp in RUNS])
+def test_every_method_equals_one_device(tp_report, mesh):
+    """Greedy methods: the same tokens as single-device greedy (and as the method on one
+    device); sampled methods: the same samples as one device for the same seed."""
+    single, runs = tp_report["single"], tp_report["tp"][mesh]
+    for name, tokens in runs.items():
+        assert tokens == single[name], (mesh, name)
+        if METHODS[name][2] == 0.0:
+            assert tokens == single["greedy"], (mesh, name)
+
+
+@needs_stories
+def test_stories260k_references_on_a_4x2_mesh(tp_report):
+    """stories260K loaded with tensor_parallel=4, data_parallel=2 (8 heads, 4 KV heads: all split;
+    2 rows over `data`): lookahead reproduces the reference greedy continuations."""
+    assert tp_report["stories"] == [c["greedy"][:24] for c in CASES[:2]]
+
+
+@pytest.mark.parametrize("tp", ["2", "4", "8"])
+def test_split_weights_hold_one_tth_per_device(tp_report, tp):
+    """A split weight's every addressable shard holds 1/T of it; a replicated one all of it
+    (the KV projections from TP 4, whose 2 KV heads do not divide; attention at TP 8)."""
+    for key, (_, split_at) in SPLIT.items():
+        fractions = tp_report["shards"][tp][key]
+        assert len(fractions) == int(tp)
+        want = 1 / int(tp) if int(tp) in split_at else 1.0
+        assert fractions == [pytest.approx(want)] * int(tp), (tp, key, fractions)
+
+
+def test_collectives_are_two_all_reduces_per_layer(tp_report):
+    """Megatron layout: one all-reduce after the attention block's o projection and one after
+    the MLP's down projection, per layer and forward (the prefill and the loop's step), plus
+    the vocabulary-split head's; no collective carries the n-gram pool or the window."""
+    found, layers = tp_report["collectives"], tp_report["layers"]
+    reduces = [c for c in found if c["op"] == "all-reduce"]
+    in_loop = [c for c in reduces if c["in_loop"]]
+    assert 2 * layers <= len(in_loop) <= 2 * layers + 3, in_loop
+    assert 4 * layers <= len(reduces) <= 4 * layers + 4
+    assert all(c["dtype"] in ("f32", "s32", "pred") for c in found)
+    vocab_sized = [c for c in found if c["op"] != "all-reduce" and c["bytes"] >= len(PROMPTS) * 64 * 4]
+    assert vocab_sized == [], vocab_sized  # no [b, vocab] logits gathered: the argmax reduces across devices
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["--tensor-parallel", "2"], ["needs 2 devices", "1 are visible"]),
+    (["--tensor-parallel", "0"], ["tensor_parallel must be an integer >= 1"]),
+    (["--data-parallel", "3"], ["data_parallel 3 needs 3 devices"]),
+])
+def test_cli_bad_mesh_is_one_line(capsys, argv, needles):
+    code, out, err = run_cli(["generate", "--prompt-ids", "1,5", "--max-new-tokens", "2", *argv], capsys)
+    assert_one_line_error(code, out, err, needles)
+
+
+def test_lp_on_a_tensor_parallel_model_is_refused(tp_report):
+    assert "LP x TP" in tp_report["lp_error"] and "not supported yet" in tp_report["lp_error"]
+
+
+if __name__ == "__main__":
+    print(json.dumps(worker()))
