@@ -118,8 +118,15 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
                          if type(v) is int and not (k == "lp_devices" and v == 1))
     what = f"{name}{f' ({settings})' if settings else ''} at batch {len(rows)}, max_new_tokens {max_new_tokens}"
     dtype_bytes = jnp.dtype(model.dtype).itemsize
-    memory.check(memory.first_estimate(model.config, dtype_bytes, engine, model.params, len(rows), p,
-                                       p + max_new_tokens + engine.block_tokens), what)
+
+    def on_device(estimate, cache_len):  # tensor parallelism: one device's share is what must fit
+        if model.mesh is None:
+            return estimate
+        return memory.per_device(estimate, model.config, dtype_bytes, model.mesh, len(rows), cache_len)
+
+    first_cache = p + max_new_tokens + engine.block_tokens
+    memory.check(on_device(memory.first_estimate(model.config, dtype_bytes, engine, model.params, len(rows), p,
+                                                 first_cache), first_cache), what)
     cache_len = _round_up(p + max_new_tokens + engine.max_commit, 64)
     prompts = np.zeros((len(rows), p), np.int32)
     for i, r in enumerate(rows):
@@ -144,7 +151,7 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     # With the loop state's exact size (traced, not compiled): the estimate `generate` reports.
     key = request.compile_key("memory")
     if key not in model.memory_estimates:
-        model.memory_estimates[key] = memory.estimate(request, model.config, dtype_bytes, begin)
+        model.memory_estimates[key] = on_device(memory.estimate(request, model.config, dtype_bytes, begin), cache_len)
     request.memory = memory.check(model.memory_estimates[key], what)
     return request
 

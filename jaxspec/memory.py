@@ -41,9 +41,13 @@ F32 = 4
 
 
 def tree_bytes(tree) -> int:
-    """Bytes of a pytree's arrays (or ShapeDtypeStructs); PRNG keys count their key data."""
+    """Bytes of a pytree's arrays (or ShapeDtypeStructs) on one device: a sharded array counts
+    one shard; PRNG keys count their key data."""
     total = 0
     for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_replicated and leaf.addressable_shards:
+            total += leaf.addressable_shards[0].data.nbytes
+            continue
         dtype = leaf.dtype
         if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
             itemsize = 8  # two uint32 words (threefry), the default implementation
@@ -149,6 +153,23 @@ def estimate(request, cfg: ModelConfig, dtype_bytes: int, begin_fn) -> MemoryEst
     return MemoryEstimate(weights_bytes=tree_bytes(params), state_bytes=tree_bytes(state),
                           step_bytes=step_bytes(cfg, dtype_bytes, batch, prompt_len, engine.tree.size,
                                                 request.statics["cache_len"], engine.verifier.sampled))
+
+
+def per_device(estimate: MemoryEstimate, cfg: ModelConfig, dtype_bytes: int, mesh, batch: int, cache_len: int
+               ) -> MemoryEstimate:
+    """One device's share under tensor parallelism (`jaxspec.tensor_parallel`): the KV cache over
+    the `model` axis when the KV heads split, the step's buffers when the heads and the ffn
+    split; everything over `data` when the batch divides. `weights_bytes` is already one
+    device's (`tree_bytes` of sharded arrays counts one shard)."""
+    from jaxspec.tensor_parallel import DATA_AXIS, MODEL_AXIS
+
+    tp, dp = mesh.shape[MODEL_AXIS], mesh.shape[DATA_AXIS]
+    rows = dp if batch % dp == 0 else 1
+    kv = kv_cache_bytes(cfg, dtype_bytes, batch, cache_len)
+    kv_share = kv // (tp if cfg.num_kv_heads % tp == 0 else 1)
+    step_share = tp if cfg.num_heads % tp == 0 and cfg.intermediate_size % tp == 0 else 1
+    return dataclasses.replace(estimate, state_bytes=(estimate.state_bytes - kv + kv_share) // rows,
+                               step_bytes=estimate.step_bytes // step_share // rows)
 
 
 def check(estimate: MemoryEstimate, what: str) -> MemoryEstimate:

@@ -90,6 +90,8 @@ def worker() -> dict:
             greedy = [p for k, p in model.compiled.items() if k[1][0] == len(PROMPTS)]
             report["collectives"] = [hlo_collectives(p.as_text()) for p in greedy[:1]][0]
             report["layers"] = model.config.num_layers
+            report["memory"] = {name: jaxspec.generate(m, PROMPTS, max_new_tokens=BUDGET, stop_at_eos=False).memory
+                                for name, m in (("single", single), ("tp2", model))}
             try:
                 jaxspec.generate(model, PROMPTS, max_new_tokens=2, method="lookahead", lp_devices=2)
                 report["lp_error"] = ""
@@ -120,6 +122,15 @@ def test_every_method_equals_one_device(tp_report, mesh):
         assert tokens == single[name], (mesh, name)
         if METHODS[name][2] == 0.0:
             assert tokens == single["greedy"], (mesh, name)
+
+
+def test_memory_estimate_is_one_devices_share(tp_report):
+    """The memory guard prices one device: at TP 2 (everything split) about half the weights,
+    the KV cache and the step of one device."""
+    single, tp2 = tp_report["memory"]["single"], tp_report["memory"]["tp2"]
+    assert 0.45 < tp2["weights_bytes"] / single["weights_bytes"] < 0.6
+    assert tp2["state_bytes"] < single["state_bytes"] and tp2["step_bytes"] == single["step_bytes"] // 2
+    assert tp2["compiled"]["argument_bytes"] < single["compiled"]["argument_bytes"]
 
 
 @needs_stories
