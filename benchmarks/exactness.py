@@ -144,7 +144,8 @@ def main(argv=None) -> int:
     if args.resume and (args.out / f"{stem}.json").exists():
         previous = json.loads((args.out / f"{stem}.json").read_text())
         done = {(r["model"], r["dtype"], r["config"], r["batch"]): r for r in previous["rows"]}
-        result["resumed_from"] = previous["date"]  # the report says the rows come from two runs
+        # The report says the rows come from several runs, started at these dates.
+        result["runs"] = previous.get("runs", [previous["date"]]) + [result["date"]]
 
     def progress(row):
         print(f"{row['model']} {row['dtype']} {row['config']} batch {row['batch']}: {row['identical']}/{row['prompts']}"

@@ -231,8 +231,9 @@ def exactness(r: dict) -> list[str]:
     lines = [f"{r['prompts_per_model']} prompts per model; each row compares every prompt's output with greedy "
              "decoding of that prompt alone (batch 1) in the same dtype. A near-tie is a first difference whose "
              f"logit gap is within {r['near_tie_ulps']} ulps of the largest |logit| in the dtype; T = block tokens."
-             + (f" The rows come from two runs: the first ({r['resumed_from']}) stopped, the second resumed it "
-                "(`--resume`) and measured the rest." if r.get("resumed_from") else ""),
+             + (f" The rows come from {len(r['runs'])} runs started at {', '.join(r['runs'])}: each resumed "
+                "(`--resume`) the one before it, which had stopped, and measured the rows it lacked."
+                if len(r.get("runs", [])) > 1 else ""),
              "", "| model | dtype | config | T | batch | new tokens | identical | differing: near-ties / not | "
              "largest \\|gap\\| |", "|---|---|---|---:|---:|---:|---:|---|---:|"]
     for row in r["rows"]:
@@ -317,7 +318,7 @@ SECTIONS = [
             "python benchmarks/exactness.py",
             "What lossless means in float32 and in bfloat16: each method's output against greedy's at batch 1, "
             "8 prompts per model (stories260K, pycode-5M, SmolLM2-135M-Instruct), batches 1, 4 and 8, blocks "
-            "from 1 to 184 tokens.", exactness, variants=("exactness_smoke",)),
+            "from 1 to 320 tokens.", exactness, variants=("exactness_smoke",)),
     Section("vocab_memory", "Large vocabularies: the greedy step without its block logits",
             "python benchmarks/vocab_memory.py",
             "Greedy verification reads only the argmax, so the LM head runs over vocabulary chunks "
