@@ -114,19 +114,8 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     # Bucketed shapes: nearby prompt lengths reuse one compiled program.
     p = _round_up(longest, 16)
     # Before the step's tree is built or anything compiled: refuse what cannot fit (one line).
-    settings = ", ".join(f"{k}={v}" for k, v in options.as_dict().items()
-                         if type(v) is int and not (k == "lp_devices" and v == 1))
-    what = f"{name}{f' ({settings})' if settings else ''} at batch {len(rows)}, max_new_tokens {max_new_tokens}"
-    dtype_bytes = jnp.dtype(model.dtype).itemsize
-
-    def on_device(estimate, cache_len):  # tensor parallelism: one device's share is what must fit
-        if model.mesh is None:
-            return estimate
-        return memory.per_device(estimate, model.config, dtype_bytes, model.mesh, len(rows), cache_len)
-
-    first_cache = p + max_new_tokens + engine.block_tokens
-    memory.check(on_device(memory.first_estimate(model.config, dtype_bytes, engine, model.params, len(rows), p,
-                                                 first_cache), first_cache), what)
+    what = memory.describe(name, options, len(rows), max_new_tokens)
+    memory.guard_options(model, engine, what, len(rows), p, max_new_tokens)
     cache_len = _round_up(p + max_new_tokens + engine.max_commit, 64)
     prompts = np.zeros((len(rows), p), np.int32)
     for i, r in enumerate(rows):
@@ -149,10 +138,7 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     request = Request(name=name, options=options, statics=statics, args=args, bound=graphdef is not model.graphdef,
                       batched=batched, lp_devices=lp_devices)
     # With the loop state's exact size (traced, not compiled): the estimate `generate` reports.
-    key = request.compile_key("memory")
-    if key not in model.memory_estimates:
-        model.memory_estimates[key] = on_device(memory.estimate(request, model.config, dtype_bytes, begin), cache_len)
-    request.memory = memory.check(model.memory_estimates[key], what)
+    request.memory = memory.guard_request(model, request, what, begin)
     return request
 
 

@@ -31,6 +31,7 @@ import os
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
@@ -182,3 +183,40 @@ def check(estimate: MemoryEstimate, what: str) -> MemoryEstimate:
             f"{_gb(estimate.step_bytes)}; weights {_gb(estimate.weights_bytes)} already loaded) but {estimate.device} "
             f"has {_gb(estimate.free_bytes)} free; lower the batch, max_new_tokens or the method's options")
     return estimate
+
+
+# ----------------------------------------------------------------------------- the two checks of a request
+
+
+def describe(name: str, options, batch: int, max_new_tokens: int) -> str:
+    """How a refusal names the request: the method, its integer options, the batch and budget."""
+    settings = ", ".join(f"{k}={v}" for k, v in options.as_dict().items()
+                         if type(v) is int and not (k == "lp_devices" and v == 1))
+    return f"{name}{f' ({settings})' if settings else ''} at batch {batch}, max_new_tokens {max_new_tokens}"
+
+
+def _on_device(model, estimate: MemoryEstimate, batch: int, cache_len: int) -> MemoryEstimate:
+    """Tensor parallelism: one device's share is what must fit."""
+    if model.mesh is None:
+        return estimate
+    return per_device(estimate, model.config, jnp.dtype(model.dtype).itemsize, model.mesh, batch, cache_len)
+
+
+def guard_options(model, engine, what: str, batch: int, prompt_len: int, max_new_tokens: int) -> None:
+    """The first check (`first_estimate`), before the engine's tree is built."""
+    cache_len = prompt_len + max_new_tokens + engine.block_tokens
+    estimate = first_estimate(model.config, jnp.dtype(model.dtype).itemsize, engine, model.params, batch, prompt_len,
+                              cache_len)
+    check(_on_device(model, estimate, batch, cache_len), what)
+
+
+def guard_request(model, request, what: str, begin_fn) -> MemoryEstimate:
+    """The second check (`estimate`, cached on the model per program shape); the estimate with
+    the free memory it was checked against, for `GenerateOutput.memory`."""
+    key = request.compile_key("memory")
+    if key not in model.memory_estimates:
+        batch = request.args[2].shape[0]
+        model.memory_estimates[key] = _on_device(
+            model, estimate(request, model.config, jnp.dtype(model.dtype).itemsize, begin_fn), batch,
+            request.statics["cache_len"])
+    return check(model.memory_estimates[key], what)
