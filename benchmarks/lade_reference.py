@@ -68,6 +68,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DEFAULT_MODEL = str(ROOT.parent / "smollm2_hf")  # beside the repository, as ../shared is
+
+
+def recorded_path(path) -> str:
+    """A path as the results record it: relative to the repository when it lies beside it
+    (../lade_venv, ../smollm2_hf), else its name alone; never this machine's absolute path."""
+    path = Path(path).absolute()
+    return os.path.relpath(path, ROOT) if path.is_relative_to(ROOT.parent) else path.name
 REFERENCES = ROOT / "tests" / "data" / "smollm2_references.json"
 GITHUB_SOURCE = "github.com/hao-ai-lab/LookaheadDecoding @ eed010da9c7b1867912675d480feec5629e0c2d0 (2025-03-05)"
 PYPI_SOURCE = "the PyPI release lade 0.0.2 (2023-11)"
@@ -372,7 +379,7 @@ def main() -> None:
     data = {
         "benchmark": "lade lookahead decoding vs plain greedy transformers, SmolLM2-135M-Instruct, batch 1, float32, CPU, EOS stop off",
         "split": args.split,
-        "setup": (f"SmolLM2-135M-Instruct ({args.model}, exported from the Q4_1 GGUF, float32, eager attention, CPU, "
+        "setup": (f"SmolLM2-135M-Instruct ({recorded_path(args.model)}, exported from the Q4_1 GGUF, float32, eager attention, CPU, "
                   f"{args.threads} thread(s)); chat template with generation prompt; {args.max_new_tokens} new tokens, "
                   f"greedy, EOS stop off, explicit all-ones attention_mask; lade from {source} with "
                   + ("POOL_FROM_PROMPT=True, " if github else "no POOL_FROM_PROMPT (not in this release), ")
@@ -388,7 +395,7 @@ def main() -> None:
         "max_new_tokens": args.max_new_tokens,
         "seed": args.seed if github else "10 (set by lade itself)",
         "versions": versions,
-        "command": f"{sys.executable} benchmarks/lade_reference.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "command": f"{recorded_path(sys.executable)} benchmarks/lade_reference.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "total_wall_s": None,
         "reference_check": reference_check,
         "prompts": prompts,

@@ -156,7 +156,7 @@ def main(argv=None) -> int:
     suffix = "" if args.split == "bench" else f"_{args.split}"
     args.out.mkdir(parents=True, exist_ok=True)
     info = machine_info()
-    result = {"model": model.source, "split": args.split, "prompts": len(chats), "new_tokens": args.new_tokens,
+    result = {"model": Path(model.source).name,  # (the file's name: its folder is this machine's) "split": args.split, "prompts": len(chats), "new_tokens": args.new_tokens,
               "eos_stop": args.eos_stop, "torch_threads": 1 if peer is not None else None,
               "load_seconds": load_seconds, "machine": info,
               "date": datetime.datetime.now().isoformat(timespec="seconds"),
