@@ -27,7 +27,7 @@ from flax import nnx
 
 from jaxspec import ModelConfig, Transformer
 from jaxspec.memory import kv_cache_bytes
-from jaxspec.tensor_parallel import partition_spec, _names
+from jaxspec.tensor_parallel import path_names, partition_spec, splits
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GB = 1e9
@@ -54,7 +54,7 @@ def weight_bytes_per_device(cfg: ModelConfig, tp: int) -> int:
     shapes = nnx.state(nnx.eval_shape(lambda: Transformer(cfg, dtype=jax.numpy.bfloat16, rngs=nnx.Rngs(0))))
     total = 0
     for path, leaf in jax.tree_util.tree_leaves_with_path(shapes):
-        spec = partition_spec(_names(path), leaf.shape, cfg, tp)
+        spec = partition_spec(path_names(path), cfg, tp)
         split = tp if any(axis is not None for axis in spec) else 1
         total += int(np.prod(leaf.shape)) * 2 // split
     return total
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
         for hardware, devices, lp, tp in SETTINGS:
             chip = next(v for k, v in CHIPS.items() if hardware.startswith(k) or k in hardware)
             weights = weight_bytes_per_device(cfg, tp)
-            kv = kv_cache_bytes(cfg, 2, BATCH, CONTEXT) // (tp if cfg.num_kv_heads % tp == 0 else 1)
+            kv = kv_cache_bytes(cfg, 2, BATCH, CONTEXT) // (tp if splits(cfg, tp)["kv_heads"] else 1)
             pool = BATCH * cfg.vocab_size * G * (N - 1) * 4
             tp_bytes = 0 if tp == 1 else int(2 * cfg.num_layers * BATCH * (BLOCK // lp) * cfg.hidden_size * 2
                                              * 2 * (tp - 1) / tp)

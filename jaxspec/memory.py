@@ -162,13 +162,14 @@ def per_device(estimate: MemoryEstimate, cfg: ModelConfig, dtype_bytes: int, mes
     the `model` axis when the KV heads split, the step's buffers when the heads and the ffn
     split; everything over `data` when the batch divides. `weights_bytes` is already one
     device's (`tree_bytes` of sharded arrays counts one shard)."""
-    from jaxspec.tensor_parallel import DATA_AXIS, MODEL_AXIS
+    from jaxspec.tensor_parallel import DATA_AXIS, MODEL_AXIS, splits
 
     tp, dp = mesh.shape[MODEL_AXIS], mesh.shape[DATA_AXIS]
+    split = splits(cfg, tp)
     rows = dp if batch % dp == 0 else 1
     kv = kv_cache_bytes(cfg, dtype_bytes, batch, cache_len)
-    kv_share = kv // (tp if cfg.num_kv_heads % tp == 0 else 1)
-    step_share = tp if cfg.num_heads % tp == 0 and cfg.intermediate_size % tp == 0 else 1
+    kv_share = kv // (tp if split["kv_heads"] else 1)
+    step_share = tp if split["heads"] and split["ffn"] else 1
     return dataclasses.replace(estimate, state_bytes=(estimate.state_bytes - kv + kv_share) // rows,
                                step_bytes=estimate.step_bytes // step_share // rows)
 

@@ -51,7 +51,8 @@ def tp_mesh(tensor_parallel: int, data_parallel: int = 1) -> Mesh:
     return Mesh(devices, (DATA_AXIS, MODEL_AXIS), axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 
-def _names(path) -> tuple[str, ...]:
+def path_names(path) -> tuple[str, ...]:
+    """A parameter's pytree path as names: ("layers", "0", "self_attn", "q_proj", "kernel", ...)."""
     out = []
     for key in path:
         name = getattr(key, "key", getattr(key, "name", getattr(key, "idx", None)))
@@ -59,18 +60,24 @@ def _names(path) -> tuple[str, ...]:
     return tuple(out)
 
 
-def partition_spec(names: tuple[str, ...], shape: tuple[int, ...], cfg: ModelConfig, tp: int) -> PartitionSpec:
+def splits(cfg: ModelConfig, tp: int) -> dict[str, bool]:
+    """Which dimensions divide by T and are split: the one place the layout's rules live
+    (`partition_spec` and the memory guard's `per_device` read it)."""
+    return {"heads": cfg.num_heads % tp == 0, "kv_heads": cfg.num_kv_heads % tp == 0,
+            "ffn": cfg.intermediate_size % tp == 0, "vocab": cfg.vocab_size % tp == 0}
+
+
+def partition_spec(names: tuple[str, ...], cfg: ModelConfig, tp: int) -> PartitionSpec:
     """The layout of one parameter (see the module docstring) by its path names."""
-    split = lambda n: n % tp == 0  # noqa: E731
-    kv_split = split(cfg.num_kv_heads)
+    split = splits(cfg, tp)
     module, leaf = (names[-3], names[-2]) if names[-1] == "value" else (names[-2], names[-1])
     if module == "embed_tokens":
-        return PartitionSpec(MODEL_AXIS, None) if split(cfg.vocab_size) else PartitionSpec()
+        return PartitionSpec(MODEL_AXIS, None) if split["vocab"] else PartitionSpec()
     if module == "lm_head":
-        return PartitionSpec(None, MODEL_AXIS) if split(cfg.vocab_size) else PartitionSpec()
-    column = {"q_proj": split(cfg.num_heads), "k_proj": kv_split, "v_proj": kv_split,
-              "gate_proj": split(cfg.intermediate_size), "up_proj": split(cfg.intermediate_size)}
-    row = {"o_proj": split(cfg.num_heads), "down_proj": split(cfg.intermediate_size)}
+        return PartitionSpec(None, MODEL_AXIS) if split["vocab"] else PartitionSpec()
+    column = {"q_proj": split["heads"], "k_proj": split["kv_heads"], "v_proj": split["kv_heads"],
+              "gate_proj": split["ffn"], "up_proj": split["ffn"]}
+    row = {"o_proj": split["heads"], "down_proj": split["ffn"]}
     if module in column and column[module]:
         return PartitionSpec(None, MODEL_AXIS) if leaf == "kernel" else PartitionSpec(MODEL_AXIS)
     if module in row and row[module] and leaf == "kernel":
@@ -82,11 +89,7 @@ def param_shardings(params, cfg: ModelConfig, mesh: Mesh):
     """A NamedSharding per parameter leaf (a pytree like `params`)."""
     tp = mesh.shape[MODEL_AXIS]
     return jax.tree_util.tree_map_with_path(
-        lambda path, x: NamedSharding(mesh, partition_spec(_names(path), x.shape, cfg, tp)), params)
-
-
-def kv_heads_split(cfg: ModelConfig, mesh: Mesh) -> bool:
-    return cfg.num_kv_heads % mesh.shape[MODEL_AXIS] == 0
+        lambda path, x: NamedSharding(mesh, partition_spec(path_names(path), cfg, tp)), params)
 
 
 def shard(model, mesh: Mesh):

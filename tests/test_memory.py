@@ -3,7 +3,6 @@ anything is compiled; the estimate is reported and bounds what XLA actually allo
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -74,9 +73,9 @@ def test_estimate_covers_a_drafter_and_its_state():
 def test_large_vocabulary_step_is_priced_by_the_head():
     """At a large vocabulary the greedy step is priced with the chunked head, sampling with the
     block's full float32 logits (the formula in the module docstring)."""
-    cfg = dataclasses.replace(jaxspec.ModelConfig(
+    cfg = jaxspec.ModelConfig(
         model_type="llama", vocab_size=200_000, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=1,
-        num_kv_heads=1, head_dim=8, max_position_embeddings=128, bos_token_id=1))
+        num_kv_heads=1, head_dim=8, max_position_embeddings=128, bos_token_id=1)
     batch, block, keys = 8, 120, 300
     greedy = memory.forward_bytes(cfg, 4, batch, block, keys, jaxspec.model.argmax_chunk(cfg.vocab_size))
     sampled = memory.forward_bytes(cfg, 4, batch, block, keys, cfg.vocab_size)
