@@ -9,6 +9,7 @@ from pathlib import Path
 import jax
 
 import jaxspec
+from jaxspec.perf import cpu_name
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,14 +20,6 @@ def repo_relative(path) -> str:
     return os.path.relpath(path, ROOT)
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def machine_info() -> dict:

@@ -18,6 +18,7 @@ Writes benchmarks/results/pard_ablation.{json,md,png}.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 import time
@@ -48,8 +49,8 @@ def greedy_sequences(target, prompts: list[str], new_tokens: int) -> list[tuple[
     return [(list(p) + list(g), len(p)) for p, g in zip(ids, gen.tokens)]
 
 
-def measure(target, drafter, sequences, num_blocks: int, use_features: bool, chunk: int = 4):
-    """Acceptance stats of `drafter` over all (sequence, context) pairs."""
+def measure(target, drafter, sequences, num_blocks: int, use_features: bool, chunk: int = 4) -> list:
+    """Acceptance stats of `drafter` over all contexts of each sequence (one AcceptanceStats per sequence)."""
     d_graph, d_params = drafter.model.graphdef, drafter.model.params
     layers = drafter.target_layers
     projection = drafter.projection if use_features else None
@@ -66,7 +67,7 @@ def measure(target, drafter, sequences, num_blocks: int, use_features: bool, chu
     # see earlier positions, so the padding changes no counted row; contexts stop where the
     # last draft still has a real reference token.
     width = max(len(seq) for seq, _ in sequences)
-    total = None
+    per_sequence = []
     for start in range(0, len(sequences), chunk):
         part = sequences[start:start + chunk]
         part = part + [part[-1]] * (chunk - len(part)) if len(part) < chunk else part
@@ -78,11 +79,30 @@ def measure(target, drafter, sequences, num_blocks: int, use_features: bool, chu
         correct = np.asarray(correct_rows({k: jnp.asarray(v) for k, v in batch.arrays().items()})) & batch.valid
         first = np.asarray([p for _, p in part])
         last = np.asarray([len(seq) - num_blocks for seq, _ in part])  # draft K of context n predicts s_{n+K-1}
-        real = len(sequences[start:start + chunk])
-        stats = acceptance(correct[:real], batch.block_ids[:real], batch.positions[:real], num_blocks, seq_len,
-                           first_context=first[:real], last_context=last[:real])
-        total = stats if total is None else total + stats
-    return total
+        for i in range(len(sequences[start:start + chunk])):
+            per_sequence.append(acceptance(correct[i:i + 1], batch.block_ids[i:i + 1], batch.positions[i:i + 1],
+                                           num_blocks, seq_len, first_context=first[i], last_context=last[i]))
+    return per_sequence
+
+
+def bootstrap(per_sequence: list, draws: int = 2000, seed: int = 0) -> dict:
+    """95% percentile intervals of the acceptance length and each a_k, resampling prompts (the
+    contexts of one prompt are correlated, so prompts, not contexts, are the independent units)."""
+    counts = np.stack([s.accepted for s in per_sequence])  # [prompts, K + 1]
+    rng = np.random.default_rng(seed)
+    picks = counts[rng.integers(0, len(counts), (draws, len(counts)))].sum(axis=1)  # [draws, K + 1]
+    lengths = (picks * (np.arange(picks.shape[1]) + 1)).sum(1) / picks.sum(1)
+    reached = picks[:, ::-1].cumsum(1)[:, ::-1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rates = reached[:, 1:] / reached[:, :-1]
+
+    def interval(x):
+        x = x[np.isfinite(x)]
+        return None if len(x) < draws // 2 else [round(float(np.percentile(x, 2.5)), 4),
+                                                  round(float(np.percentile(x, 97.5)), 4)]
+
+    return {"accept_length_ci": interval(lengths), "position_rates_ci": [interval(rates[:, k])
+                                                                        for k in range(rates.shape[1])]}
 
 
 def main(argv=None) -> int:
@@ -93,6 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=96, help="greedy continuation length per prompt")
     ap.add_argument("--k", type=int, default=None, help="drafts per step (default: each drafter's draft_len)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "pard_ablation"))
+    ap.add_argument("--note", default="", help="what the drafters are (kept in the results and the report)")
     args = ap.parse_args(argv)
 
     t0 = time.time()
@@ -108,18 +129,20 @@ def main(argv=None) -> int:
         for mode in MODES:
             if mode == "td" and drafter.projection is None:
                 continue
-            stats = measure(target, drafter, sequences, k, use_features=mode == "td")
-            rows.append({"drafter": name, "folder": repo_relative(folder) if Path(folder).is_relative_to(ROOT)
-                         else str(folder), "mode": mode, "k": k, "contexts": stats.contexts,
+            per_sequence = measure(target, drafter, sequences, k, use_features=mode == "td")
+            stats = sum(per_sequence[1:], per_sequence[0])
+            rows.append({"drafter": name, "folder": repo_relative(folder), "mode": mode, "k": k, "contexts": stats.contexts,
                          "accept_length": round(stats.mean_length, 4),
                          # None where no context got that far (JSON has no NaN)
                          "position_rates": [round(float(x), 4) if x == x else None for x in stats.position_rates()],
-                         "accepted_histogram": stats.accepted.tolist()})
+                         "accepted_histogram": stats.accepted.tolist(), **bootstrap(per_sequence)})
             print(f"{name:>8} {MODES[mode]:>18}: {stats.mean_length:.3f} tokens/step, rates "
                   + " ".join(f"{x:.2f}" for x in stats.position_rates()), file=sys.stderr)
     result = {"benchmark": "pard_ablation", "target": args.target, "prompts": len(prompts),
               "prompt_files": [f"{p['file']}:{p['line']}" for p in prompts], "new_tokens": args.new_tokens,
-              "rows": rows, "seconds": round(time.time() - t0, 1), "machine": machine_info()}
+              "rows": rows, "seconds": round(time.time() - t0, 1), "machine": machine_info(),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              **({"note": args.note} if args.note else {})}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
@@ -129,17 +152,25 @@ def main(argv=None) -> int:
     return 0
 
 
-def markdown(result: dict) -> str:
-    k = max(r["k"] for r in result["rows"])
+def markdown(result: dict, columns: int = 8) -> str:
+    k = min(max(r["k"] for r in result["rows"]), columns)
     lines = [f"# PARD-2 ablation on {result['target']}", "",
              f"{result['prompts']} held-out code prompts, greedy continuation of {result['new_tokens']} tokens; "
              "teacher-forced acceptance at every continuation position (acceptance length includes the bonus "
-             "token; a_k = P(draft k accepted | drafts 1..k-1 accepted)).", "",
-             "| drafter | mode | acceptance length | " + " | ".join(f"a_{i}" for i in range(1, k + 1)) + " |",
-             "|---|---|---|" + "---|" * k]
+             "token; a_k = P(draft k accepted | drafts 1..k-1 accepted)). Brackets: 95% bootstrap intervals "
+             "over prompts (2000 resamples). Every a_k up to each drafter's K is in the JSON."
+             + (f" {result['note']}" if result.get("note") else ""), "",
+             "| drafter | mode | K | acceptance length | " + " | ".join(f"a_{i}" for i in range(1, k + 1)) + " |",
+             "|---|---|---|---|" + "---|" * k]
+
+    def cell(x, ci):
+        return "-" if x is None else f"{x:.3f}" + ("" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]")
+
     for r in result["rows"]:
-        rates = [f"{x:.3f}" if x is not None else "-" for x in r["position_rates"]]
-        lines.append(f"| {r['drafter']} | {MODES[r['mode']]} | {r['accept_length']:.3f} | " + " | ".join(rates) + " |")
+        rates = [cell(x, ci) for x, ci in zip(r["position_rates"][:k], r["position_rates_ci"][:k])]
+        rates += ["-"] * (k - len(rates))
+        lines.append(f"| {r['drafter']} | {MODES[r['mode']]} | {r['k']} | {cell(r['accept_length'], r['accept_length_ci'])}"
+                     " | " + " | ".join(rates) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -153,9 +184,11 @@ def plot(rows: list[dict], png: Path, title: str) -> None:
         return
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in rows:
-        rates = [np.nan if x is None else x for x in r["position_rates"]]
-        ax.plot(range(1, len(rates) + 1), rates, "o-" if r["mode"] == "td" else "s--",
-                label=f"{r['drafter']} ({MODES[r['mode']]}): {r['accept_length']:.2f}")
+        rates = np.array([np.nan if x is None else x for x in r["position_rates"]])
+        ci = np.array([[np.nan, np.nan] if c is None else c for c in r.get("position_rates_ci", [None] * len(rates))])
+        ax.errorbar(np.arange(1, len(rates) + 1), rates, yerr=np.abs(ci.T - rates), fmt="o-" if r["mode"] == "td"
+                    else "s--", capsize=2, markersize=3,
+                    label=f"{r['drafter']} ({MODES[r['mode']]}): {r['accept_length']:.2f}")
     ax.set_xlabel("draft position k")
     ax.set_ylabel("acceptance rate a_k")
     ax.set_title(f"PARD-2 drafters for {title}: per-position acceptance")

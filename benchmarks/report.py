@@ -131,9 +131,9 @@ def real_bench(r: dict) -> list[str]:
 
 
 def speculative_bench(r: dict) -> list[str]:
-    k = r["draft_len"]
+    ks = r.get("draft_lens") or [r["draft_len"]]
     lines = [f"{len(r['prompts'])} prompts x {r['new_tokens']} new tokens, model `{r['model']}`, drafter "
-             f"`{r['drafter']}`, K = {k}.", "",
+             f"`{r['drafter']}`, K = {', '.join(map(str, ks))}.", "",
              "| method | S (tokens / target step) | acceptance length | tokens/s | vs greedy | identical to greedy |",
              "|---|---:|---:|---:|---:|---:|"]
     rates = []
@@ -154,14 +154,14 @@ PARD_MODES = {"td": "target-dependent", "ti": "target-independent"}
 
 
 def pard_ablation(r: dict) -> list[str]:
-    k = max(row["k"] for row in r["rows"])
+    k = min(max(row["k"] for row in r["rows"]), 8)  # a_1..a_8 here; the JSON has every position
     lines = [f"Target `{r['target']}`, {r['prompts']} held-out prompts, greedy continuation of {r['new_tokens']} "
              "tokens; teacher-forced acceptance at every continuation position (acceptance length includes the "
              "bonus token)." + (f" {r['note']}" if r.get("note") else ""), "",
              "| drafter | mode | acceptance length | " + " | ".join(f"a_{i}" for i in range(1, k + 1)) + " |",
              "|---|---|---:|" + "---:|" * k]
     for row in r["rows"]:
-        rates = list(row["position_rates"]) + [None] * (k - len(row["position_rates"]))
+        rates = list(row["position_rates"][:k]) + [None] * (k - len(row["position_rates"][:k]))
         lines.append(f"| {row['drafter']} | {PARD_MODES.get(row['mode'], row['mode'])} | {row['accept_length']:.3f} | "
                      + " | ".join(_f(x, ".3f") for x in rates) + " |")
     return lines
@@ -275,6 +275,109 @@ def vocab_memory(r: dict) -> list[str]:
     return lines
 
 
+def tp_bench(r: dict) -> list[str]:
+    """Also `benchmarks/tp_bench.py`'s own markdown."""
+    shape, (w, n, g) = r["shape"], r["lookahead"]
+    mb = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
+    kb = lambda b: f"{b / 1024:.1f}"  # noqa: E731
+    lines = [f"Random-weight Llama: {shape['num_layers']} layers, hidden {shape['hidden_size']}, "
+             f"{shape['num_heads']} heads / {shape['num_kv_heads']} KV heads, ffn {shape['intermediate_size']}, "
+             f"vocabulary {shape['vocab_size']} (untied), float32: {mb(r['full_weight_bytes'])} MB of weights; "
+             f"batch {r['batch']}, {r['new_tokens']} new tokens; lookahead ({w},{n},{g}). Weights: device 0's "
+             "shards. Per step: the collectives inside the compiled decode loop (g = devices per group); wire = "
+             "bytes a device sends with ring algorithms (all-reduce 2(g-1)/g, all-gather (g-1)/g of the result). "
+             "ms/step on 8 forced CPU devices sharing 2 cores: says nothing about accelerators.", "",
+             "| setting | devices | method | weights MB / device | share | collectives / step | result KB / step | "
+             "wire KB / step | ops | steps | ms/step | = greedy |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---|"]
+    for row in r["rows"]:
+        c = row["collectives"]
+        ops = ", ".join(f"{v}x {k}" for k, v in c["ops"].items()) or "-"
+        lines.append(f"| {row['setting']} | {row['devices']} | {row['method']} | {mb(row['weight_bytes'])} | "
+                     f"{row['weight_bytes'] / r['full_weight_bytes']:.3f} | {c['count']} | {kb(c['result_bytes'])} | "
+                     f"{kb(c['wire_bytes'])} | {ops} | {sum(row['steps']) if isinstance(row['steps'], list) else row['steps']} | "
+                     f"{1e3 * row['seconds_per_step']:.1f} | {_yes(row['identical_to_greedy'])} |")
+    return lines
+
+
+def device_suite(r: dict) -> list[str]:
+    """Also `benchmarks/device_suite.py`'s own markdown."""
+    parts = r["parts"]
+    done = ("completed" if r.get("completed") else
+            f"**interrupted** at {r.get('interrupted', {}).get('at_seconds', '?')} s while "
+            f"{r.get('interrupted', {}).get('while', '?')}")
+    lines = [f"Run {done}, {r.get('total_seconds')} s of a {r['deadline_seconds']:.0f} s deadline. Parts: "
+             + ", ".join(f"{name} {p['status']} ({len(p['skipped'])} skipped, {len(p['errors'])} errors)"
+                         for name, p in parts.items()) + "."]
+    sc = parts.get("step_cost", {})
+    if sc.get("rows"):
+        c = sc["config"]
+        ts = c["block_tokens"]
+        lines += ["", f"**Step cost c(T)**: seconds of one decode-step forward of T block tokens (a chain, greedy "
+                      f"head) at batch 1 over a KV cache holding {c['cache_filled']} of {c['cache_len']} positions, "
+                      f"{c['dtype']}, random weights, divided by the same for T = 1; median of {c['repeats']} calls "
+                      f"of {c['inner']} forwards each (min in the JSON). ms = one T = 1 forward.", "",
+                  "| model | params | attention | ms (T=1) | " + " | ".join(f"c({t})" for t in ts) + " |",
+                  "|---|---:|---|---:|" + "---:|" * len(ts)]
+        for key in dict.fromkeys((row["model"], row["attention"]) for row in sc["rows"]):
+            rows = {row["T"]: row for row in sc["rows"] if (row["model"], row["attention"]) == key}
+            first = next(iter(rows.values()))
+            ms1 = f"{1e3 * rows[1]['seconds_median']:.3f}" if 1 in rows else "-"
+            cs = [_f(rows[t].get("c_median")) if t in rows else "skipped" for t in ts]
+            params = f"{first['params'] / 1e9:.2f}B" if first["params"] >= 1e8 else f"{first['params'] / 1e6:.1f}M"
+            lines.append(f"| {key[0]} | {params} | {key[1]} | {ms1} | " + " | ".join(cs) + " |")
+    dec = parts.get("decoding", {})
+    for key, e in dec.get("models", {}).items():
+        if not e.get("methods"):
+            continue
+        lines += ["", f"**{key}** ({e['model']}, {e['dtype']}, float32 matmul precision {e['matmul_precision']}): "
+                      f"{len(e['prompts'])} prompts of {e['prompt_tokens']} tokens x {e['new_tokens']} new tokens, "
+                      f"batch 1, {e.get('rounds_done', '?')} interleaved round(s). tokens/s: the decode program "
+                      "(prefill included, compile excluded); whole call: `generate` as a caller sees it.", "",
+                  "| method | S | ms/step | step cost vs greedy | tokens/s | vs greedy | tokens/s (whole call) | "
+                  "vs greedy (whole call) | identical to greedy |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for name, m in e["methods"].items():
+            lines.append(f"| {name} | {m['S']:.2f} | {m['ms_per_step']:.3f} | {_f(m['step_cost_vs_greedy'])} | "
+                         f"{m['tokens_per_second']:.0f} | {_f(m['speedup_vs_greedy'])}x | "
+                         f"{m['call_tokens_per_second']:.0f} | {_f(m['call_speedup_vs_greedy'])}x | "
+                         f"{m['identical_to_greedy']}/{m['runs']} |")
+        for mm in e.get("mismatches", []):
+            lines.append(f"- {mm['method']}, prompt {mm['prompt']}, round {mm['round']}: "
+                         f"{mm.get('describe', 'differs')}{'' if mm['near_tie'] else ' **(not a near-tie)**'}")
+    at = parts.get("attention", {})
+    if at.get("rows"):
+        lines += ["", "**Attention** (`benchmarks/attention_bench.py`'s functions):", ""]
+        lines += attention_bench({"config": at["config"], "batch": at.get("batch", 1), "rows": at["rows"]})
+    skipped = [(name, s) for name, p in parts.items() for s in p["skipped"]]
+    errors = [(name, x) for name, p in parts.items() for x in p["errors"]]
+    if skipped:
+        lines += ["", f"Skipped ({len(skipped)}): " + "; ".join(f"{name} {s['item']}: {s['reason']}"
+                                                               for name, s in skipped[:30])
+                  + (" ..." if len(skipped) > 30 else "")]
+    if errors:
+        lines += ["", f"Errors ({len(errors)}): " + "; ".join(f"{name} {x['item']}: `{x['error'][:300]}`"
+                                                             for name, x in errors[:20])]
+    return lines
+
+
+def auto_bench(r: dict) -> list[str]:
+    """Also `benchmarks/auto_bench.py`'s own markdown."""
+    lines = [f"New tokens {r['new_tokens']} per prompt, {r['rounds']} rounds, settings interleaved per prompt; "
+             "tokens/s are wall-clock around `jaxspec.generate` after every setting was compiled.", "",
+             "| model | setting | tokens/s | x greedy | = greedy |", "|---|---|---:|---:|---|"]
+    for m in r["models"]:
+        greedy = next(x for x in m["rows"] if x["setting"] == "autoregressive")["tokens_per_second"]
+        for x in m["rows"]:
+            lines.append(f"| {m['model']} | {x['setting']} | {x['tokens_per_second']:.1f} | "
+                         f"{x['tokens_per_second'] / greedy:.2f} | {'yes' if x['identical_to_greedy'] else 'NO'} |")
+    lines += ["", "| model | auto chose | auto / best fixed | best fixed | first call (measuring) s |",
+              "|---|---|---:|---|---:|"]
+    for m in r["models"]:
+        lines.append(f"| {m['model']} | {', '.join(m['auto_chose'])} | {m['auto_vs_best']:.3f} | {m['best_fixed']} | "
+                     f"{m['auto_first_call_seconds']:.1f} ({m['auto_measure_seconds']:.1f}) |")
+    return lines
+
+
 SECTIONS = [
     Section("code_bench", "Default model on held-out code: greedy, Lookahead Decoding, prompt lookup",
             "python benchmarks/code_bench.py",
@@ -298,9 +401,9 @@ SECTIONS = [
             "python benchmarks/speculative_bench.py",
             "The default model with its PARD-2 drafter (target-dependent and target-independent), against greedy "
             "and lookahead, on held-out code.", speculative_bench),
-    Section("pard_ablation", "PARD-2 drafter ablation: PARD vs CAT vs CAT + KD",
-            "python benchmarks/pard_ablation.py --drafter NAME=FOLDER ...",
-            "Teacher-forced acceptance of drafters trained with different objectives, with and without the "
+    Section("pard_ablation", "PARD-2 drafter ablation: the recipe (K, data, init) and the objective (PARD, CAT, CAT + KD)",
+            "python benchmarks/pard_arms.py --out runs/pard-arms; python benchmarks/pard_ablation.py --drafter NAME=FOLDER ...",
+            "Teacher-forced acceptance of drafters trained with different recipes and objectives at the same budget, with and without the "
             "target's features.", pard_ablation),
     Section("pard2_shipped", "PARD-2 drafters for the final default model (the shipped drafter)",
             "python benchmarks/pard_ablation.py --out benchmarks/results/pard2_shipped --drafter NAME=FOLDER ...",
@@ -329,11 +432,27 @@ SECTIONS = [
             "python benchmarks/lp_bench.py",
             "Lookahead at (15, 5, 15) split over 1, 2, 4 and 8 devices: block tokens per device, the bytes "
             "the devices exchange per step (measured from the compiled program) and exactness.", lp_bench),
+    Section("auto_bench", "method=\"auto\": against greedy and every fixed setting it weighs",
+            "python benchmarks/auto_bench.py",
+            "pycode-5M, stories260K and SmolLM2-135M-Instruct decoded with `auto` and with each candidate it "
+            "weighs, interleaved: what it chose, its speed against the best fixed setting, what measuring cost.",
+            auto_bench),
+    Section("tp_bench", "Tensor parallelism and LP x TP: per-device weights and per-step communication",
+            "python benchmarks/tp_bench.py",
+            "TP 1/2/4/8, TP 4 with the vocabulary replicated, LP 4 and LP 2 x TP 4 on 8 forced CPU devices: "
+            "weight bytes per device and the collectives of one decode step, read from the compiled programs.",
+            tp_bench, variants=("tp_bench_smoke",)),
     Section("attention_bench", "Attention: Pallas kernels vs XLA",
             "python benchmarks/attention_bench.py",
             "One layer's attention at 7B-like shapes: the greedy step, the lookahead step (relation dense or "
             "computed in the kernel) and a PARD training forward.", attention_bench,
             variants=("attention_bench_smoke",)),
+    Section("device_suite", "On an accelerator: step cost c(T), wall-clock speed-ups, attention kernels",
+            "python benchmarks/device_suite.py",
+            "One command for one GPU or TPU chip: the cost of a T-token decode step relative to a one-token "
+            "step on 1B- and 8B-shaped bfloat16 Llamas (xla and pallas attention), the wall-clock speed-up of "
+            "every lossless method over greedy on pycode-5M and on the 1B shape (outputs checked against "
+            "greedy's), and the attention kernels.", device_suite, variants=("device_suite_smoke",)),
 ]
 
 

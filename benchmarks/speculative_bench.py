@@ -71,11 +71,44 @@ def position_rates(accepts: np.ndarray, steps: int) -> list[float]:
     return [None if not np.isfinite(r) else round(float(r), 4) for r in rates]
 
 
+ACCELERATORS = ("h100", "h200", "v5e")
+
+
+def predicted_speedups(target_cfg, drafter_cfg, summary: dict, methods: dict, cache_len: int) -> dict:
+    """The step-cost model's speed-up S / c on accelerators (`jaxspec.perf`, bfloat16, batch 1,
+    fused attention), with this run's measured S: c = the step's forwards in greedy forwards.
+    Lookahead's forward has its block's tokens; speculative's the target's 1 + K plus the drafter's
+    over its pending run (the accepted tokens, `accept length` of them) and K - 1 masks; hybrid's
+    both (the drafter's K tokens are one more branch of the lookahead block)."""
+    from jaxspec import perf
+
+    out = {}
+    for hw in ACCELERATORS:
+        profile = perf.PROFILES[hw]
+
+        def fwd(cfg, tokens):
+            return perf.forward_seconds(cfg, max(int(round(tokens)), 1), 1, cache_len, 2, profile, "fused")
+
+        greedy = fwd(target_cfg, 1)
+        row = {}
+        for name, (method, opts) in methods.items():
+            e = summary[name]
+            la = perf.lookahead_block_tokens(opts["window"], opts["ngram"], opts["guesses"]) if "window" in opts else 0
+            k = opts.get("draft_len", 0)
+            seconds = fwd(target_cfg, 1 + k + (la - 1 if la else 0)) if method != "autoregressive" else greedy
+            if k:
+                seconds += fwd(drafter_cfg, e.get("accept_length", 1.0) + k - 1)
+            row[name] = {"c": round(seconds / greedy, 3), "speedup": round(e["S"] / (seconds / greedy), 3)}
+        out[hw] = row
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=jaxspec.loading.DEFAULT_MODEL)
     p.add_argument("--drafter", help=f"drafter folder (default: {DEFAULT_DRAFTER} if shipped, else random)")
-    p.add_argument("--draft-len", type=int, help="K drafts per step (default: the drafter's training K)")
+    p.add_argument("--draft-len", type=int, nargs="+",
+                   help="K drafts per step; several values sweep K (default: the drafter's training K)")
     p.add_argument("--prompts", type=int, default=20)
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)
@@ -90,22 +123,28 @@ def main(argv=None) -> int:
     elif shipped.exists():
         drafter_td, drafter_ti, drafter_source = load_drafter(shipped), None, repo_relative(shipped)
     else:
-        drafter_td, drafter_ti, drafter_source = random_drafter(model, args.draft_len or 8), None, "RANDOM (untrained)"
+        drafter_td, drafter_ti, drafter_source = (random_drafter(model, (args.draft_len or [8])[0]), None,
+                                                  "RANDOM (untrained)")
     drafter_ti = dataclasses.replace(drafter_td, projection=None)
-    k = args.draft_len or drafter_td.draft_len
+    ks = args.draft_len or [drafter_td.draft_len]
+    k = max(ks)
     la = lookahead_defaults(model.config)
     la_opts = {"window": la.window, "ngram": la.ngram, "guesses": la.guesses}
-    methods = {
-        "greedy": ("autoregressive", {}),
-        f"lookahead ({la.window},{la.ngram},{la.guesses})": ("lookahead", la_opts),
-        f"speculative TD (K={k})": ("speculative", {"drafter": drafter_td, "draft_len": k, "target_features": True}),
-        f"speculative TI (K={k})": ("speculative", {"drafter": drafter_ti, "draft_len": k, "target_features": False}),
-        f"speculative TD verified-context (K={k})": ("speculative", {"drafter": drafter_td, "draft_len": k,
-                                                                      "target_features": True,
-                                                                      "bonus_in_context": False}),
-        f"hybrid TD (K={k} + lookahead)": ("hybrid", {"drafter": drafter_td, "draft_len": k, "target_features": True,
-                                                      **la_opts}),
-    }
+    methods = {"greedy": ("autoregressive", {}),
+               f"lookahead ({la.window},{la.ngram},{la.guesses})": ("lookahead", la_opts)}
+    for kk in ks:
+        methods[f"speculative TD (K={kk})"] = ("speculative", {"drafter": drafter_td, "draft_len": kk,
+                                                               "target_features": True})
+    for kk in ks:
+        methods[f"speculative TI (K={kk})"] = ("speculative", {"drafter": drafter_ti, "draft_len": kk,
+                                                               "target_features": False})
+    k_trained = drafter_td.draft_len if drafter_td.draft_len in ks else ks[0]
+    methods[f"speculative TD verified-context (K={k_trained})"] = (
+        "speculative", {"drafter": drafter_td, "draft_len": k_trained, "target_features": True,
+                        "bonus_in_context": False})
+    for kk in ks:
+        methods[f"hybrid TD (K={kk} + lookahead)"] = ("hybrid", {"drafter": drafter_td, "draft_len": kk,
+                                                                 "target_features": True, **la_opts})
     if drafter_td.projection is None:  # a drafter trained without features: no TD rows
         methods = {n: m for n, m in methods.items() if "TD" not in n}
     prompts = prompt_ids(model, args.prompts, args.prompt_tokens)
@@ -150,21 +189,24 @@ def main(argv=None) -> int:
                 entry["drafter_branch_wins"] = sum(r["extras"]["drafter_wins"] for r in rs)
                 entry["target_steps"] = target_steps
         summary[name] = entry
+    predicted = predicted_speedups(model.config, drafter_td.model.config, summary, methods,
+                                   args.prompt_tokens + args.new_tokens)
 
     result = {
         "benchmark": args.name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_info(), "model": args.model, "drafter": drafter_source, "draft_len": k,
+        "machine": machine_info(), "model": args.model, "drafter": drafter_source, "draft_lens": ks,
         "drafter_trained_draft_len": drafter_td.draft_len, "target_layers": list(drafter_td.target_layers),
         "prompts": [{"file": pr["file"], "line": pr["line"]} for pr in prompts],
         "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "batch": 1, "dtype": "float32",
-        "methods": summary,
+        "methods": summary, "predicted_accelerator_speedups": predicted,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [f"# Speculative decoding (PARD-2 drafter) on held-out code — {args.model}", "",
           f"{len(prompts)} held-out prompts x {args.new_tokens} new tokens (prompt = last {args.prompt_tokens} "
           f"tokens of a function start), batch 1, float32, {result['machine']['cpu']} "
-          f"({result['machine']['cpu_count']} CPUs), {result['date']}. Drafter: {drafter_source}, K = {k}.", "",
+          f"({result['machine']['cpu_count']} CPUs), {result['date']}. Drafter: {drafter_source} (trained with "
+          f"K = {drafter_td.draft_len}), K = {', '.join(map(str, ks))} at decode time.", "",
           "| method | S (tokens/step) | accept length | tokens/s | vs greedy | identical to greedy |",
           "|---|---|---|---|---|---|"]
     for name, e in summary.items():
@@ -175,12 +217,19 @@ def main(argv=None) -> int:
            "| method | " + " | ".join(f"a_{i + 1}" for i in range(k)) + " |", "|---|" + "---|" * k]
     for name, e in summary.items():
         if "position_acceptance" in e:
-            md.append(f"| {name} | " + " | ".join("—" if r is None else f"{r:.2f}" for r in e["position_acceptance"])
-                      + " |")
+            rates = ["—" if r is None else f"{r:.2f}" for r in e["position_acceptance"]]
+            md.append(f"| {name} | " + " | ".join(rates + ["—"] * (k - len(rates))) + " |")
     for name, e in summary.items():
         if "drafter_branch_wins" in e:
             md += ["", f"{name}: the drafter branch gave the emitted run, strictly longer than every n-gram/window "
                        f"branch, in {e['drafter_branch_wins']} of {e['target_steps']} steps."]
+    md += ["", "Predicted speed-up over greedy on accelerators (`jaxspec.perf` step-cost model, bfloat16, batch 1; "
+           "c = the step's forwards, drafter included, in greedy forwards; S as measured above):", "",
+           "| method | " + " | ".join(f"c {hw} | speed-up {hw}" for hw in ACCELERATORS) + " |",
+           "|---|" + "---|---|" * len(ACCELERATORS)]
+    for name in summary:
+        md.append(f"| {name} | " + " | ".join(f"{predicted[hw][name]['c']:.2f} | {predicted[hw][name]['speedup']:.2f}x"
+                                            for hw in ACCELERATORS) + " |")
     (args.out / f"{args.name}.md").write_text("\n".join(md) + "\n")
     plot(summary, k, args.out / f"{args.name}.png", drafter_source)
     print("\n".join(md))
@@ -210,7 +259,7 @@ def plot(summary: dict, k: int, path: Path, drafter_source: str) -> None:
     for n in names:
         if "position_acceptance" in summary[n]:
             rates = [np.nan if r is None else r for r in summary[n]["position_acceptance"]]
-            axes[2].plot(range(1, k + 1), rates, marker="o", label=n)
+            axes[2].plot(range(1, len(rates) + 1), rates, marker="o", label=n)
     axes[2].set_xlabel("draft position k")
     axes[2].set_ylabel("a_k")
     axes[2].set_ylim(0, 1)

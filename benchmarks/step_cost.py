@@ -35,17 +35,25 @@ SYNTHETIC = {
     "150m": dict(hidden_size=768, intermediate_size=2048, num_layers=12, num_heads=12, num_kv_heads=12),
     "1b": dict(hidden_size=2048, intermediate_size=5632, num_layers=22, num_heads=32, num_kv_heads=4),
     "7b": dict(hidden_size=4096, intermediate_size=11008, num_layers=32, num_heads=32, num_kv_heads=32),
+    # Llama-3.2-1B and Llama-3.1-8B shapes (vocabulary 128256; the 1B ties its embeddings).
+    "llama3-1b": dict(hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32, num_kv_heads=8,
+                      vocab_size=128256, tie_word_embeddings=True),
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32, num_kv_heads=8,
+                      vocab_size=128256),
 }
 CONFIGS = [(1, 3, 1), (4, 3, 4), (8, 4, 8), (15, 5, 15), (7, 5, 7), (10, 5, 10)]
 
 
-def synthetic_model(size: str, dtype: str) -> Model:
-    shape = SYNTHETIC[size]
-    cfg = ModelConfig(model_type="llama", vocab_size=32000, head_dim=shape["hidden_size"] // shape["num_heads"],
+def synthetic_model(size: str | dict, dtype: str, attention: str = "xla", name: str | None = None) -> Model:
+    """A random-weight Llama, built on the default device by one compiled init: `size` names a
+    `SYNTHETIC` shape or is such a dict (vocabulary 32000 unless it says)."""
+    shape = dict(SYNTHETIC[size] if isinstance(size, str) else size)
+    shape.setdefault("vocab_size", 32000)
+    cfg = ModelConfig(model_type="llama", head_dim=shape["hidden_size"] // shape["num_heads"],
                       max_position_embeddings=4096, bos_token_id=1, eos_token_ids=(2,), **shape)
     jdtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
-    module = nnx.jit(lambda: Transformer(cfg, dtype=jdtype, rngs=nnx.Rngs(0)))()
-    return Model.from_module(module, dtype=dtype, source=f"synthetic-{size}")
+    module = nnx.jit(lambda: Transformer(cfg, dtype=jdtype, attention=attention, rngs=nnx.Rngs(0)))()
+    return Model.from_module(module, dtype=dtype, source=f"synthetic-{name or size}")
 
 
 def main(argv=None) -> int:

@@ -10,7 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from jaxspec.errors import JaxspecError
+from jaxspec.errors import ConfigError, JaxspecError
 
 EXIT_BAD_INPUT = 2
 
@@ -32,6 +32,16 @@ def _ids(text: str) -> list[int]:
         return [int(t) for t in items]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+
+
+def _window(text: str) -> int | str:
+    """--window: an integer, or "auto" (lookahead: (W, N, G) chosen for this device)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--window must be an integer or auto, got {text!r}") from None
 
 
 def _seed(text: str) -> int:
@@ -68,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", required=True, help="training config TOML, e.g. configs/pycode.toml")
     t.add_argument("--out", help="run folder (default: runs/<config name>)")
     t.add_argument("--steps", type=int, help="override [train] steps (the schedule's length)")
+    t.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value (a TOML value: --set pard.cat=false --set optim.learning_rate=1e-3);"
+                        " repeatable")
     t.add_argument("--resume", action="store_true", help="continue from the newest readable checkpoint in --out")
     t.add_argument("--no-export", dest="export", action="store_false", help="skip the HF folder export at the end")
     t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -78,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--config", required=True, help="drafter training TOML, e.g. configs/pard2_pycode.toml")
     d.add_argument("--out", help="run folder (default: runs/<config name>)")
     d.add_argument("--steps", type=int, help="override [train] steps (the schedule's length)")
+    d.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value (a TOML value: --set pard.cat=false --set optim.learning_rate=1e-3);"
+                        " repeatable")
     d.add_argument("--resume", action="store_true", help="continue from the newest readable checkpoint in --out")
     d.add_argument("--no-export", dest="export", action="store_false", help="skip the drafter export at the end")
     d.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -105,7 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_decoding_options(g: argparse.ArgumentParser) -> None:
-    g.add_argument("--method", default="autoregressive", help="decoding method (autoregressive|greedy|...)")
+    g.add_argument("--method", default="auto",
+                   help="decoding method: auto (the fastest on this device, greedy unless another is measured "
+                        "faster), autoregressive|greedy, lookahead, prompt-lookup, jacobi, speculative, hybrid")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="1 = off")
@@ -116,7 +134,8 @@ def _add_decoding_options(g: argparse.ArgumentParser) -> None:
                    help="shard the weights over T devices (GSPMD, Megatron layout; docs/scaling.md)")
     g.add_argument("--data-parallel", type=int, default=1, metavar="D", help="with --tensor-parallel: the batch over D")
     la = g.add_argument_group("lookahead / prompt-lookup / jacobi (defaults: configs/lookahead.toml by model size)")
-    la.add_argument("--window", type=int, help="lookahead window W (jacobi: guess length)")
+    la.add_argument("--window", type=_window,
+                    help="lookahead window W, or auto: (W, N, G) chosen for this device (jacobi: guess length)")
     la.add_argument("--ngram", type=int, help="n-gram size N (N-1 lookahead levels; candidates of N-1 tokens)")
     la.add_argument("--guesses", type=int, help="max candidates G verified per step")
     la.add_argument("--no-pool-from-prompt", dest="pool_from_prompt", action="store_false", default=None,
@@ -162,6 +181,11 @@ def _method_options(args) -> dict:
     from jaxspec.methods import ALIASES, METHODS
 
     given = {k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k) is not None}
+    if args.method == "auto" and given:  # (the default method: it chooses every option itself)
+        flags = [METHOD_FLAGS[k] for k in given]
+        raise GenerationError(f"{', '.join(flags)} {'does' if len(flags) == 1 else 'do'} not apply to --method auto "
+                              "(the default: it chooses the method and its options); name a method, e.g. "
+                              "--method lookahead, to set them")
     method = METHODS.get(ALIASES.get(args.method, args.method))
     if method is not None:  # an unknown method: `generate` names it and the known ones
         unknown = [METHOD_FLAGS[k] for k in given if k not in method.option_names]
@@ -181,14 +205,26 @@ def _warn_unused_sampling(args) -> None:
               "decoding (--temperature 0); pass --temperature > 0 to sample", file=sys.stderr)
 
 
+def _load(args, model: str, method_options: dict):
+    """The model on the mesh the options ask for. `--lp-devices L --tensor-parallel T`: straight
+    onto the (lp, model) mesh of L x T devices, each process reading only its slices."""
+    import jaxspec
+    from jaxspec.parallel import lp_mesh
+
+    lp = method_options.get("lp_devices", 1)
+    if lp > 1 and args.tensor_parallel > 1 and args.data_parallel == 1:
+        return jaxspec.load(model, dtype=args.dtype, attention=args.attention, mesh=lp_mesh(lp, args.tensor_parallel))
+    return jaxspec.load(model, dtype=args.dtype, attention=args.attention, tensor_parallel=args.tensor_parallel,
+                        data_parallel=args.data_parallel)
+
+
 def _generate(args) -> int:
     _initialize_distributed(args)
     import jaxspec
 
     method_options = _method_options(args)
     _warn_unused_sampling(args)
-    model = jaxspec.load(args.model or jaxspec.loading.DEFAULT_MODEL, dtype=args.dtype, attention=args.attention,
-                         tensor_parallel=args.tensor_parallel, data_parallel=args.data_parallel)
+    model = _load(args, args.model or jaxspec.loading.DEFAULT_MODEL, method_options)
     prompt = args.prompt if args.prompt is not None else args.prompt_ids
     out = jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens, method=args.method,
                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -206,9 +242,12 @@ def _generate(args) -> int:
                 **out.options, **out.extras,
             },
             "memory": out.memory,
+            "auto": out.auto,
         }))
     else:
         print(out.text if out.text is not None else " ".join(map(str, out.tokens)))
+        if out.auto is not None:
+            print(f"[auto] {out.auto['reason']}", file=sys.stderr)
         sys.stdout.flush()  # the text before the statistics on a shared terminal
         runs = [out]
         if args.compare and out.method != "autoregressive":
@@ -220,12 +259,24 @@ def _generate(args) -> int:
             print(f"[{run.method}] {len(run.tokens)} tokens in {run.steps} steps "
                   f"(compression {run.compression:.2f}), {run.tokens_per_second:.1f} tokens/s, "
                   f"compile {run.compile_seconds:.1f}s", file=sys.stderr)
+        if len(runs) == 2:
+            speedup = runs[0].tokens_per_second / max(runs[1].tokens_per_second, 1e-9)
+            print(f"speed-up over greedy: {speedup:.2f}x (measured, this run)", file=sys.stderr)
+            if speedup < 1:
+                print(f"hint: {runs[0].method} is slower than greedy on this device ({jax_backend()}); "
+                      "--method auto picks the fastest setting here", file=sys.stderr)
         if len(runs) == 2 and args.temperature == 0:
             from jaxspec.inputs import normalize_prompts
 
             (prompt_ids,), _ = normalize_prompts(model, prompt)
             print(_identical_to_greedy(model, prompt_ids, runs[0].tokens, runs[1].tokens), file=sys.stderr)
     return 0
+
+
+def jax_backend() -> str:
+    import jax
+
+    return jax.default_backend()
 
 
 def _sampling(args) -> dict:
@@ -246,8 +297,12 @@ def _stats_line(model, out, prompt_ids, greedy=None) -> str:
     line = (f"[{out.method}] {len(out.tokens)} tokens in {out.steps} steps (S {out.compression:.2f}), "
             f"{out.tokens_per_second:.1f} tokens/s")
     if greedy is not None:
-        line += (f"; greedy {greedy.tokens_per_second:.1f} tokens/s; "
+        speedup = out.tokens_per_second / max(greedy.tokens_per_second, 1e-9)
+        line += (f"; greedy {greedy.tokens_per_second:.1f} tokens/s (speed-up {speedup:.2f}x); "
                  + _identical_to_greedy(model, prompt_ids, out.tokens, greedy.tokens))
+        if speedup < 1:
+            line += (f"\nhint: {out.method} is slower than greedy on this device ({jax_backend()}); "
+                     "--method auto picks the fastest setting here")
     return line
 
 
@@ -257,8 +312,7 @@ def _chat(args) -> int:
     options = dict(method=args.method, max_new_tokens=args.max_new_tokens, **_sampling(args),
                    **_method_options(args))
     _warn_unused_sampling(args)
-    model = jaxspec.load(args.model, dtype=args.dtype, attention=args.attention,
-                         tensor_parallel=args.tensor_parallel, data_parallel=args.data_parallel)
+    model = _load(args, args.model, options)
     messages = [{"role": "system", "content": args.system}] if args.system else []
 
     def greedy_of(reply):
@@ -314,13 +368,32 @@ def _chat(args) -> int:
         turn(text)
 
 
+def _overrides(args) -> dict[str, dict] | None:
+    """--set SECTION.KEY=VALUE (VALUE read as TOML, else as a string) and --steps, as config overrides."""
+    import tomllib
+
+    out: dict[str, dict] = {}
+    for item in args.settings:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not section or not name:
+            raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. --set pard.cat=false")
+        try:
+            parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            parsed = value.strip()  # a bare word: a string (init=target:2, corpus=stdlib)
+        out.setdefault(section, {})[name] = parsed
+    if args.steps is not None:
+        out.setdefault("train", {})["steps"] = args.steps
+    return out or None
+
+
 def _train(args) -> int:
     _initialize_distributed(args)  # data parallel across processes: the mesh spans all their devices
     from jaxspec.train.config import load_train_config
     from jaxspec.train.trainer import train
 
-    overrides = {"train": {"steps": args.steps}} if args.steps is not None else None
-    cfg = load_train_config(args.config, overrides)
+    cfg = load_train_config(args.config, _overrides(args))
     out_dir = args.out or f"runs/{cfg.name}"
     log = (lambda *a, **k: print(*a, file=sys.stderr, **k))
     result = train(cfg, out_dir, resume=args.resume, log=log, progress=args.progress, export=args.export)
@@ -340,7 +413,7 @@ def _train_drafter(args) -> int:
     from jaxspec.train.drafter_config import load_drafter_config
     from jaxspec.train.drafter_trainer import train_drafter
 
-    cfg = load_drafter_config(args.config, {"train": {"steps": args.steps}} if args.steps is not None else None)
+    cfg = load_drafter_config(args.config, _overrides(args))
     result = train_drafter(cfg, args.out or f"runs/{cfg.name}", resume=args.resume,
                            log=lambda *a, **k: print(*a, file=sys.stderr, **k), progress=args.progress,
                            export=args.export)

@@ -16,16 +16,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import memory
+from jaxspec import auto, memory
 from jaxspec.errors import GenerationError, PromptError
 from jaxspec.inputs import as_bool, describe, given, int_arg, is_array, normalize_prompts, number_arg, plain_option
 from jaxspec.loading import Model
 from jaxspec.memory import MemoryEstimate
 from jaxspec.decoding.engine import finish
 from jaxspec.methods import advance, begin, bind, decode, resolve_method
-from jaxspec.parallel import lp_mesh, replicate
+from jaxspec.parallel import lp_mesh, lp_params, replicate
 from jaxspec.sampling import SamplingParams
-from jaxspec.tensor_parallel import place_inputs
+from jaxspec.tensor_parallel import MODEL_AXIS, place_inputs
 
 
 @dataclasses.dataclass
@@ -43,6 +43,8 @@ class GenerateOutput:
     # Device memory: the estimate made before compiling (`jaxspec.memory`), the free memory it was
     # checked against, and XLA's own analysis of the compiled program ("compiled").
     memory: dict = dataclasses.field(default_factory=dict)
+    # method="auto" / window="auto": what was chosen and why (`jaxspec.auto.Choice.as_dict`), else None.
+    auto: dict | None = None
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -61,6 +63,7 @@ class Request:
     batched: bool
     lp_devices: int
     memory: MemoryEstimate | None = None
+    auto: Any = None  # `jaxspec.auto.Choice` when method="auto" or window="auto" chose the method
 
     @property
     def engine(self):
@@ -68,6 +71,21 @@ class Request:
 
     def compile_key(self, program: str) -> tuple:
         return (program, self.args[2].shape, tuple(self.statics.items()), self.args[0] if self.bound else None)
+
+
+def _choose(model: Model, prompt, max_new_tokens: int, method: str, method_options: dict, generation: dict):
+    """`method="auto"` (no method options) or `"lookahead", window="auto"` (ngram and guesses
+    chosen too; the other lookahead options kept): the method and options `jaxspec.auto` picks."""
+    if method == "auto" and method_options:
+        raise GenerationError(f"method 'auto' chooses the method and its options; it takes none, got "
+                              f"{', '.join(sorted(method_options))}")
+    if method == "lookahead" and {"ngram", "guesses"} & {k for k, v in method_options.items() if v is not None}:
+        raise GenerationError("window='auto' chooses ngram and guesses too; do not pass them")
+    rows, _ = normalize_prompts(model, prompt)
+    choice = auto.choose(model, prompt, len(rows), max(len(r) for r in rows), max_new_tokens,
+                         lookahead_only=method == "lookahead", generation=generation)
+    options = {k: v for k, v in method_options.items() if k != "window"}
+    return choice.method, {**options, **choice.options}, choice
 
 
 def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "autoregressive",
@@ -80,9 +98,17 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     if not isinstance(method, str):
         raise GenerationError(f"method must be a method name (str), got {describe(method)}")
     method_options = {k: plain_option(v) for k, v in method_options.items()}
+    max_new_tokens = int_arg("max_new_tokens", max_new_tokens, "an integer >= 1", lambda n: n >= 1)
+    choice = None
+    if method == "auto" or (method == "lookahead" and method_options.get("window") == "auto"):
+        # (plain Python values: the choice is cached by them; arrays, even 0-d, are not hashable)
+        plain = lambda v: tuple(np.asarray(v).tolist()) if np.ndim(v) else np.asarray(v).item()  # noqa: E731
+        generation = {k: plain(v) if is_array(v) or isinstance(v, (list, tuple)) else v
+                      for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                       stop_at_eos=stop_at_eos, stop_ids=stop_ids).items()}
+        method, method_options, choice = _choose(model, prompt, max_new_tokens, method, method_options, generation)
     name, spec, options = resolve_method(method, model.config, method_options, model.drafters)
     lp_devices = getattr(options, "lp_devices", 1)
-    max_new_tokens = int_arg("max_new_tokens", max_new_tokens, "an integer >= 1", lambda n: n >= 1)
     seed = int_arg("seed", seed, "an integer in [0, 2**32)", lambda n: 0 <= n < 2**32)
     stop_at_eos_flag = as_bool(stop_at_eos)
     if stop_at_eos_flag is None:
@@ -125,43 +151,61 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     eos_ids = tuple(dict.fromkeys(eos_ids + stop_ids))
     graphdef, params = bind(model, engine, options)  # a drafter's graph and weights travel with the target's
     statics = dict(engine=engine, max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids,
-                   lp_devices=lp_devices)
-    args = (graphdef, params, jnp.asarray(prompts), jnp.asarray(lengths), jax.random.key(seed), sampling)
+                   lp_devices=lp_devices, tensor_parallel=1)
+    inputs = (jnp.asarray(prompts), jnp.asarray(lengths), jax.random.key(seed), sampling)
     if lp_devices > 1 and model.mesh is not None:
-        raise GenerationError("lp_devices > 1 on a tensor-parallel model (LP x TP) is not supported yet; "
-                              "use one of them")
-    if lp_devices > 1:
-        # Lookahead parallelism: inputs replicated on the `lp` mesh (across processes too).
-        args = (args[0], *replicate(args[1:], lp_mesh(lp_devices)))
+        # LP x TP: the weights split within each LP group, everything else replicated.
+        mesh, target = lp_params(model, lp_devices)
+        statics["tensor_parallel"] = mesh.shape[MODEL_AXIS]
+        params = target if params is model.params else (target, replicate(params[1], mesh))
+        args = (graphdef, params, *replicate(inputs, mesh))
+    elif lp_devices > 1:
+        # Lookahead parallelism: weights and inputs replicated on the `lp` mesh (across processes too).
+        args = (graphdef, *replicate((params, *inputs), lp_mesh(lp_devices)))
     elif model.mesh is not None:  # tensor parallelism: GSPMD partitions the program from these layouts
-        args = (*args[:2], *place_inputs(model.mesh, *args[2:]))
+        args = (graphdef, params, *place_inputs(model.mesh, *inputs))
+    else:
+        args = (graphdef, params, *inputs)
     request = Request(name=name, options=options, statics=statics, args=args, bound=graphdef is not model.graphdef,
-                      batched=batched, lp_devices=lp_devices)
+                      batched=batched, lp_devices=lp_devices, auto=choice)
     # With the loop state's exact size (traced, not compiled): the estimate `generate` reports.
     request.memory = memory.guard_request(model, request, what, begin)
     return request
 
 
-def _compiled_memory(program) -> dict:
-    """XLA's memory analysis of a compiled program (empty where the backend gives none)."""
-    try:
-        m = program.memory_analysis()
-    except Exception:  # noqa: BLE001  (not every backend implements it)
-        return {}
-    if m is None:
-        return {}
-    return {"temp_bytes": int(m.temp_size_in_bytes), "argument_bytes": int(m.argument_size_in_bytes),
+def _compiled_memory(model: Model, key: tuple, program) -> dict:
+    """XLA's memory analysis of a compiled program (empty where the backend gives none), read
+    once per program: it costs ~13 ms on CPU, twice a small model's whole decode."""
+    cache_key = ("compiled", key)
+    if cache_key not in model.memory_estimates:
+        try:
+            m = program.memory_analysis()
+        except Exception:  # noqa: BLE001  (not every backend implements it)
+            m = None
+        model.memory_estimates[cache_key] = {} if m is None else {
+            "temp_bytes": int(m.temp_size_in_bytes), "argument_bytes": int(m.argument_size_in_bytes),
             "output_bytes": int(m.output_size_in_bytes)}
+    return dict(model.memory_estimates[cache_key])
+
+
+def _host(x) -> np.ndarray:
+    """A decode output on the host. Rows split over a `data` axis that spans processes are not
+    all in this one: they are gathered from every process (each calls this, in the same order)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
 
 
 def _output(model: Model, request: Request, state, stats: dict, seconds: float, compile_seconds: float,
-            program) -> GenerateOutput:
-    num = np.asarray(state.num_generated)
-    tokens = [row[:n].tolist() for row, n in zip(np.asarray(state.tokens), num)]
-    steps = np.asarray(state.steps).tolist()
+            compiled_memory: dict) -> GenerateOutput:
+    num = _host(state.num_generated)
+    tokens = [row[:n].tolist() for row, n in zip(_host(state.tokens), num)]
+    steps = _host(state.steps).tolist()
     compression = [n / s for n, s in zip(num.tolist(), steps)]
     one = (lambda x: x) if request.batched else (lambda x: x[0])  # per-row values, unwrapped for one prompt
-    extras = {k: one(np.asarray(v).tolist()) for k, v in stats.items()}
+    extras = {k: one(_host(v).tolist()) for k, v in stats.items()}
     text = None
     if model.tokenizer is not None:
         text = [model.tokenizer.decode(t) for t in tokens]
@@ -170,7 +214,8 @@ def _output(model: Model, request: Request, state, stats: dict, seconds: float, 
         tokens_per_second=float(num.sum()) / max(seconds, 1e-9),
         method=request.name, compile_seconds=compile_seconds, text=None if text is None else one(text),
         options=request.options.as_dict(), extras=extras,
-        memory={**request.memory.as_dict(), "compiled": _compiled_memory(program)},
+        memory={**request.memory.as_dict(), "compiled": compiled_memory},
+        auto=None if request.auto is None else request.auto.as_dict(),
     )
 
 
@@ -180,6 +225,9 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
     """Generate with any registered method; the whole loop is one compiled `lax.while_loop`.
 
     `stop_ids`: token ids that end a row besides the model's EOS ids (e.g. a chat's end of turn).
+    `method="auto"` picks the method and its options that decode fastest on this device, greedy
+    unless another is measured to be clearly faster; `method="lookahead", window="auto"` picks
+    (W, N, G); `.auto` of the output says what was chosen and why (`jaxspec.auto`).
     `method="lookahead"` or `"hybrid"` with `lp_devices=D` splits each step over the first D devices (lookahead
     parallelism, greedy only; see docs/scaling.md); in a multi-process run every process
     calls this with the same arguments and gets the same output.
@@ -197,7 +245,8 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
     program = model.compiled[key]
     state, stats = program(*request.args)
     jax.block_until_ready(state.tokens)
-    return _output(model, request, state, stats, time.perf_counter() - t0, compile_seconds, program)
+    seconds = time.perf_counter() - t0
+    return _output(model, request, state, stats, seconds, compile_seconds, _compiled_memory(model, key, program))
 
 
 @dataclasses.dataclass
@@ -226,7 +275,7 @@ class Stream:
     def __iter__(self) -> Iterator[StreamChunk]:
         request, model = self.request, self.model
         statics = request.statics
-        advance_statics = {k: statics[k] for k in ("engine", "eos_ids", "lp_devices")}
+        advance_statics = {k: statics[k] for k in ("engine", "eos_ids", "lp_devices", "tensor_parallel")}
         graphdef, params, sampling = request.args[0], request.args[1], request.args[5]
         self._compile_seconds = 0.0
         seconds = 0.0
@@ -260,7 +309,8 @@ class Stream:
             if done:
                 break
         decoded, stats = finish(request.engine, state)
-        self.result = _output(model, request, decoded, stats, seconds, self._compile_seconds, step_fn)
+        self.result = _output(model, request, decoded, stats, seconds, self._compile_seconds,
+                              _compiled_memory(model, request.compile_key("advance"), step_fn))
 
 
 def stream(model: Model, prompt, max_new_tokens: int = 128, method: str = "autoregressive",

@@ -14,7 +14,7 @@ from flax import nnx
 from jaxspec.attention import get_attention
 from jaxspec.checkpoint.gguf_file import read_gguf
 from jaxspec.checkpoint.gguf_tokenizer import tokenizer_from_gguf
-from jaxspec.checkpoint.hf import load_hf_folder, save_hf_folder
+from jaxspec.checkpoint.hf import read_config, read_tensors, save_hf_folder
 from jaxspec.checkpoint.llama2c import read_llama2c
 from jaxspec.checkpoint.params import model_from_tensors
 from jaxspec.config import ModelConfig
@@ -78,10 +78,13 @@ class Model:
     # Drafters loaded from disk for this target, by (folder, target-independent): a speculative
     # `generate` reads its drafter once, not at every call.
     drafters: dict = dataclasses.field(default_factory=dict, repr=False)
-    # Memory estimates of prepared requests, by program shape (`jaxspec.memory`).
+    # What `jaxspec.memory` and `generate` count once rather than at every call: the estimates of
+    # prepared requests and XLA's memory analysis, by program shape; the weights' bytes, by tree.
     memory_estimates: dict = dataclasses.field(default_factory=dict, repr=False)
     # The (data, model) mesh the parameters are laid out on (`jaxspec.tensor_parallel`), or None.
     mesh: Any = None
+    # LP x TP: the parameters re-laid out on an (lp, model) mesh, by lp_devices (`jaxspec.parallel.lp_params`).
+    lp_layouts: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @classmethod
     def from_module(cls, module: Transformer, *, tokenizer=None, dtype="float32", source="<memory>") -> "Model":
@@ -114,34 +117,46 @@ def resolve(path_or_name: str | os.PathLike) -> Path:
 
 
 def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str = "float32", attention: str = "xla",
-         tensor_parallel: int = 1, data_parallel: int = 1) -> Model:
+         tensor_parallel: int = 1, data_parallel: int = 1, mesh=None) -> Model:
     """Load a checkpoint for decoding (default: the shipped model). `attention` names the
     attention backend ("xla" | "pallas"). `tensor_parallel` T > 1 or `data_parallel` D > 1 lay
     the weights out over T devices (and the batch over D) of a (data, model) mesh
-    (`jaxspec.tensor_parallel`); every method then runs on that mesh."""
+    (`jaxspec.tensor_parallel`); every method then runs on that mesh. Each parameter is then
+    read straight into its layout: a process reads only the slices its devices hold (a
+    multi-process mesh never puts the whole model in one process). `mesh` instead: a
+    `tp_mesh(T, D)` or, for LP x TP, a `jaxspec.parallel.lp_mesh(L, T)` ((lp, model) axes:
+    `generate(..., lp_devices=L)` then uses the weights as loaded)."""
     from jaxspec import tensor_parallel as tp_lib
 
-    mesh = None
-    if (tensor_parallel, data_parallel) != (1, 1):
+    if mesh is not None:
+        if (tensor_parallel, data_parallel) != (1, 1):
+            raise ConfigError("pass either mesh or tensor_parallel/data_parallel, not both")
+        tp_lib.check_mesh(mesh)
+    elif (tensor_parallel, data_parallel) != (1, 1):
         mesh = tp_lib.tp_mesh(tensor_parallel, data_parallel)  # (checked before reading the checkpoint)
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     get_attention(attention)  # fail now, not at the first generate
     path = resolve(path_or_name)
     jdtype = DTYPES[dtype]
+
+    def build(cfg: ModelConfig, tensors) -> Transformer:
+        # On a mesh each parameter is made in its layout, each process reading only its shards.
+        place = None if mesh is None else tp_lib.placement(mesh, cfg, jdtype)
+        return model_from_tensors(cfg, tensors, dtype=jdtype, attention=attention, source=str(path), place=place)
+
     if path.is_dir():
-        module = load_hf_folder(path, dtype=jdtype, attention=attention)
+        module = build(read_config(path), read_tensors(path))
         tokenizer = find_tokenizer(path)
     elif path.suffix == ".gguf":
         cfg, tensors, meta = read_gguf(path)
         tokenizer = tokenizer_from_gguf(meta)
-        module = model_from_tensors(cfg, tensors, dtype=jdtype, attention=attention, source=str(path))
+        module = build(cfg, tensors)
     elif path.suffix == ".bin":
         if path.stat().st_size == 0:  # np.memmap cannot map an empty file (a bare ValueError)
             raise CheckpointError(f"{path} is empty (0 bytes; a llama2.c checkpoint has a 28-byte header "
                                   "and float32 weights); re-download it")
-        cfg, tensors = read_llama2c(path)
-        module = model_from_tensors(cfg, tensors, dtype=jdtype, attention=attention, source=str(path))
+        module = build(*read_llama2c(path))
         tokenizer = find_tokenizer(path.parent)
     else:
         raise CheckpointError(
@@ -152,4 +167,4 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str = "float32"
             f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only {module.config.vocab_size}"
         )
     model = Model.from_module(module, tokenizer=tokenizer, dtype=dtype, source=str(path))
-    return model if mesh is None else tp_lib.shard(model, mesh)
+    return model if mesh is None else tp_lib.on_mesh(model, model.params, mesh)

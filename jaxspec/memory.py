@@ -134,12 +134,12 @@ def kv_cache_bytes(cfg: ModelConfig, dtype_bytes: int, batch: int, cache_len: in
     return 2 * cfg.num_layers * batch * cache_len * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
 
 
-def first_estimate(cfg: ModelConfig, dtype_bytes: int, engine, params, batch: int, prompt_len: int,
+def first_estimate(cfg: ModelConfig, dtype_bytes: int, engine, weights_bytes: int, batch: int, prompt_len: int,
                    cache_len: int) -> MemoryEstimate:
     """From the options alone, before the step's token tree exists (its tables grow with the
     block's square, so `guesses=10**9` must be refused before it is built): the step and the
     KV cache as the state (the sources' states are counted by `estimate`)."""
-    return MemoryEstimate(weights_bytes=tree_bytes(params), state_bytes=kv_cache_bytes(cfg, dtype_bytes, batch, cache_len),
+    return MemoryEstimate(weights_bytes=weights_bytes, state_bytes=kv_cache_bytes(cfg, dtype_bytes, batch, cache_len),
                           step_bytes=step_bytes(cfg, dtype_bytes, batch, prompt_len, engine.block_tokens, cache_len,
                                                 engine.verifier.sampled))
 
@@ -164,7 +164,7 @@ def per_device(estimate: MemoryEstimate, cfg: ModelConfig, dtype_bytes: int, mes
     device's (`tree_bytes` of sharded arrays counts one shard)."""
     from jaxspec.tensor_parallel import DATA_AXIS, MODEL_AXIS, splits
 
-    tp, dp = mesh.shape[MODEL_AXIS], mesh.shape[DATA_AXIS]
+    tp, dp = mesh.shape[MODEL_AXIS], mesh.shape.get(DATA_AXIS, 1)
     split = splits(cfg, tp)
     rows = dp if batch % dp == 0 else 1
     kv = kv_cache_bytes(cfg, dtype_bytes, batch, cache_len)
@@ -204,10 +204,18 @@ def _on_device(model, estimate: MemoryEstimate, batch: int, cache_len: int) -> M
 
 
 def guard_options(model, engine, what: str, batch: int, prompt_len: int, max_new_tokens: int) -> None:
-    """The first check (`first_estimate`), before the engine's tree is built."""
+    """The first check (`first_estimate`), before the engine's tree is built. The weights' bytes
+    are counted once per parameter tree (flattening it costs milliseconds at every call)."""
     cache_len = prompt_len + max_new_tokens + engine.block_tokens
-    estimate = first_estimate(model.config, jnp.dtype(model.dtype).itemsize, engine, model.params, batch, prompt_len,
-                              cache_len)
+    weights_key = ("weights", id(model.params))
+    if weights_key not in model.memory_estimates:
+        # A new tree (params reassigned) replaces the old entry; the entry holds its tree, so the
+        # id cannot be reused by another tree while it is cached.
+        for old in [k for k in model.memory_estimates if k[0] == "weights"]:
+            del model.memory_estimates[old]
+        model.memory_estimates[weights_key] = (model.params, tree_bytes(model.params))
+    estimate = first_estimate(model.config, jnp.dtype(model.dtype).itemsize, engine,
+                              model.memory_estimates[weights_key][1], batch, prompt_len, cache_len)
     check(_on_device(model, estimate, batch, cache_len), what)
 
 

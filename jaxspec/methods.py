@@ -94,36 +94,38 @@ def bind(model, engine: Engine, options: Options) -> tuple[Any, Any]:
 
 
 def decode(graphdef, params, prompts, prompt_lengths, rng, sampling, *, engine: Engine, max_new_tokens: int,
-           cache_len: int, eos_ids: tuple[int, ...], lp_devices: int = 1):
-    """Run `engine` on one device, or (`lp_devices` > 1) with each step split over devices.
+           cache_len: int, eos_ids: tuple[int, ...], lp_devices: int = 1, tensor_parallel: int = 1):
+    """Run `engine` on one device, or (`lp_devices` > 1) with each step split over devices
+    (`tensor_parallel` T > 1: over LP groups of T devices each, LP x TP). Without LP, tensor
+    parallelism needs no argument: it follows from the parameters' shardings.
     Pure and jit-able: `jax.jit(decode, static_argnames=("engine", "max_new_tokens", "cache_len",
-    "eos_ids", "lp_devices"))`."""
+    "eos_ids", "lp_devices", "tensor_parallel"))`."""
     if lp_devices > 1:
         return parallel.decode(engine, graphdef, params, prompts, prompt_lengths, rng, sampling,
                                max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids,
-                               lp_devices=lp_devices)
+                               lp_devices=lp_devices, tensor_parallel=tensor_parallel)
     return engine_lib.decode(engine, graphdef, params, prompts, prompt_lengths, rng, sampling,
                              max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
 
 
 def begin(graphdef, params, prompts, prompt_lengths, rng, sampling, *, engine: Engine, max_new_tokens: int,
-          cache_len: int, eos_ids: tuple[int, ...], lp_devices: int = 1) -> EngineState:
+          cache_len: int, eos_ids: tuple[int, ...], lp_devices: int = 1, tensor_parallel: int = 1) -> EngineState:
     """The state `advance` resumes from (prefill and first token done); jit-able like `decode`."""
     if lp_devices > 1:
         return parallel.begin_sharded(engine, graphdef, params, prompts, prompt_lengths, rng, sampling,
                                       max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids,
-                                      lp_devices=lp_devices)
+                                      lp_devices=lp_devices, tensor_parallel=tensor_parallel)
     return engine_lib.begin(engine, engine_lib.LocalBlock(), graphdef, params, prompts, prompt_lengths, rng, sampling,
                             max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
 
 
 def advance(graphdef, params, state: EngineState, sampling, until, *, engine: Engine, eos_ids: tuple[int, ...],
-            lp_devices: int = 1) -> EngineState:
+            lp_devices: int = 1, tensor_parallel: int = 1) -> EngineState:
     """Steps until every row is done or has taken `until` steps (a traced scalar): streaming runs
     one compiled `advance` chunk after chunk, `engine_lib.finish` gives the statistics."""
     if lp_devices > 1:
         return parallel.advance_sharded(engine, graphdef, params, state, sampling, until, eos_ids=eos_ids,
-                                        lp_devices=lp_devices)
+                                        lp_devices=lp_devices, tensor_parallel=tensor_parallel)
     return engine_lib.advance(engine, engine_lib.LocalBlock(), graphdef, params, state, sampling, until,
                               eos_ids=eos_ids)
 

@@ -125,6 +125,9 @@ class Transformer(nnx.Module):
                  rngs: nnx.Rngs):
         self.config = cfg
         self.attention = attention
+        # Devices the vocabulary is split over (tensor parallelism sets it: `jaxspec.tensor_parallel`);
+        # the chunked argmax then chunks within each device's slice (`head_argmax`).
+        self.vocab_shards = 1
         self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=dtype,
                                       embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
         self.layers = nnx.List([DecoderLayer(cfg, dtype=dtype, rngs=rngs) for _ in range(cfg.num_layers)])
@@ -168,42 +171,62 @@ class Transformer(nnx.Module):
             hidden_states=tuple(hidden[i % n] for i in hidden_layers),
         )
 
-    def _head(self, x, lo: int | Array = 0, size: int | None = None) -> Float[Array, "... n"]:
-        """float32 logits of vocabulary entries [lo, lo + size) (all of them by default)."""
-        if self.config.tie_word_embeddings:
-            w, spec, axis = self.embed_tokens.embedding[...], "...d,vd->...v", 0
-        else:
-            w, spec, axis = self.lm_head.kernel[...], "...d,dv->...v", 1
-        if size is not None:
-            w = jax.lax.dynamic_slice_in_dim(w, lo, size, axis=axis)
-        return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(jnp.float32)
-
     def head_logits(self, x: Float[Array, "... d"]) -> Float[Array, "... vocab"]:
         """float32 logits of final states."""
-        return self._head(x)
+        if self.config.tie_word_embeddings:
+            w, spec = self.embed_tokens.embedding[...], "...d,vd->...v"
+        else:
+            w, spec = self.lm_head.kernel[...], "...d,dv->...v"
+        return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(jnp.float32)
 
     def head_argmax(self, x: Float[Array, "... d"], chunk: int | None = None) -> Int[Array, "..."]:
         """`argmax(head_logits(x))` without the full logits: the head runs over vocabulary chunks
         with a running max. Ties go to the lowest id, as `jnp.argmax`'s do (the last chunk is
         shifted back to end at the vocabulary's end; the ids it repeats never win a tie). Chunk
-        size: `argmax_chunk`."""
-        vocab = self.config.vocab_size
-        chunk = argmax_chunk(vocab, chunk)
-        if chunk == vocab:
-            return jnp.argmax(self._head(x), axis=-1).astype(jnp.int32)
-        count = _ceil_div(vocab, chunk)
+        size: `argmax_chunk`.
 
-        def body(i, carry):
-            best, best_id = carry
-            start = jnp.minimum(i * chunk, vocab - chunk)
-            part = self._head(x, start, chunk)
-            top = jnp.max(part, axis=-1)
-            better = top > best
-            top_id = start + jnp.argmax(part, axis=-1).astype(jnp.int32)
-            return jnp.where(better, top, best), jnp.where(better, top_id, best_id)
+        With the vocabulary split over `vocab_shards` devices (tensor parallelism), the head is
+        seen as [vocab_shards, vocab / vocab_shards] and chunked along the second axis, so every
+        chunk stays on its device: a chunk that crossed the split would make XLA gather the whole
+        head on every device, every step. Each slice's best then meets the others' in one small
+        reduction (the first best wins: the lowest id)."""
+        vocab, shards = self.config.vocab_size, self.vocab_shards
+        part = vocab // shards
+        chunk = argmax_chunk(part, chunk)
+        tied = self.config.tie_word_embeddings
+        w = self.embed_tokens.embedding[...] if tied else self.lm_head.kernel[...]
+        if shards > 1:
+            w = w.reshape(shards, part, -1) if tied else w.reshape(-1, shards, part)
+        # [..., shards, entries]; one device's plain weight is not reshaped (XLA would copy it).
+        spec = ("...d,svd->...sv" if tied else "...d,dsv->...sv") if shards > 1 else (
+            "...d,vd->...v" if tied else "...d,dv->...v")
+        axis = w.ndim - 2 if tied else w.ndim - 1  # the within-slice vocabulary axis
 
-        init = (jnp.full(x.shape[:-1], -jnp.inf, jnp.float32), jnp.zeros(x.shape[:-1], jnp.int32))
-        return jax.lax.fori_loop(0, count, body, init)[1]
+        def logits(start):
+            piece = w if chunk == part else jax.lax.dynamic_slice_in_dim(w, start, chunk, axis=axis)
+            out = jnp.einsum(spec, x, piece, preferred_element_type=jnp.float32).astype(jnp.float32)
+            return out if shards > 1 else out[..., None, :]
+
+        if chunk == part:
+            scores = logits(0)
+            best, best_id = jnp.max(scores, axis=-1), jnp.argmax(scores, axis=-1).astype(jnp.int32)
+        else:
+            def body(i, carry):
+                best, best_id = carry
+                start = jnp.minimum(i * chunk, part - chunk)
+                scores = logits(start)
+                top = jnp.max(scores, axis=-1)
+                better = top > best
+                top_id = start + jnp.argmax(scores, axis=-1).astype(jnp.int32)
+                return jnp.where(better, top, best), jnp.where(better, top_id, best_id)
+
+            shape = (*x.shape[:-1], shards)
+            init = (jnp.full(shape, -jnp.inf, jnp.float32), jnp.zeros(shape, jnp.int32))
+            best, best_id = jax.lax.fori_loop(0, _ceil_div(part, chunk), body, init)
+        if shards == 1:
+            return best_id[..., 0]
+        winner = jnp.argmax(best, axis=-1)
+        return (jnp.take_along_axis(best_id, winner[..., None], axis=-1)[..., 0] + winner * part).astype(jnp.int32)
 
 
 def _ceil_div(a: int, b: int) -> int:

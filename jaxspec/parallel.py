@@ -38,10 +38,21 @@ def check_lp_devices(lp_devices) -> int:
     return int(lp_devices)
 
 
-def lp_mesh(lp_devices: int) -> Mesh:
-    """A one-axis mesh `lp` over the first `lp_devices` devices (all processes' devices count)."""
-    devices = np.array(jax.devices()[:check_lp_devices(lp_devices)])
-    return Mesh(devices, (LP_AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
+def lp_mesh(lp_devices: int, tensor_parallel: int = 1) -> Mesh:
+    """A one-axis mesh `lp` over the first `lp_devices` devices (all processes' devices count);
+    with `tensor_parallel` T > 1 an (lp, model) mesh over the first lp_devices x T devices:
+    LP across its rows, each row a T-way tensor-parallel group (LP x TP)."""
+    lp_devices = check_lp_devices(lp_devices)
+    if tensor_parallel == 1:
+        return Mesh(np.array(jax.devices()[:lp_devices]), (LP_AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
+    from jaxspec.tensor_parallel import MODEL_AXIS
+
+    need, available = lp_devices * tensor_parallel, jax.device_count()
+    if need > available:
+        raise GenerationError(f"lp_devices {lp_devices} x tensor_parallel {tensor_parallel} needs {need} devices "
+                              f"but {available} are visible; lower lp_devices")
+    devices = np.array(jax.devices()[:need]).reshape(lp_devices, tensor_parallel)
+    return Mesh(devices, (LP_AXIS, MODEL_AXIS), axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 
 def replicate(tree, mesh: Mesh):
@@ -114,9 +125,50 @@ _COLLECTIVE = re.compile(r"=\s+(\w+)\[([\d,]*)\][^ ]*\s+(all-gather|all-reduce|c
                          r"reduce-scatter|collective-broadcast|send|recv)(?:-start)?\(")
 
 
+_GROUPS = re.compile(r"replica_groups=(\{\{[\d,{}]*\}\}|\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?)")
+_MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\](?:<=\[([\d,]+)\](?:T\(([\d,]+)\))?)?\s*\{([^}]*)\}")
+
+
+def _iota(dims: list[int], perm: list[int] | None) -> np.ndarray:
+    ids = np.arange(int(np.prod(dims))).reshape(dims)
+    return ids.transpose(perm) if perm else ids
+
+
+def _ints(text: str | None) -> list[int]:
+    return [int(d) for d in re.findall(r"\d+", text or "")]
+
+
+def _groups(line: str) -> list[list[int]] | None:
+    """The device groups of a collective, None when the line names none. XLA writes them as
+    explicit lists `{{0,4},{1,5}}`, as iota `[2,4]<=[8]` (rows of arange(8).reshape(2, 4)),
+    optionally transposed `[4,2]<=[2,4]T(1,0)`, or over named mesh axes
+    `mesh['a'=2,'b'=4] {'b'}` (the devices that differ only along the braced axes)."""
+    match = _MESH_GROUPS.search(line)
+    if match is not None:
+        axes = re.findall(r"'([^']+)'=(\d+)", match.group(1))
+        sizes = [int(n) for _, n in axes]
+        ids = (_iota(_ints(match.group(2)), _ints(match.group(3))) if match.group(2)
+               else np.arange(int(np.prod(sizes)))).reshape(sizes)
+        over = set(re.findall(r"'([^']+)'", match.group(4)))
+        inner = [i for i, (name, _) in enumerate(axes) if name in over]
+        outer = [i for i in range(len(axes)) if i not in inner]
+        size = int(np.prod([sizes[i] for i in inner])) if inner else 1
+        return ids.transpose(outer + inner).reshape(-1, size).tolist()
+    match = _GROUPS.search(line)
+    if match is None:
+        return None
+    text = match.group(1)
+    if text.startswith("{"):
+        return [[int(d) for d in g.split(",") if d] for g in re.findall(r"\{([\d,]*)\}", text[1:-1])]
+    shape, rest = text.split("<=")
+    ids = _iota(_ints(rest.split("T")[0]), _ints(rest.split("T")[1]) if "T(" in rest else None)
+    return ids.reshape(_ints(shape)[0], -1).tolist()
+
+
 def hlo_collectives(hlo: str) -> list[dict]:
     """Every collective instruction of a compiled program's HLO text: op, dtype, result shape,
-    result bytes, and whether it sits inside a while loop body (i.e. runs every decode step).
+    result bytes, its device groups, and whether it sits inside a while loop body (i.e. runs
+    every decode step).
     How LP's tests and `benchmarks/lp_bench.py` measure what a step communicates."""
     found = []
     for line in hlo.splitlines():
@@ -126,5 +178,32 @@ def hlo_collectives(hlo: str) -> list[dict]:
             shape = [int(d) for d in dims.split(",") if d]
             found.append({"op": op, "dtype": dtype, "shape": shape,
                           "bytes": int(np.prod(shape)) * int(re.sub(r"\D", "", dtype)) // 8,
-                          "in_loop": "while/body" in line, "line": line.strip()[:200]})
+                          "in_loop": "while/body" in line, "groups": _groups(line), "line": line.strip()[:200]})
     return found
+
+
+def lp_params(model, lp_devices: int) -> tuple[Mesh, object]:
+    """LP x TP: the (lp, model) mesh for `lp_devices` LP groups of a tensor-parallel model's T
+    devices, and the model's parameters laid out on it (split over `model` as
+    `jaxspec.tensor_parallel` says, replicated across `lp`). A model loaded on that mesh
+    (`load(..., mesh=lp_mesh(L, T))`, what the CLI does) is used as it is; one on a (data, model)
+    mesh is re-laid out once per lp_devices and kept on the model."""
+    from jaxspec.tensor_parallel import DATA_AXIS, MODEL_AXIS, param_shardings
+
+    if model.mesh.shape.get(DATA_AXIS, 1) > 1:
+        raise GenerationError(f"lp_devices > 1 on a model with data_parallel {model.mesh.shape[DATA_AXIS]}: "
+                              "lookahead parallelism replicates the batch; load it with data_parallel=1")
+    mesh = lp_mesh(lp_devices, model.mesh.shape[MODEL_AXIS])
+    if model.mesh.axis_names == mesh.axis_names:
+        if model.mesh == mesh:
+            return mesh, model.params
+        raise GenerationError(f"the model is laid out for lp_devices={model.mesh.shape[LP_AXIS]}, not {lp_devices}; "
+                              f"load it with mesh=lp_mesh({lp_devices}, {model.mesh.shape[MODEL_AXIS]})")
+    if lp_devices not in model.lp_layouts:
+        if jax.process_count() > 1:  # device_put cannot move shards between processes
+            raise GenerationError(f"in a multi-process run, load the model with mesh=lp_mesh({lp_devices}, "
+                                  f"{model.mesh.shape[MODEL_AXIS]}) (CLI: --lp-devices with --tensor-parallel) "
+                                  "to use lp_devices on a tensor-parallel model")
+        model.lp_layouts[lp_devices] = mesh, jax.device_put(model.params,
+                                                            param_shardings(model.params, model.config, mesh))
+    return model.lp_layouts[lp_devices]

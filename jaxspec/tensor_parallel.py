@@ -13,6 +13,11 @@ Layout (`partition_spec`), T = the `model` axis size:
 * norms, biases of row-split matrices (o, down): replicated. Biases of column-split
   matrices follow their columns.
 
+Loading (`placement`): every parameter is made directly as a global array on the mesh
+(`jax.make_array_from_callback`), each process reading from the checkpoint only the slices
+its own devices hold; no process ever holds the whole model. `shard` and `place_inputs`
+build their arrays the same way, so a mesh can span several processes.
+
 Every decoding method runs unchanged: `generate` jit-compiles the same program on sharded
 parameters and inputs. Float32 results can differ from one device at the last bit (partial
 sums add in another order), so greedy tokens can part only at near-ties (`jaxspec.exactness`).
@@ -24,6 +29,7 @@ import dataclasses
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxspec.config import ModelConfig
@@ -92,22 +98,70 @@ def param_shardings(params, cfg: ModelConfig, mesh: Mesh):
         lambda path, x: NamedSharding(mesh, partition_spec(path_names(path), cfg, tp)), params)
 
 
+def placement(mesh: Mesh, cfg: ModelConfig, dtype):
+    """The `place` hook of `jaxspec.checkpoint.params.model_from_tensors` for `mesh`: each
+    parameter a global array in its layout, its shards read (by the process that holds them,
+    and only those) with the hook's part reader."""
+    tp = mesh.shape[MODEL_AXIS]
+
+    def place(path, shape, read):
+        names = tuple(str(p) for p in path)
+        sharding = NamedSharding(mesh, partition_spec(names, cfg, tp))
+        return jax.make_array_from_callback(shape, sharding, read, dtype=dtype)
+
+    return place
+
+
+# The meshes a model's weights can be laid out on: tensor parallelism with data parallelism,
+# and LP x TP (`jaxspec.parallel.lp_mesh(L, T)`).
+MESH_AXES = ((DATA_AXIS, MODEL_AXIS), ("lp", MODEL_AXIS))
+
+
+def check_mesh(mesh) -> None:
+    if not isinstance(mesh, Mesh):
+        raise ConfigError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+    if tuple(mesh.axis_names) not in MESH_AXES:
+        raise ConfigError(f"a tensor-parallel mesh has the axes {MESH_AXES[0]} (or {MESH_AXES[1]} for LP x TP), got "
+                          f"{tuple(mesh.axis_names)} (make one with jaxspec.tensor_parallel.tp_mesh or "
+                          "jaxspec.parallel.lp_mesh)")
+
+
+def put(x, sharding: NamedSharding):
+    """`x` (the same value in every process: a host or process-local array) laid out as
+    `sharding`: each process gives only its addressable shards, so the sharding may span
+    processes (`jax.device_put` needs the whole value on every device it targets)."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):  # typed keys travel as their raw data
+        return jax.random.wrap_key_data(put(jax.random.key_data(x), sharding), impl=jax.random.key_impl(x))
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index], dtype=host.dtype)
+
+
+def on_mesh(model, params, mesh: Mesh):
+    """A new `Model` (its own compiled programs) of `model`'s graph and `params`, laid out on
+    `mesh`: what `shard` and `jaxspec.load(..., tensor_parallel=T)` both return. The head's
+    chunked argmax is told how many devices split the vocabulary (`Transformer.vocab_shards`)."""
+    check_mesh(mesh)
+    module = nnx.merge(model.graphdef, params)
+    tp = mesh.shape[MODEL_AXIS]
+    module.vocab_shards = tp if splits(model.config, tp)["vocab"] else 1
+    graphdef, params = nnx.split(module)
+    return dataclasses.replace(model, graphdef=graphdef, params=params, mesh=mesh, compiled={}, memory_estimates={},
+                               lp_layouts={})
+
+
 def shard(model, mesh: Mesh):
     """The model with its parameters laid out on `mesh` (a `tp_mesh`); `generate` then runs every
-    method on that mesh. A new `Model` (its own compiled programs)."""
-    if tuple(mesh.axis_names) != (DATA_AXIS, MODEL_AXIS):
-        raise ConfigError(f"a tensor-parallel mesh has the axes {(DATA_AXIS, MODEL_AXIS)}, got {tuple(mesh.axis_names)}"
-                          " (make one with jaxspec.tensor_parallel.tp_mesh)")
-    params = jax.device_put(model.params, param_shardings(model.params, model.config, mesh))
-    return dataclasses.replace(model, params=params, mesh=mesh, compiled={}, memory_estimates={})
+    method on that mesh. A new `Model` (its own compiled programs). `jaxspec.load(...,
+    tensor_parallel=T)` reads the shards straight from the checkpoint instead."""
+    check_mesh(mesh)
+    return on_mesh(model, jax.tree.map(put, model.params, param_shardings(model.params, model.config, mesh)), mesh)
 
 
 def place_inputs(mesh: Mesh, prompts, lengths, rng, sampling) -> tuple:
-    """Decode inputs on `mesh`: the batch over `data` when it divides, else replicated; the key
-    and the sampling parameters replicated."""
+    """Decode inputs (identical in every process) on `mesh`: the batch over `data` when it
+    divides, else replicated; the key and the sampling parameters replicated."""
     replicated = NamedSharding(mesh, PartitionSpec())
-    rows = NamedSharding(mesh, PartitionSpec(DATA_AXIS)) if prompts.shape[0] % mesh.shape[DATA_AXIS] == 0 \
-        else replicated
-    put = lambda x, s: jax.device_put(x, s)  # noqa: E731
+    data = mesh.shape.get(DATA_AXIS, 0)  # (an LP x TP mesh has no `data` axis: rows replicated)
+    rows = NamedSharding(mesh, PartitionSpec(DATA_AXIS)) if data and prompts.shape[0] % data == 0 else replicated
     return (put(prompts, rows), put(lengths, rows), put(rng, replicated),
             jax.tree.map(lambda x: put(x, replicated), sampling))

@@ -27,7 +27,8 @@ from jaxspec.cli import main
 REPO = Path(__file__).resolve().parents[1]
 from stories import CHECKPOINT, REFERENCE, STORIES, needs_stories
 
-JSON_KEYS = {"tokens", "text", "steps", "compression", "seconds", "tokens_per_second", "method", "config", "memory"}
+JSON_KEYS = {"tokens", "text", "steps", "compression", "seconds", "tokens_per_second", "method", "config", "memory",
+             "auto"}
 
 TINY = jaxspec.ModelConfig(
     model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,

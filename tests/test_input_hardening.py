@@ -313,8 +313,11 @@ def test_cli_method_flag_the_method_does_not_take_names_the_flag(capsys):
                              capsys)
     assert_one_line_error(code, out, err, ["--target-independent", "--method lookahead", "--window"],
                           absent=("target_features",))
-    code, out, err = run_cli(["generate", "--prompt-ids", "1", "--draft-len", "3"], capsys)
-    assert_one_line_error(code, out, err, ["--draft-len", "--method autoregressive", "no method flags"],
+    code, out, err = run_cli(["generate", "--prompt-ids", "1", "--draft-len", "3", "--method", "greedy"], capsys)
+    assert_one_line_error(code, out, err, ["--draft-len", "--method greedy", "no method flags"],
+                          absent=("draft_len",))
+    code, out, err = run_cli(["generate", "--prompt-ids", "1", "--draft-len", "3"], capsys)  # the default: auto
+    assert_one_line_error(code, out, err, ["--draft-len does not apply to --method auto", "--method lookahead"],
                           absent=("draft_len",))
     code, out, err = run_cli(["chat", "--model", "pycode-5M", "--message", "hi", "--method", "jacobi",
                               "--ngram", "3"], capsys)

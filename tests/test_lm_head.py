@@ -39,8 +39,10 @@ def set_head_weight(module, w: np.ndarray) -> None:
 
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("chunk", [7, 128, 999, 1000, 4096])  # 1000 % 7 and % 128 != 0: the last chunk overlaps
-def test_chunked_argmax_equals_full_argmax(tied, chunk):
+@pytest.mark.parametrize("shards", [1, 4])  # 4: the vocabulary split over 4 devices (chunks within each 250)
+def test_chunked_argmax_equals_full_argmax(tied, chunk, shards):
     module = jaxspec.Transformer(dataclasses.replace(CFG, tie_word_embeddings=tied), rngs=nnx.Rngs(0))
+    module.vocab_shards = shards
     x = jax.random.normal(jax.random.key(1), (3, 5, CFG.hidden_size))
     full = np.asarray(jnp.argmax(module.head_logits(x), axis=-1))
     chunked = np.asarray(jax.jit(lambda x: module.head_argmax(x, chunk))(x))
@@ -49,10 +51,13 @@ def test_chunked_argmax_equals_full_argmax(tied, chunk):
 
 
 @pytest.mark.parametrize("tied", [True, False])
-def test_chunked_argmax_breaks_ties_like_jnp_argmax(tied):
-    """Exact ties across chunks, and inside the overlap of the shifted last chunk, go to the
-    lowest id, as `jnp.argmax` does (greedy decoding's tie rule)."""
+@pytest.mark.parametrize("shards", [1, 4])
+def test_chunked_argmax_breaks_ties_like_jnp_argmax(tied, shards):
+    """Exact ties across chunks (and across the slices of a split vocabulary: 5 and 997), and
+    inside the overlap of the shifted last chunk, go to the lowest id, as `jnp.argmax` does
+    (greedy decoding's tie rule)."""
     module = jaxspec.Transformer(dataclasses.replace(CFG, tie_word_embeddings=tied), rngs=nnx.Rngs(0))
+    module.vocab_shards = shards
     x = np.zeros((4, CFG.hidden_size), np.float32)
     x[np.arange(4), np.arange(4)] = 1.0  # state i reads the head's column i
     w = np.zeros((CFG.vocab_size, CFG.hidden_size), np.float32)

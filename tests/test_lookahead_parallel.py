@@ -23,7 +23,6 @@ import dataclasses
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +37,7 @@ from jaxspec.cli import main
 from jaxspec.decoding.parallel import shard_tree
 from jaxspec.parallel import hlo_collectives as collectives
 
+from processes import free_port, run_processes
 from stories import CASES, CHECKPOINT, REFERENCE
 from test_speculative import copy_drafter
 from trees import StepLayout
@@ -228,41 +228,43 @@ def test_collective_parser_sees_collectives():
     found = collectives(text)
     assert [(f["op"], f["dtype"], f["bytes"], f["in_loop"]) for f in found] == [
         ("all-reduce", "f32", 4 * 16 * 32 * 4, False), ("all-gather", "s32", 320, True)]
+    assert [f["groups"] for f in found] == [[[0, 1]], None]
+
+
+@pytest.mark.parametrize("text, groups", [
+    ("replica_groups={{0,4},{1,5}}, x", [[0, 4], [1, 5]]),
+    ("replica_groups=[2,4]<=[8], x", [[0, 1, 2, 3], [4, 5, 6, 7]]),
+    ("replica_groups=[4,2]<=[2,4]T(1,0), x", [[0, 4], [1, 5], [2, 6], [3, 7]]),
+    ("replica_groups=mesh['a'=2,'b'=4] {'a'}, x", [[0, 4], [1, 5], [2, 6], [3, 7]]),
+    ("replica_groups=mesh['a'=2,'b'=4] {'b'}, x", [[0, 1, 2, 3], [4, 5, 6, 7]]),
+    ("replica_groups=mesh['a'=1,'b'=1,'c'=2] {'c'}, x", [[0, 1]]),
+])
+def test_collective_groups_in_every_notation_xla_prints(text, groups):
+    """Device groups tell a tensor-parallel collective (within a group) from LP's (across groups)."""
+    from jaxspec.parallel import _groups
+
+    assert _groups(text) == groups
 
 
 # ----------------------------------------------------------------------------- two processes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_processes_two_devices_each_print_the_greedy_tokens(lp_report):
     report, tmp = lp_report
     prompt = PROMPTS[2]
     expected = report["tiny"]["greedy"]["tokens"][2]  # single-process greedy of this prompt (rows are independent)
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}",
                JAX_PLATFORMS="cpu")
-    procs = []
-    try:
-        for i in range(2):
-            argv = [sys.executable, "-m", "jaxspec", "generate", "--model", str(tmp / "tiny"),
-                    "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", str(BUDGET),
-                    "--method", "lookahead", "--window", "5", "--ngram", "3", "--guesses", "3", "--lp-devices", "4",
-                    "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i), "--json"]
-            procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        outputs = [p.communicate(timeout=180) for p in procs]
-    finally:
-        for p in procs:  # a hung peer (e.g. the other failed to start) must not outlive the test
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    argvs = [[sys.executable, "-m", "jaxspec", "generate", "--model", str(tmp / "tiny"),
+              "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", str(BUDGET),
+              "--method", "lookahead", "--window", "5", "--ngram", "3", "--guesses", "3", "--lp-devices", "4",
+              "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i), "--json"]
+             for i in range(2)]
+    finished = run_processes(argvs, env, timeout=180)  # a hung peer is killed
     results = []
-    for p, (out, err) in zip(procs, outputs):
-        assert p.returncode == 0, err[-3000:]
+    for code, out, err in finished:
+        assert code == 0, err[-3000:]
         results.append(json.loads(out.strip().splitlines()[-1]))  # gloo logs its connections on stdout first
     for r in results:
         assert r["tokens"] == expected

@@ -108,3 +108,39 @@ def test_block_tokens_without_the_tree_equal_the_tree(method, options):
     for greedy in (True, False):
         engine = spec.engine(opts, greedy)
         assert engine.block_tokens == engine.tree.size
+
+
+def test_repeated_calls_count_the_weights_and_read_xla_once(monkeypatch):
+    """The per-call bookkeeping is cached: the weights' bytes once per parameter tree, XLA's
+    memory analysis once per program (each cost milliseconds at every call, more than a small
+    model's decode); a reassigned parameter tree is counted afresh."""
+    import jax
+    import jax.numpy as jnp
+
+    fresh = tiny_model()
+    counts = {"tree_bytes": 0, "memory_analysis": 0}
+    tree_bytes, analysis = memory.tree_bytes, jax.stages.Compiled.memory_analysis
+
+    def counted_tree_bytes(tree):
+        counts["tree_bytes"] += 1
+        return tree_bytes(tree)
+
+    def counted_analysis(self):
+        counts["memory_analysis"] += 1
+        return analysis(self)
+
+    monkeypatch.setattr(memory, "tree_bytes", counted_tree_bytes)
+    monkeypatch.setattr(jax.stages.Compiled, "memory_analysis", counted_analysis)
+    first = jaxspec.generate(fresh, [1, 2, 3], max_new_tokens=4, method="jacobi", window=3)
+    after_one = dict(counts)
+    assert after_one["memory_analysis"] == 1 and after_one["tree_bytes"] >= 1
+    again = [jaxspec.generate(fresh, [1, 2, 3], max_new_tokens=4, method="jacobi", window=3) for _ in range(2)]
+    assert counts == after_one
+    fixed = lambda m: {k: v for k, v in m.items() if not k.startswith("free")}  # noqa: E731  (free: read each call)
+    assert all(fixed(o.memory) == fixed(first.memory) and o.tokens == first.tokens for o in again)
+    fresh.params = jax.tree.map(jnp.copy, fresh.params)
+    reassigned = jaxspec.generate(fresh, [1, 2, 3], max_new_tokens=4, method="jacobi", window=3)
+    assert counts["tree_bytes"] == after_one["tree_bytes"] + 1 and counts["memory_analysis"] == 1
+    held = [v for k, v in fresh.memory_estimates.items() if k[0] == "weights"]
+    assert len(held) == 1 and held[0][0] is fresh.params
+    assert reassigned.memory["weights_bytes"] == first.memory["weights_bytes"]

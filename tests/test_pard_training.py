@@ -8,6 +8,7 @@ Python-like corpus (tests/test_train.py's), so the whole file stays well under a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -256,3 +257,76 @@ def test_cli_bad_drafter_config_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "cod_min" in err
     assert main(["train-drafter", "--config", str(tmp_path / "missing.toml")]) == 2
+
+
+def test_target_continuations_are_corpus_prefixes_plus_the_targets_own_greedy_text(tiny_target, tmp_path):
+    """[distill]: each greedy row = a training-stream prefix + what greedy decoding of that prefix
+    writes; sampled rows are not greedy's; the file is cached by fingerprint and reused; the
+    metrics log the run's CPU seconds."""
+    import jaxspec
+    from jaxspec.train import corpus, distill_data
+
+    target_dir, corpus_root = tiny_target
+    raw = _drafter_raw(target_dir, corpus_root)
+    raw["distill"] = {"greedy_sequences": 5, "sampled_sequences": 3, "min_prefix": 4, "max_prefix": 12,
+                      "batch_size": 4, "fraction": 0.25}
+    raw["train"].update(steps=3, eval_batches=1, log_every=1)
+    cfg = parse_drafter_config(raw)
+    target = jaxspec.load(target_dir)
+    run = tmp_path / "run"
+    result = train_drafter(cfg, run, log=lambda *a, **k: None, progress=False, export=False)
+    files = sorted((run / "data").glob("distill-*.npy"))
+    assert len(files) == 1 and result.steps == 3
+    rows = np.load(files[0])
+    assert rows.shape == (8, 33)
+    stream = np.load(run / "data" / "train.npy")
+    heads = distill_data.prefixes(stream, cfg.distill, cfg.train.seed)
+    assert [len(h) for h in heads] != [len(heads[0])] * 8 and all(4 <= len(h) <= 12 for h in heads)
+    # The same prefixes decoded in other batches (5 rows, 3 rows; generation used batches of 4).
+    greedy = jaxspec.generate(target, [h.tolist() for h in heads], max_new_tokens=33 - 4, stop_at_eos=False).tokens
+    for i, head in enumerate(heads):
+        n = len(head)
+        np.testing.assert_array_equal(rows[i, :n], head)  # a real prefix of the training stream
+        if i < 5:  # the target's greedy continuation
+            assert rows[i, n:].tolist() == greedy[i][:33 - n]
+    assert any(rows[i, len(heads[i]):].tolist() != greedy[i][:33 - len(heads[i])] for i in range(5, 8))
+    # cached: a second run with the same settings reuses the file (and says so)
+    said = []
+    again = distill_data.prepare(target, corpus.PackedData(run / "data" / "train.npy", 32), cfg.distill,
+                                 run / "data", 32, cfg.train.seed, json.loads((run / "data" / "data.json")
+                                                                               .read_text())["fingerprint"],
+                                 log=said.append, progress=False)
+    assert said == [f"target continuations: reusing {files[0]}"]
+    moved = dataclasses.replace(cfg.distill, cache=str(tmp_path / "elsewhere"), fraction=0.9)
+    assert distill_data.fingerprint(moved, "d", "t", 32, 0) == distill_data.fingerprint(cfg.distill, "d", "t", 32, 0)
+    assert distill_data.fingerprint(dataclasses.replace(cfg.distill, max_prefix=11), "d", "t", 32, 0) != \
+        distill_data.fingerprint(cfg.distill, "d", "t", 32, 0)
+    np.testing.assert_array_equal(np.asarray(again.rows), rows)
+    logged = [r for r in (json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines())
+                  if "cpu_seconds" in r]
+    assert logged and logged[-1]["cpu_seconds"] > 0
+
+
+@pytest.mark.parametrize("values,match", [
+    ({"greedy_sequences": 4, "min_prefix": 20, "max_prefix": 10}, "min_prefix <= max_prefix"),
+    ({"sampled_sequences": 4, "max_prefix": 32}, "< \\[data\\] seq_len"),
+    ({"fraction": 1.5}, "fraction must be in"),
+    ({"greedy_sequences": -1}, "greedy_sequences = -1 is out of range"),
+])
+def test_bad_distill_configs(values, match, tmp_path):
+    raw = _drafter_raw(tmp_path, tmp_path)
+    raw["distill"] = values
+    with pytest.raises(ConfigError, match=match):
+        parse_drafter_config(raw)
+
+
+def test_cli_set_overrides_reach_the_config(tmp_path, capsys):
+    """--set SECTION.KEY=VALUE replaces a file value (read as TOML); a malformed one is one line."""
+    path = _write_toml(tmp_path / "ok.toml", _drafter_raw(tmp_path, tmp_path))
+    assert main(["train-drafter", "--config", str(path), "--set", "pard.cod_min=2.0"]) == 2
+    assert "[pard] cod_min must be in [0, 1], got 2.0" in capsys.readouterr().err
+    assert main(["train-drafter", "--config", str(path), "--set", "distill.fraction=1.5"]) == 2
+    assert "fraction must be in [0, 1], got 1.5" in capsys.readouterr().err
+    assert main(["train-drafter", "--config", str(path), "--set", "pardcod_min"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "expected SECTION.KEY=VALUE" in err

@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -38,6 +37,7 @@ METHODS = {  # name: (method, options, temperature)
     "lookahead-sampled": ("lookahead", LOOKAHEAD, 1.0),
     "speculative-sampled": ("speculative", dict(draft_len=3), 1.0),
 }
+LP_METHODS = ["lookahead", "hybrid"]  # LP x TP (lp 2 x model 4)
 RUNS = {  # (tensor_parallel, data_parallel): the methods run there
     (2, 1): list(METHODS),
     (4, 1): ["greedy", "hybrid"],
@@ -55,12 +55,25 @@ SPLIT = {  # parameter -> (its path, the TP degrees at which it is split)
 }
 
 
-def _decode(model, name: str, drafter) -> list:
+def _run(model, name: str, drafter, **extra) -> dict:
     method, options, temperature = METHODS[name]
     if method in ("speculative", "hybrid"):
         options = dict(options, drafter=drafter)
-    return jaxspec.generate(model, PROMPTS, max_new_tokens=BUDGET, method=method, temperature=temperature, seed=3,
-                            stop_at_eos=False, **options).tokens
+    out = jaxspec.generate(model, PROMPTS, max_new_tokens=BUDGET, method=method, temperature=temperature, seed=3,
+                           stop_at_eos=False, **options, **extra)
+    return {"tokens": out.tokens, "steps": out.steps}
+
+
+def _decode(model, name: str, drafter) -> list:
+    return _run(model, name, drafter)["tokens"]
+
+
+def _error(call) -> str:
+    try:
+        call()
+    except jaxspec.GenerationError as e:
+        return str(e)
+    return ""
 
 
 def worker() -> dict:
@@ -71,11 +84,14 @@ def worker() -> dict:
     from test_speculative import copy_drafter
 
     assert jax.device_count() == WORKER_DEVICES
+    # The chunked LM-head argmax in every run (vocabulary 64 in chunks of 16): at TP 2-8 the
+    # vocabulary is split too, and chunks must stay within each device's slice.
+    jaxspec.model.ARGMAX_CHUNK = 16
     single = tiny_model()
     drafter = copy_drafter(single)
     # One device: greedy (every greedy method must equal it) and the sampled methods' samples.
     report = {"single": {name: _decode(single, name, drafter) for name in METHODS if name == "greedy"
-                         or METHODS[name][2] > 0}, "tp": {}, "shards": {}}
+                         or METHODS[name][2] > 0}, "tp": {}, "shards": {}, "lp_errors": {}}
     for (tp, dp), names in RUNS.items():
         model = shard(single, tp_mesh(tp, dp))
         report["tp"][f"{tp}x{dp}"] = {name: _decode(model, name, drafter) for name in names}
@@ -94,11 +110,16 @@ def worker() -> dict:
             report["layers"] = model.config.num_layers
             report["memory"] = {name: jaxspec.generate(m, PROMPTS, max_new_tokens=BUDGET, stop_at_eos=False).memory
                                 for name, m in (("single", single), ("tp2", model))}
-            try:
-                jaxspec.generate(model, PROMPTS, max_new_tokens=2, method="lookahead", lp_devices=2)
-                report["lp_error"] = ""
-            except jaxspec.GenerationError as e:
-                report["lp_error"] = str(e)
+        if (tp, dp) == (2, 2):
+            report["lp_errors"]["batch"] = _error(lambda: jaxspec.generate(model, PROMPTS, max_new_tokens=2,
+                                                                            method="lookahead", lp_devices=2))
+        if (tp, dp) == (4, 1):  # LP x TP: 2 LP groups of this 4-way model, 8 devices
+            report["lptp"] = {name: _run(model, name, drafter, lp_devices=2) for name in LP_METHODS}
+            report["lptp_single"] = {name: _run(single, name, drafter) for name in LP_METHODS}
+            program = next(p for k, p in model.compiled.items() if dict(k[2])["lp_devices"] == 2)
+            report["lptp_collectives"] = hlo_collectives(program.as_text())
+            report["lp_errors"]["devices"] = _error(lambda: jaxspec.generate(model, PROMPTS, max_new_tokens=2,
+                                                                              method="lookahead", lp_devices=4))
     if CHECKPOINT.exists():  # a real checkpoint through `load(..., tensor_parallel=...)`
         stories = jaxspec.load(str(CHECKPOINT), tensor_parallel=4, data_parallel=2)
         report["stories"] = jaxspec.generate(stories, [c["prompt"] for c in CASES[:2]], max_new_tokens=24,
@@ -185,12 +206,39 @@ def test_a_mesh_with_unknown_axis_names_is_refused():
     from jaxspec.tensor_parallel import shard
 
     mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("batch", "heads"))
-    with pytest.raises(jaxspec.ConfigError, match=r"axes \('data', 'model'\), got \('batch', 'heads'\)"):
+    with pytest.raises(jaxspec.ConfigError, match=r"axes \('data', 'model'\) \(or \('lp', 'model'\) for LP x TP\), got "
+                                                  r"\('batch', 'heads'\)"):
         shard(jaxspec.load("pycode-5M"), mesh)
 
 
-def test_lp_on_a_tensor_parallel_model_is_refused(tp_report):
-    assert "LP x TP" in tp_report["lp_error"] and "not supported yet" in tp_report["lp_error"]
+@pytest.mark.parametrize("name", LP_METHODS)
+def test_lp_x_tp_equals_greedy_in_single_device_steps(tp_report, name):
+    """LP x TP on (lp 2) x (model 4): greedy's tokens in the steps of one-device LP-free
+    decoding (the split changes who computes what, not what is accepted)."""
+    got, single = tp_report["lptp"][name], tp_report["lptp_single"][name]
+    assert got["tokens"] == tp_report["single"]["greedy"]
+    assert got["steps"] == single["steps"] and sum(single["steps"]) < len(PROMPTS) * BUDGET
+
+
+def test_lp_x_tp_step_communicates_one_gather_across_lp(tp_report):
+    """Per step: ONE all_gather across the LP groups ({0,4}, {1,5}, ...: one device of each group),
+    a small int32 row; every other collective in the loop stays within a tensor-parallel group
+    ({0..3}, {4..7}): the partial sums and the vocabulary-split argmax."""
+    in_loop = [c for c in tp_report["lptp_collectives"] if c["in_loop"]]
+    tp_groups, lp_groups = [[0, 1, 2, 3], [4, 5, 6, 7]], [[0, 4], [1, 5], [2, 6], [3, 7]]
+    across = [c for c in in_loop if c["groups"] == lp_groups]
+    assert len(across) == 1 and across[0]["op"] == "all-gather" and across[0]["dtype"] == "s32", across
+    assert across[0]["bytes"] < 1024
+    assert all(c["groups"] == tp_groups for c in in_loop if c is not across[0]), in_loop
+    assert sum(c["op"] == "all-reduce" for c in in_loop) >= 2 * tp_report["layers"]
+    head = 64 * 32 * 4  # the tiny model's LM head, float32: never gathered (the argmax stays split)
+    assert not [c for c in in_loop if c["op"] == "all-gather" and c["bytes"] >= head // 2], in_loop
+
+
+def test_lp_x_tp_bad_layouts_are_refused(tp_report):
+    batch_split, too_many = tp_report["lp_errors"]["batch"], tp_report["lp_errors"]["devices"]
+    assert "data_parallel 2" in batch_split and "replicates the batch" in batch_split
+    assert "lp_devices 4 x tensor_parallel 4 needs 16 devices but 8 are visible" in too_many
 
 
 if __name__ == "__main__":

@@ -2,11 +2,15 @@
 
 Read with the `gguf` package (llama.cpp's own reader); every quantized tensor is dequantized
 by `gguf.quants.dequantize`, one tensor at a time, when the model asks for it, so host
-memory peaks at about one float32 tensor beyond the loaded model.
+memory peaks at about one float32 tensor beyond the loaded model. A tensor-parallel load
+asks for slices: quantized data is blocked along each row (an HF [out, in] weight's input
+dimension), every block independent, so a slice dequantizes only its rows and the blocks
+that cover its columns.
 
 llama.cpp's converter permutes the rows of q_proj/k_proj for llama-architecture files (its
 rotary embedding pairs adjacent features, HF's pairs the two halves); `_unpermute` undoes
-it as transformers' GGUF loader does. qwen2/qwen3 files are written unpermuted.
+it as transformers' GGUF loader does (applied lazily as a row order, `RowPermuted`, so a
+slice of heads reads only those heads' rows). qwen2/qwen3 files are written unpermuted.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxspec.checkpoint.params import Index, RowPermuted, full_index
 from jaxspec.config import ARCHITECTURES, ModelConfig, RopeConfig
 from jaxspec.errors import CheckpointError
 
@@ -174,20 +179,57 @@ def _rope(meta: Mapping[str, Any], arch: str, tensors: Mapping[str, Any], head_d
 
 
 def _dequantize(tensor) -> np.ndarray:
+    return _dequantize_part(tensor, full_index(tensor.shape))
+
+
+def _dequantize_part(tensor, index: Index) -> np.ndarray:
+    """float32 `W[index]` of a GGUF tensor W (HF layout), dequantizing only what `index` covers:
+    its rows (slices or row ids) and, along the last dimension, the quantization blocks that
+    hold its columns (each block carries its own scales: alone, it dequantizes to the same floats)."""
     import gguf
 
+    index = tuple(index) + (slice(None),) * (len(tensor.shape) - len(index))
+    data, cut = tensor.data, slice(None)
+    if tensor.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+        data = data[index]
+    else:  # the last dimension is bytes: `type_size` of them per block of `block` values
+        block, type_size = gguf.GGML_QUANT_SIZES[tensor.tensor_type]
+        columns = int(tensor.shape[0])
+        start, stop, step = index[-1].indices(columns) if isinstance(index[-1], slice) else (0, columns, 1)
+        first, last = start // block * block, max(start, -(-stop // block) * block)
+        data = data[(*index[:-1], slice(first // block * type_size, last // block * type_size))]
+        cut = slice(start - first, stop - first, step) if isinstance(index[-1], slice) else index[-1]
     try:
-        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        array = gguf.quants.dequantize(np.ascontiguousarray(data), tensor.tensor_type)
     except NotImplementedError:
         raise CheckpointError(
             f"GGUF tensor {tensor.name!r} has quantization type {tensor.tensor_type.name}, which the gguf "
             "package cannot dequantize; re-quantize the model (e.g. Q8_0, Q4_K_M) or use F16"
         ) from None
-    return np.asarray(array, np.float32).reshape([int(d) for d in reversed(tensor.shape)])
+    return np.asarray(array, np.float32).reshape(*data.shape[:-1], -1)[..., cut]
+
+
+class GGUFTensor:
+    """One GGUF tensor in HF layout: `.shape` without reading; `.read(index)` dequantizes that part."""
+
+    def __init__(self, info):
+        self.info, self.shape = info, tuple(int(d) for d in reversed(info.shape))
+
+    def read(self, index: Index) -> np.ndarray:
+        return _dequantize_part(self.info, index)
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.read(full_index(self.shape)), dtype)
+
+
+def _unpermuted_rows(rows: int, heads: int) -> np.ndarray:
+    """The row order `_unpermute` gives: row i of the HF tensor is row `order[i]` of llama.cpp's."""
+    return _unpermute(np.arange(rows), heads)
 
 
 class GGUFTensors(Mapping):
-    """HF-named float32 arrays in HF layout, dequantized when read (one at a time)."""
+    """HF-named float32 tensors in HF layout (`GGUFTensor`, `RowPermuted` for llama q/k),
+    dequantized when read: whole (`np.asarray`, one at a time) or a slice (`.read(index)`)."""
 
     def __init__(self, reader, config: ModelConfig, source: str):
         import gguf
@@ -208,12 +250,13 @@ class GGUFTensors(Mapping):
             self._by_hf[name] = t
         self._permuted = config.model_type in ("llama", "mistral")
 
-    def __getitem__(self, name: str) -> np.ndarray:
-        array = _dequantize(self._by_hf[name])
+    def __getitem__(self, name: str):
+        tensor = GGUFTensor(self._by_hf[name])
         if self._permuted and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
             cfg = self._config
-            array = _unpermute(array, cfg.num_heads if ".q_proj." in name else cfg.num_kv_heads)
-        return array
+            heads = cfg.num_heads if ".q_proj." in name else cfg.num_kv_heads
+            return RowPermuted(tensor, _unpermuted_rows(tensor.shape[0], heads))
+        return tensor
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._by_hf)

@@ -8,7 +8,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from jaxspec.checkpoint.params import model_from_tensors, tensors_from_model
+from jaxspec.checkpoint.params import tensors_from_model
 from jaxspec.checkpoint.safetensors_io import read_safetensors, write_safetensors
 from jaxspec.config import ModelConfig
 from jaxspec.errors import CheckpointError
@@ -55,11 +55,6 @@ def read_tensors(folder: Path) -> dict[str, np.ndarray]:
         f"{folder} has no {WEIGHTS} or {INDEX}; only safetensors weights are supported "
         "(convert .bin/.pt weights with transformers' save_pretrained(safe_serialization=True))"
     )
-
-
-def load_hf_folder(folder: Path, *, dtype, attention: str) -> Transformer:
-    cfg = read_config(folder)
-    return model_from_tensors(cfg, read_tensors(folder), dtype=dtype, attention=attention, source=str(folder))
 
 
 def save_hf_folder(model: Transformer, folder: Path, *, dtype: str = "float32", tokenizer=None) -> Path:

@@ -2,7 +2,8 @@
 
 Layout: 7 int32 header fields, then float32 arrays (see shared/models/stories260K/README.md).
 llama2.c applies RoPE to interleaved pairs; the q/k rows are permuted here into HF's
-rotate-half layout so one model implementation serves both.
+rotate-half layout so one model implementation serves both (as a row order, `RowPermuted`:
+every tensor stays a view of the memory map until a slice of it is read).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxspec.checkpoint.params import RowPermuted
 from jaxspec.config import ModelConfig, RopeConfig
 from jaxspec.errors import CheckpointError
 
@@ -24,7 +26,12 @@ def interleaved_to_rotate_half(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, head_dim // 2, 2, inp).transpose(0, 2, 1, 3).reshape(out, inp)
 
 
-def read_llama2c(path: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+def _rotate_half_rows(w: np.ndarray, n_heads: int) -> RowPermuted:
+    """`interleaved_to_rotate_half(w, n_heads)`, not materialised."""
+    return RowPermuted(w, interleaved_to_rotate_half(np.arange(w.shape[0])[:, None], n_heads)[:, 0])
+
+
+def read_llama2c(path: Path) -> tuple[ModelConfig, dict[str, np.ndarray | RowPermuted]]:
     path = Path(path)
     size = path.stat().st_size
     if size < 28:
@@ -72,8 +79,8 @@ def read_llama2c(path: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
         p = f"model.layers.{i}."
         tensors.update({
             p + "input_layernorm.weight": arrays["rms_att"][i],
-            p + "self_attn.q_proj.weight": interleaved_to_rotate_half(arrays["wq"][i], n_heads),
-            p + "self_attn.k_proj.weight": interleaved_to_rotate_half(arrays["wk"][i], n_kv),
+            p + "self_attn.q_proj.weight": _rotate_half_rows(arrays["wq"][i], n_heads),
+            p + "self_attn.k_proj.weight": _rotate_half_rows(arrays["wk"][i], n_kv),
             p + "self_attn.v_proj.weight": arrays["wv"][i],
             p + "self_attn.o_proj.weight": arrays["wo"][i],
             p + "post_attention_layernorm.weight": arrays["rms_ffn"][i],

@@ -3,11 +3,15 @@
 One rule covers every architecture: NNX path `a.b.kernel` is HF `model.a.b.weight`
 transposed (except `lm_head`, which has no `model.` prefix); `embedding` and norm
 `weight` keep their layout.
+
+A checkpoint's tensors are numpy views of a memory map (safetensors, llama2.c) or lazy tensors
+(`.shape`, `.read(index)`: GGUF's, dequantized when read; reordered rows, `RowPermuted`), so
+a tensor-parallel load (`place`) reads only the slices each process's devices hold.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 import jax.numpy as jnp
 import numpy as np
@@ -35,9 +39,62 @@ def abstract_model(cfg: ModelConfig, dtype, attention: str) -> Transformer:
     return nnx.eval_shape(lambda: Transformer(cfg, dtype=dtype, attention=attention, rngs=nnx.Rngs(0)))
 
 
+Index = tuple  # one slice (or, for rows, an index array) per dimension, as numpy indexes
+
+
+def full_index(shape) -> Index:
+    return (slice(None),) * len(shape)
+
+
+def read_part(tensor, index: Index) -> np.ndarray:
+    """`tensor[index]` of a checkpoint tensor (HF layout): a lazy tensor reads only that part, a
+    memory-mapped numpy view is sliced (its bytes are copied only by whoever uses them)."""
+    read = getattr(tensor, "read", None)
+    return np.asarray(read(index) if read is not None else tensor[index])
+
+
+class RowPermuted:
+    """`base` with its rows reordered: row i of this tensor is row `rows[i]` of `base` (q/k rows
+    of llama.cpp and llama2.c files, whose rotary layouts differ from HF's). A slice reads only
+    the base rows it covers."""
+
+    def __init__(self, base, rows: np.ndarray):
+        self.base, self.rows, self.shape = base, np.asarray(rows), tuple(base.shape)
+
+    def read(self, index: Index) -> np.ndarray:
+        return read_part(self.base, (self.rows[index[0]], *index[1:]))
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.read(full_index(self.shape)), dtype)
+
+
+def slice_reader(tensor, transposed: bool, dtype) -> Callable[[Index], np.ndarray]:
+    """`read(index)`: the part `index` (slices in the NNX layout) of a parameter as an array of
+    `dtype`, read from its checkpoint tensor alone (a kernel's index is mapped to the HF layout
+    it is stored in, the part transposed back). Where no cast or dequantization is needed it is
+    a view of the memory map, which the device transfer copies once: no host copy in between
+    (that copy, freed, would stay in the allocator's heap and in the process's memory)."""
+    np_dtype = np.dtype(dtype)
+
+    def read(index: Index) -> np.ndarray:
+        if transposed:
+            return np.asarray(read_part(tensor, tuple(reversed(index))).T, dtype=np_dtype)
+        return np.asarray(read_part(tensor, tuple(index)), dtype=np_dtype)
+
+    return read
+
+
+# `place(path, shape, read)`: a parameter's array, given its NNX path, its shape and its part reader.
+Place = Callable[[tuple, tuple, Callable[[Index], np.ndarray]], object]
+
+
 def model_from_tensors(cfg: ModelConfig, tensors: Mapping[str, np.ndarray], *, dtype, attention: str,
-                       source: str) -> Transformer:
-    """Build a Transformer whose parameters are `tensors` (HF names, HF layouts)."""
+                       source: str, place: Place | None = None) -> Transformer:
+    """Build a Transformer whose parameters are `tensors` (HF names, HF layouts).
+
+    Every name and shape is checked before any tensor is read. Without `place`, each parameter
+    is read whole onto the default device; with it, `place(path, shape, read)` makes the
+    parameter (e.g. a global array on a mesh, each shard read with `read(index)`)."""
     graphdef, abstract_state = nnx.split(abstract_model(cfg, dtype, attention))
     flat = nnx.to_flat_state(abstract_state)
     expected = {}
@@ -60,18 +117,22 @@ def model_from_tensors(cfg: ModelConfig, tensors: Mapping[str, np.ndarray], *, d
             f"{source}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected in all); "
             f"the checkpoint does not match its config ({cfg.architecture})"
         )
+    for name, (path, variable, transposed) in expected.items():
+        got = tuple(int(d) for d in tensors[name].shape)
+        want = tuple(reversed(variable.shape)) if transposed else tuple(variable.shape)
+        if got != want:
+            raise CheckpointError(
+                f"{source}: tensor {name!r} has shape {got} but the config needs {want}"
+            )
     leaves = []
     for name, (path, variable, transposed) in expected.items():
-        array = np.asarray(tensors[name])
-        if transposed:
-            array = array.T
-        if array.shape != tuple(variable.shape):
-            want = tuple(reversed(variable.shape)) if transposed else tuple(variable.shape)
-            got = tuple(reversed(array.shape)) if transposed else array.shape
-            raise CheckpointError(
-                f"{source}: tensor {name!r} has shape {tuple(got)} but the config needs {want}"
-            )
-        leaves.append((path, variable.replace(jnp.asarray(array, dtype=dtype))))
+        tensor = tensors[name]
+        if place is None:
+            array = read_part(tensor, full_index(tensor.shape))
+            value = jnp.asarray(array.T if transposed else array, dtype=dtype)
+        else:
+            value = place(path, tuple(variable.shape), slice_reader(tensor, transposed, dtype))
+        leaves.append((path, variable.replace(value)))
     state = nnx.from_flat_state(leaves)
     return nnx.merge(graphdef, state)
 

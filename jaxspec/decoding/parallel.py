@@ -24,7 +24,13 @@ starts with the pending tokens (at most the longest path tail, causal, before th
 every device computes their K/V itself and commits them with that step's.
 
 The emitted tokens, the steps and S are those of the single-device engine (same paths, same
-choice, same updates). Greedy only: sampled verification walks all paths together
+choice, same updates).
+
+LP x TP: on an (lp, model) mesh (`jaxspec.parallel.lp_mesh(D, T)`) the shard_map is manual over
+`lp` only. Each LP "device" above is then a group of T devices holding the weights split in
+the tensor-parallel layout, and GSPMD partitions the group's forward as it does for tensor
+parallelism alone (all-reduces within the group). The one all_gather per step still crosses
+`lp` only. Greedy only: sampled verification walks all paths together
 (Algorithm 4) and would need every device's logits.
 """
 
@@ -289,19 +295,22 @@ def _check(engine: Engine) -> None:
                               "use temperature 0, or lp_devices=1 to sample")
 
 
-def _on_lp_mesh(fn, lp_devices: int, *args):
-    """`fn(*args)` inside one shard_map over the `lp` mesh, every input and output replicated.
+def _on_lp_mesh(fn, lp_devices: int, tensor_parallel: int, *args):
+    """`fn(*args)` inside one shard_map over the `lp` mesh axis, every input and output replicated
+    across it. Under LP x TP (`tensor_parallel` > 1) only `lp` is manual: within each LP group
+    the `model` axis stays automatic, so GSPMD partitions the forward from the weights' layout
+    exactly as for tensor parallelism alone.
 
     check_vma=False because the per-device tables (`axis_index`) make values device-varying
     in the type system even where, after the all_gather, every device computes the same thing."""
     replicated = PartitionSpec()
-    return jax.shard_map(fn, mesh=lp_mesh(lp_devices), in_specs=replicated, out_specs=replicated,
-                         check_vma=False)(*args)
+    return jax.shard_map(fn, mesh=lp_mesh(lp_devices, tensor_parallel), in_specs=replicated, out_specs=replicated,
+                         axis_names={LP_AXIS}, check_vma=False)(*args)
 
 
 def decode(engine: Engine, graphdef, params, prompts: Int[Array, "b p"], prompt_lengths: Int[Array, " b"], rng,
            sampling: SamplingParams, *, max_new_tokens: int, cache_len: int, eos_ids: tuple[int, ...],
-           lp_devices: int) -> tuple[DecodeState, dict]:
+           lp_devices: int, tensor_parallel: int = 1) -> tuple[DecodeState, dict]:
     """The engine's loop with each step split over `lp_devices` devices (see the module docstring).
 
     Pure and jit-able like `jaxspec.decoding.engine.decode`; the inputs are used replicated."""
@@ -312,11 +321,12 @@ def decode(engine: Engine, graphdef, params, prompts: Int[Array, "b p"], prompt_
         return run(engine, block, graphdef, params, prompts, prompt_lengths, rng, sampling,
                    max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
 
-    return _on_lp_mesh(body, lp_devices, params, prompts, prompt_lengths, rng, sampling)
+    return _on_lp_mesh(body, lp_devices, tensor_parallel, params, prompts, prompt_lengths, rng, sampling)
 
 
 def begin_sharded(engine: Engine, graphdef, params, prompts, prompt_lengths, rng, sampling: SamplingParams, *,
-                  max_new_tokens: int, cache_len: int, eos_ids: tuple[int, ...], lp_devices: int) -> EngineState:
+                  max_new_tokens: int, cache_len: int, eos_ids: tuple[int, ...], lp_devices: int,
+                  tensor_parallel: int = 1) -> EngineState:
     """`engine.begin` on the `lp` mesh (the state is replicated)."""
     _check(engine)
     block = ShardedBlock(shard_tree(engine.tree, lp_devices))
@@ -325,15 +335,15 @@ def begin_sharded(engine: Engine, graphdef, params, prompts, prompt_lengths, rng
         return begin(engine, block, graphdef, params, prompts, prompt_lengths, rng, sampling,
                      max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
 
-    return _on_lp_mesh(body, lp_devices, params, prompts, prompt_lengths, rng, sampling)
+    return _on_lp_mesh(body, lp_devices, tensor_parallel, params, prompts, prompt_lengths, rng, sampling)
 
 
 def advance_sharded(engine: Engine, graphdef, params, state: EngineState, sampling: SamplingParams, until, *,
-                    eos_ids: tuple[int, ...], lp_devices: int) -> EngineState:
+                    eos_ids: tuple[int, ...], lp_devices: int, tensor_parallel: int = 1) -> EngineState:
     """`engine.advance` on the `lp` mesh."""
     block = ShardedBlock(shard_tree(engine.tree, lp_devices))
 
     def body(params, state, sampling, until):
         return advance(engine, block, graphdef, params, state, sampling, until, eos_ids=eos_ids)
 
-    return _on_lp_mesh(body, lp_devices, params, state, sampling, until)
+    return _on_lp_mesh(body, lp_devices, tensor_parallel, params, state, sampling, until)

@@ -124,7 +124,8 @@ _CHOICES = {
 _NON_NEGATIVE = {("optim", "warmup_steps"), ("optim", "weight_decay"), ("train", "seed"),
                  ("optim", "final_lr_fraction"), ("optim", "clip_norm"),
                  # drafter configs (jaxspec.train.drafter_config): loss weights and gating may be 0
-                 ("pard", "ce_alpha"), ("pard", "kd_alpha"), ("pard", "gate_prob")}
+                 ("pard", "ce_alpha"), ("pard", "kd_alpha"), ("pard", "gate_prob"),
+                 ("distill", "greedy_sequences"), ("distill", "sampled_sequences"), ("distill", "fraction")}
 _FRACTIONS = {("data", "heldout_fraction"), ("optim", "final_lr_fraction"), ("optim", "b1"), ("optim", "b2")}
 
 

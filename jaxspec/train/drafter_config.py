@@ -12,6 +12,7 @@ from jaxspec.config import ModelConfig, RopeConfig
 from jaxspec.errors import ConfigError
 from jaxspec.train.config import (RESUMABLE_KEYS, ArchConfig, DataConfig, MeshConfig, OptimConfig, RunConfig,
                                   build_section, read_toml)
+from jaxspec.train.distill_data import DistillConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,7 @@ class DrafterTrainConfig:
                                    intermediate_size=432)
     pard: PardConfig = PardConfig()
     data: DataConfig = DataConfig(seq_len=128)
+    distill: DistillConfig = DistillConfig()
     optim: OptimConfig = OptimConfig()
     train: RunConfig = RunConfig()
     mesh: MeshConfig = MeshConfig()
@@ -73,9 +75,9 @@ class DrafterTrainConfig:
 _CHOICES = {("pard", "attention"): ("xla", "pallas")}
 
 # What `train-drafter --resume` may change: the LM trainer's resumable keys, and the attention
-# kernel (the same drafter computed by another backend). The target, the drafter's init and
+# kernel (the same drafter computed by another backend) and where generated data is cached. The target, the drafter's init and
 # architecture, the PARD objective, the data and the optimizer are fixed for a run.
-RESUMABLE_DRAFTER_KEYS = RESUMABLE_KEYS | {"pard.attention"}
+RESUMABLE_DRAFTER_KEYS = RESUMABLE_KEYS | {"pard.attention", "distill.cache"}
 
 
 def parse_drafter_config(raw: dict, where: str = "<config>") -> DrafterTrainConfig:
@@ -117,6 +119,12 @@ def parse_drafter_config(raw: dict, where: str = "<config>") -> DrafterTrainConf
         raise bad("[pard] ce_alpha and kd_alpha are both 0, so there is nothing to train; set one > 0")
     if cfg.data.seq_len <= p.num_blocks:
         raise bad(f"[data] seq_len ({cfg.data.seq_len}) must exceed [pard] num_blocks ({p.num_blocks})")
+    d = cfg.distill
+    if d.sequences and (d.min_prefix > d.max_prefix or d.max_prefix >= cfg.data.seq_len):
+        raise bad(f"[distill] needs min_prefix <= max_prefix < [data] seq_len, got {d.min_prefix}, {d.max_prefix}, "
+                  f"{cfg.data.seq_len}")
+    if d.fraction > 1:
+        raise bad(f"[distill] fraction must be in [0, 1], got {d.fraction}")
     if m.num_heads % m.num_kv_heads:
         raise bad(f"[model] num_heads ({m.num_heads}) must be a multiple of num_kv_heads ({m.num_kv_heads})")
     if cfg.data.seq_len > m.max_position_embeddings:

@@ -8,7 +8,8 @@ functions of (config, s), so a killed run resumed from its last checkpoint conti
 exactly.
 
 Output folder layout:
-  data/        the target's tokenizer + packed train/held-out arrays (target's held-out split)
+  data/        the target's tokenizer + packed train/held-out arrays (target's held-out split), and
+               the target's own continuations when [distill] asks for them (`distill_data`)
   checkpoints/ Orbax steps: {"params": {"drafter", "projection"}, "opt_state", "step"}
   metrics.jsonl, loss.png, config.json
   drafter/     the export: `Drafter.save` (HF folder with the "pard" entry + projection.safetensors)
@@ -34,7 +35,7 @@ from jaxspec.drafter import Drafter, default_target_layers, load_drafter
 from jaxspec.errors import CheckpointError, ConfigError
 from jaxspec.loading import Model
 from jaxspec.model import Transformer
-from jaxspec.train import corpus
+from jaxspec.train import corpus, distill_data
 from jaxspec.train.acceptance import AcceptanceStats, acceptance
 from jaxspec.train.config import TokenizerConfig, check_resume_config
 from jaxspec.train.drafter_config import RESUMABLE_DRAFTER_KEYS, DrafterTrainConfig
@@ -222,11 +223,13 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     tok_path = target_tokenizer(target)
     fingerprint = hashlib.sha256(json.dumps(dataclasses.asdict(cfg.data), sort_keys=True).encode()
                                  + tok_path.read_bytes()).hexdigest()[:16]
-    corpus.prepare_data(cfg.data, TokenizerConfig(vocab_size=target.config.vocab_size), out / "data",
+    data_meta = corpus.prepare_data(cfg.data, TokenizerConfig(vocab_size=target.config.vocab_size), out / "data",
                         cfg.train.seed, fingerprint, log=say, tokenizer_model=tok_path, rebuild=not resume)
     out.mkdir(parents=True, exist_ok=True)  # prepare_data made it, once the corpus was found
     train_data = corpus.PackedData(out / "data" / "train.npy", cfg.data.seq_len)
     heldout = corpus.PackedData(out / "data" / "heldout.npy", cfg.data.seq_len)
+    generated = distill_data.prepare(target, train_data, cfg.distill, out / "data", cfg.data.seq_len, cfg.train.seed,
+                                     fingerprint, write=is_main, log=say, progress=progress and is_main)
 
     mesh = make_mesh(cfg.mesh)
     run, p = cfg.train, cfg.pard
@@ -262,11 +265,26 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     counts = cod_counts(cfg.data.seq_len, p.num_blocks, p.cod_ratio, p.cod_min)
     micro_sharding, eval_sharding = batch_sharding(mesh, leading=1), batch_sharding(mesh)
     examples_per_step = accum * batch
+    # Of each step's examples, a fixed number are target continuations (each source its own epochs).
+    from_generated = 0 if generated is None else round(cfg.distill.fraction * examples_per_step)
+    from_corpus = examples_per_step - from_generated
+    data_summary = {"corpus_tokens": len(train_data.tokens), "corpus_files": len(data_meta["train_files"]),
+                    "generated": 0 if generated is None else generated.num_sequences,
+                    "from_generated": from_generated, "examples_per_step": examples_per_step}
     mask_id = target.config.vocab_size
 
+    def sequences_for(step: int) -> np.ndarray:
+        parts = []
+        if from_corpus:
+            parts.append(train_data.batch(corpus.training_order(train_data.num_sequences, run.seed,
+                                                                step * from_corpus, from_corpus)))
+        if from_generated:
+            parts.append(generated.batch(corpus.training_order(generated.num_sequences, run.seed + 1,
+                                                               step * from_generated, from_generated)))
+        return np.concatenate(parts)
+
     def batch_for(step: int) -> dict[str, jax.Array]:
-        ids = corpus.training_order(train_data.num_sequences, run.seed, step * examples_per_step, examples_per_step)
-        host = make_batch(train_data.batch(ids), counts, mask_id, np.random.default_rng([run.seed, step, 7]))
+        host = make_batch(sequences_for(step), counts, mask_id, np.random.default_rng([run.seed, step, 7]))
         return {k: global_array(v.reshape(accum, batch, *v.shape[1:]), micro_sharding)
                 for k, v in host.arrays().items()}
 
@@ -333,22 +351,37 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     export_dir = None
     if export and is_main:
         export_dir = export_drafter(cfg, params, module.config, target, layers, out / "drafter", run.export_dtype,
-                                    card=drafter_card(cfg, layers, target, final, seconds, records))
+                                    card=drafter_card(cfg, layers, target, final, seconds, records, data_summary))
         say(f"exported {export_dir}")
     return DrafterTrainResult(out_dir=out, steps=run.steps, final_loss=loss, eval=final, seconds=seconds,
                               export_dir=export_dir)
 
 
 def drafter_card(cfg: DrafterTrainConfig, layers, target: Model, final: dict, seconds: float,
-                 records: list[dict]) -> str:
+                 records: list[dict], data: dict) -> str:
     losses = [r["loss"] for r in records if "loss" in r]
+    cpu = next((r["cpu_seconds"] for r in reversed(records) if "cpu_seconds" in r), None)
     mode = ("CAT" if cfg.pard.cat else "uniform CE") + (" + KD" if cfg.pard.kd_alpha > 0 else "")
+    run = cfg.train
+    examples = run.steps * run.batch_size * cfg.optim.grad_accum
     lines = [f"# {cfg.name}", "",
              f"A PARD-2 parallel drafter for `{cfg.target.path}` trained by `jaxspec train-drafter` "
-             f"({cfg.train.steps} steps, {seconds / 60:.1f} minutes, {mode}, K = {cfg.pard.num_blocks}).", "",
+             f"({run.steps} steps, {seconds / 60:.1f} minutes{'' if cpu is None else f', {cpu / 60:.1f} CPU-minutes'}, "
+             f"{mode}, K = {cfg.pard.num_blocks}, init {cfg.drafter.init}).", "",
              "Load it with `jaxspec.drafter.load_drafter(folder)` (target-dependent: needs the target's "
              f"hidden states at layers {list(layers)}) or `load_drafter(folder, target_independent=True)`.", "",
-             "## Held-out teacher-forced acceptance (tokens per step, bonus included)",
+             "## Data",
+             f"- corpus `{cfg.data.corpus}`: {data['corpus_tokens']:,} training tokens ({data['corpus_files']} files; "
+             "the target's held-out files excluded)",
+             (f"- target continuations (sequence-level distillation): {data['generated']:,} sequences of "
+              f"{cfg.data.seq_len + 1} tokens ({cfg.distill.greedy_sequences} greedy, {cfg.distill.sampled_sequences} "
+              f"sampled at T = 1) after corpus prefixes of {cfg.distill.min_prefix}-{cfg.distill.max_prefix} tokens; "
+              f"{data['from_generated']} of every {data['examples_per_step']} training examples")
+             if data["generated"] else "- no target-generated data",
+             f"- {examples:,} training sequences of {cfg.data.seq_len} tokens ({examples * cfg.data.seq_len:,} context "
+             "tokens, each trained on K blocks under COD)", "",
+             "## Teacher-forced acceptance on held-out corpus text (tokens per step, bonus included; the "
+             "reference at each position is the target's argmax)",
              *[f"- {k}: {v if isinstance(v, list) else round(v, 4)}" for k, v in final.items()],
              f"- final training loss: {losses[-1]:.4f}" if losses else "", "",
              "## Training config", "```json", json.dumps(cfg.to_dict(), indent=1), "```"]

@@ -64,6 +64,9 @@ def _steps(hooks, start, steps, log_every, eval_every, checkpoint_every, units_p
         if is_main:
             append_metric(metrics_path, rec)
 
+    # CPU seconds of this process (all its threads) spent in the loop, summed over resumed runs.
+    cpu_base = next((r["cpu_seconds"] for r in reversed(records) if "cpu_seconds" in r), 0.0)
+    cpu_start = time.process_time()
     window_start, pending = time.time(), []
     for step in range(start, steps):
         pending.append((step + 1, hooks.step(step)))
@@ -72,8 +75,9 @@ def _steps(hooks, start, steps, log_every, eval_every, checkpoint_every, units_p
             # The host sync must precede the clock read: steps are dispatched asynchronously.
             host = jax.device_get([m for _, m in pending])
             rate = len(pending) * units_per_step / max(time.time() - window_start, 1e-9)
+            cpu = round(cpu_base + time.process_time() - cpu_start, 1)
             for (s, _), m in zip(pending, host):
-                log(hooks.record(s, m, rate))
+                log({**hooks.record(s, m, rate), "cpu_seconds": cpu})
             bar.set_postfix(**hooks.postfix(records[-1], rate))
             window_start, pending = time.time(), []
         if done % eval_every == 0 and done != steps:

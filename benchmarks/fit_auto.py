@@ -1,0 +1,96 @@
+"""Fit the expected tokens per step S that `method="auto"` uses (`jaxspec.auto`) on this
+project's benchmark results, and write `configs/auto.toml`.
+
+Lookahead follows the paper's scaling law: S grows with the log of a step's work. Per model,
+S = 1 + slope * ln(T) over the lookahead settings measured (T = block tokens), fitted through
+S(1) = 1 by least squares. Prompt lookup and speculative decoding are kept as measured, per
+setting. A model without results gets the smallest slope measured (the conservative choice:
+`auto` must not promise a speed-up it will not deliver) and no prompt-lookup or speculative
+estimate of its own (the smallest measured S).
+
+    python benchmarks/fit_auto.py            # reads benchmarks/results, writes configs/auto.toml
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+OUT = ROOT / "configs" / "auto.toml"
+
+
+def block_tokens(w: int, n: int, g: int) -> int:
+    return 1 + (w - 1) + (n - 2) * w + g * (n - 1)
+
+
+def _lookahead(label: str):
+    """(W, N, G) of a result label: "lookahead (15,5,15)" or "lookahead W=4 N=3 G=4"."""
+    m = re.match(r"lookahead \((\d+),(\d+),(\d+)\)$", label) or re.match(r"lookahead W=(\d+) N=(\d+) G=(\d+)$", label)
+    return tuple(int(x) for x in m.groups()) if m else None
+
+
+def _prompt_lookup(label: str):
+    m = re.match(r"prompt[- ]lookup \(?N=(\d+),? ?G=(\d+)\)?$", label)
+    return tuple(int(x) for x in m.groups()) if m else None
+
+
+def measured() -> dict:
+    """Per model: [(label, S)] from the benchmark results (held-out prompts where the benchmark has them)."""
+    runs: dict = {}
+    bench = json.loads((RESULTS / "lookahead_bench.json").read_text())
+    runs["stories260K"] = [(k, v["held_out"]["S_total"]) for k, v in bench["summary"].items()]
+    code = json.loads((RESULTS / "code_bench.json").read_text())
+    runs["pycode-5M"] = [(k, v["S_total"]) for k, v in code["summary"].items()]
+    spec = json.loads((RESULTS / "speculative_bench.json").read_text())
+    runs["pycode-5M"] += [(f"speculative K={m.group(1)}", v["S"]) for k, v in spec["methods"].items()
+                          if (m := re.match(r"speculative TD \(K=(\d+)\)$", k))]
+    real = json.loads((RESULTS / "real_bench.json").read_text())
+    runs["smollm2-135m-instruct"] = [(k, v["S_total"]) for k, v in real["summary"].items()
+                                     if not k.startswith("transformers")]
+    return runs
+
+
+def fit(runs: list) -> dict:
+    points = [(block_tokens(*cfg), s) for label, s in runs if (cfg := _lookahead(label))]
+    slope = sum((s - 1) * math.log(t) for t, s in points) / sum(math.log(t) ** 2 for t, _ in points)
+    worst = max(abs(1 + slope * math.log(t) - s) / s for t, s in points)
+    out = {"lookahead_slope": round(slope, 4), "lookahead_points": len(points), "lookahead_max_error": round(worst, 3)}
+    for label, s in runs:
+        if (pl := _prompt_lookup(label)):
+            out[f"prompt_lookup_{pl[0]}_{pl[1]}"] = round(s, 3)
+        elif (m := re.match(r"speculative K=(\d+)$", label)):
+            out[f"speculative_{m.group(1)}"] = round(s, 3)
+    return out
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=OUT)
+    out = p.parse_args(argv).out
+    fitted = {name: fit(runs) for name, runs in measured().items()}
+    lines = ["# Expected tokens per step S for `method=\"auto\"` (jaxspec/auto.py), fitted on the benchmark",
+             "# results by `python benchmarks/fit_auto.py`: do not edit by hand.",
+             "# lookahead: S = 1 + lookahead_slope * ln(block tokens), fitted through S(1) = 1 (the paper's law:",
+             "# S grows with the log of a step's work); lookahead_max_error: the fit's worst relative error.",
+             "# prompt_lookup_N_G, speculative_K: S as measured. [default]: models without results.", ""]
+    slopes = [f["lookahead_slope"] for f in fitted.values()]
+    pl = [v for f in fitted.values() for k, v in f.items() if k.startswith("prompt_lookup")]
+    lines += ["[default]", f"lookahead_slope = {min(slopes)}", f"prompt_lookup_4_8 = {min(pl)}", ""]
+    for name, f in fitted.items():
+        lines.append(f'[models."{name}"]')
+        lines += [f"{k} = {v}" for k, v in f.items()]
+        lines.append("")
+    out.write_text("\n".join(lines))
+    print(out.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""`method="auto"` and `method="lookahead", window="auto"`: the setting with the most expected
+tokens per second on this device, greedy unless another is clearly faster.
+
+A setting's speed over greedy is S / c: S tokens per step (expected) over c, the cost of its
+step in greedy steps on this device. c is MEASURED here, once per model, backend and shape
+bucket: the seconds of one forward of the step's T block tokens over a half-full cache, over
+those of a one-token forward (a drafter's forward added for speculative decoding). Forwards of
+1, 16 and 128 tokens are compiled and timed a few times, interleaved, the minimum kept; other
+sizes are interpolated. S comes from
+`configs/auto.toml`, fitted on this project's benchmark results by `benchmarks/fit_auto.py`
+(lookahead: S = 1 + slope * ln(T), the paper's law; prompt lookup and speculative as measured;
+a model without results gets the smallest measured slope and S).
+
+Two stages. The forward's c is a lower bound of a step's cost (it leaves out the step's
+bookkeeping: verification, the n-gram pool), so it only ranks the candidates: the best one, if
+predicted at least WORTH_TIMING x greedy, is then timed against greedy on the request itself
+(`decode_seconds`: both decoding loops, compiled once and kept on the model for the run that
+follows; the tokens are the same, so the time ratio is the speed-up). It is chosen only if that
+measured speed-up reaches MARGIN: `auto` never picks what it measures to be slower than greedy.
+On a CPU lookahead's c is far above its S; speculative decoding with pycode-5M's shipped
+drafter at K = 4 (S 3.03, c ~1.8 by the forward) is worth timing there, and the timing on the
+request decides between it and greedy. On an accelerator at batch 1, c(T) stays near 1 up to
+~100 tokens. Measurements are kept per model (checkpoint, dtype, attention, layout), backend
+and shape bucket for the process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import tomllib
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxspec.errors import GenerationError
+from jaxspec.kv_cache import KVCache
+from jaxspec.masks import TreeMask
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "auto.toml"
+MARGIN = 1.1  # the measured speed-up a setting must reach to be chosen over greedy
+# The forward's c is a lower bound of a step's (on this project's CPU the bookkeeping adds
+# 35-40% for pycode-5M): only a candidate predicted this much faster is worth timing.
+WORTH_TIMING = 1.5
+# Measurements, per model (its checkpoint, dtype, attention and layout), backend and shape
+# bucket: every `Model` loaded from the same checkpoint in this process shares them.
+_MEASURED: dict = {}
+# Lookahead settings `auto` considers (W, N, G): from a narrow to the paper's 7B window.
+LOOKAHEAD_GRID = ((4, 3, 4), (5, 3, 5), (7, 4, 7), (10, 5, 10), (15, 5, 15))
+REPEATS = 3
+# Block sizes whose forward is measured; c at other sizes is interpolated linearly between
+# them (a forward's time is piecewise about linear in T: flat while memory-bound, then
+# growing with the FLOPs). Three compiles instead of one per candidate.
+MEASURED_SIZES = (1, 16, 128)
+
+
+def lookahead_tokens(window: int, ngram: int, guesses: int) -> int:
+    """Block tokens of a lookahead step (`Engine.block_tokens`): the last token, the window's
+    (N-1) x W minus its first level's re-used slot, and G candidates of N-1 tokens."""
+    return 1 + (window - 1) + (ngram - 2) * window + guesses * (ngram - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    method: str
+    options: dict
+    block_tokens: int  # T of the target's step
+    expected_s: float  # tokens per step
+    drafter_tokens: int = 0  # a drafter's forward per step (speculative), 0 = none
+
+    @property
+    def label(self) -> str:
+        opts = ",".join(str(v) for v in self.options.values())
+        return f"{self.method} ({opts})" if opts else self.method
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """What `auto` chose and why: every candidate's S, c and predicted speed-up S / c."""
+
+    method: str
+    options: dict
+    expected_s: float
+    step_cost: float
+    predicted_speedup: float
+    reason: str
+    candidates: tuple  # dicts: label, block_tokens, expected_s, step_cost, predicted_speedup
+    measure_seconds: float  # measuring c now (0 when cached)
+
+    def as_dict(self) -> dict:
+        # Shallow copies (the rows hold only scalars): `dataclasses.asdict`'s deep copy cost ~0.6 ms
+        # at every `auto` call, a tenth of a small model's whole call.
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return dict(out, options=dict(self.options), candidates=tuple(dict(row) for row in self.candidates))
+
+
+def model_key(model) -> str | None:
+    """The name `configs/auto.toml` knows the model by (one of `jaxspec.loading.NAMED_MODELS`), or None."""
+    from jaxspec.loading import NAMED_MODELS
+
+    source = Path(model.source)
+    for name, where in NAMED_MODELS.items():
+        try:
+            if source.resolve() == where().resolve():
+                return name
+        except Exception:  # noqa: BLE001  (a named model whose wheel is not installed)
+            continue
+    return None
+
+
+def expectations(key: str | None, path: Path = CONFIG) -> dict:
+    """S estimates for a model (its table in auto.toml over the default one)."""
+    table = tomllib.loads(path.read_text())
+    return {**table["default"], **table.get("models", {}).get(key or "", {})}
+
+
+def candidates(model, lookahead_only: bool = False) -> list[Candidate]:
+    """Greedy and every lossless setting `auto` weighs for this model."""
+    import math
+
+    expect = expectations(model_key(model))
+    out = [Candidate("autoregressive", {}, 1, 1.0)]
+    for w, n, g in LOOKAHEAD_GRID:
+        t = lookahead_tokens(w, n, g)
+        out.append(Candidate("lookahead", dict(window=w, ngram=n, guesses=g), t,
+                             1 + expect["lookahead_slope"] * math.log(t)))
+    if lookahead_only:
+        return out
+    for key, s in expect.items():
+        if key.startswith("prompt_lookup_"):
+            n, g = (int(x) for x in key.split("_")[2:])
+            out.append(Candidate("prompt-lookup", dict(ngram=n, guesses=g), 1 + g * (n - 1), s))
+        elif key.startswith("speculative_"):
+            k = int(key.split("_")[1])
+            out.append(Candidate("speculative", dict(draft_len=k), k + 1, s, drafter_tokens=k + 1))
+    return out
+
+
+def _forward(module_graphdef, params, batch: int, cache_len: int, tokens: int, cfg, dtype):
+    """A compiled forward of `tokens` tokens after a half-full cache, and its arguments."""
+    cache = KVCache.zeros(cfg.num_layers, batch, cache_len, cfg.num_kv_heads, cfg.head_dim, dtype)
+    cache = dataclasses.replace(cache, lengths=jnp.full((batch,), cache_len // 2, jnp.int32))
+    ids = jnp.zeros((batch, tokens), jnp.int32)
+    positions = cache.lengths[:, None] + jnp.arange(tokens, dtype=jnp.int32)[None]
+    chain = TreeMask(pre=jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (batch, tokens)),
+                     end=jnp.full((batch, tokens), tokens - 1, jnp.int32))  # each token sees the ones before
+
+    def run(params, ids, positions, mask, cache):
+        return nnx.merge(module_graphdef, params)(ids, positions, mask, cache, head="argmax").preds
+
+    args = (params, ids, positions, chain, cache)
+    return jax.jit(run).lower(*args).compile(), args
+
+
+def forward_seconds(model, batch: int, cache_len: int, sizes: list[int], repeats: int = REPEATS) -> dict[int, float]:
+    """Seconds of one forward per block size: each compiled once, then timed `repeats` times,
+    the sizes interleaved, the minimum kept."""
+    dtype = model.module.embed_tokens.embedding.dtype
+    programs = {t: _forward(model.graphdef, model.params, batch, cache_len, t, model.config, dtype) for t in sizes}
+    best = {t: np.inf for t in sizes}
+    for t, (program, args) in programs.items():  # warm-up
+        jax.block_until_ready(program(*args))
+    for _ in range(repeats):
+        for t, (program, args) in programs.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(program(*args))
+            best[t] = min(best[t], time.perf_counter() - t0)
+    return best
+
+
+def _model_key(model) -> tuple:
+    mesh = None if model.mesh is None else tuple(model.mesh.shape.items())
+    return (model.source, model.dtype, model.attention, mesh, jax.default_backend(), jax.devices()[0].device_kind)
+
+
+def step_costs(model, batch: int, cache_len: int, options: list[Candidate]) -> tuple[dict, float]:
+    """c of every candidate (measured once per model, backend and shape bucket) and the seconds
+    spent measuring now."""
+    key = (*_model_key(model), batch, cache_len, tuple((c.block_tokens, c.drafter_tokens) for c in options))
+    if key in _MEASURED:
+        return _MEASURED[key], 0.0
+    t0 = time.perf_counter()
+    measured = forward_seconds(model, batch, cache_len, list(MEASURED_SIZES))
+    sizes = np.array(MEASURED_SIZES, float)
+    times = np.array([measured[t] for t in MEASURED_SIZES])
+
+    def seconds(t: int) -> float:  # piecewise linear through the measured sizes, extended past the last
+        if t >= sizes[-1]:
+            return float(times[-1] + (t - sizes[-1]) * (times[-1] - times[-2]) / (sizes[-1] - sizes[-2]))
+        return float(np.interp(t, sizes, times))
+
+    drafted = {c.drafter_tokens for c in options if c.drafter_tokens}
+    drafter_seconds = {}
+    if drafted:
+        drafter = _default_drafter(model)
+        drafter_seconds = forward_seconds(drafter.model, batch, cache_len, sorted(drafted))
+    costs = {(c.block_tokens, c.drafter_tokens): (seconds(c.block_tokens) + drafter_seconds.get(c.drafter_tokens, 0.0))
+             / measured[1] for c in options}
+    _MEASURED[key] = costs
+    return costs, time.perf_counter() - t0
+
+
+def decode_seconds(model, prompt, max_new_tokens: int, method: str, options: dict, generation: dict,
+                   repeats: int = 2) -> tuple[float, int]:
+    """(seconds, steps) of `method` on this request, the fastest of `repeats` runs after the one
+    that compiles it; the program is the one `generate` then runs (compiled once, kept on the
+    model)."""
+    import jaxspec
+
+    best, steps = np.inf, 1
+    for _ in range(repeats):
+        out = jaxspec.generate(model, prompt, max_new_tokens=max_new_tokens, method=method, **generation, **options)
+        if out.seconds < best:
+            best, steps = out.seconds, int(np.sum(out.steps))
+    return best, steps
+
+
+def _default_drafter(model):
+    from jaxspec.decoding.options import resolve_drafter
+
+    return resolve_drafter(model.config, None, None, model.drafters)[0]
+
+
+def _bucket(n: int, size: int) -> int:
+    return -(-n // size) * size
+
+
+def choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, lookahead_only: bool = False,
+           generation: dict | None = None) -> Choice:
+    """Greedy, or the candidate with the highest predicted speed-up S / c once timing it on this
+    request confirms at least MARGIN x greedy (see the module docstring). Under window="auto"
+    the best lookahead setting by S / c is taken as it is (the caller asked for lookahead).
+    `generation`: the request's sampling and stop arguments, for the timed runs. The choice is
+    kept per model and request shape: a later call of the same shape costs a dictionary lookup."""
+    generation = generation or {}
+    key = ("choice", *_model_key(model), batch, _bucket(prompt_len, 16), max_new_tokens, lookahead_only,
+           tuple(sorted(generation.items())))
+    if key in _MEASURED:
+        return dataclasses.replace(_MEASURED[key], measure_seconds=0.0)
+    _MEASURED[key] = choice = _choose(model, prompt, batch, prompt_len, max_new_tokens, lookahead_only, generation)
+    return choice
+
+
+def _choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, lookahead_only: bool,
+            generation: dict) -> Choice:
+    options = candidates(model, lookahead_only)
+    if any(c.drafter_tokens for c in options):
+        try:
+            _default_drafter(model)
+        except GenerationError:  # no drafter for this model: speculative is not a candidate
+            options = [c for c in options if not c.drafter_tokens]
+    cache_len = _bucket(prompt_len + max_new_tokens + 128, 512)
+    costs, measured = step_costs(model, batch, cache_len, options)
+    rows = []
+    for c in options:
+        cost = costs[(c.block_tokens, c.drafter_tokens)]
+        rows.append(dict(label=c.label, block_tokens=c.block_tokens, expected_s=round(c.expected_s, 3),
+                         step_cost=round(cost, 3), predicted_speedup=round(c.expected_s / cost, 3)))
+    ranked = sorted(zip(options[1:], rows[1:]), key=lambda cr: -cr[1]["predicted_speedup"])
+    best, row = ranked[0]
+    backend = jax.default_backend()
+    if lookahead_only:
+        reason = (f"{best.label}: the highest predicted speed-up among lookahead settings "
+                  f"({row['predicted_speedup']:.2f}x = S {row['expected_s']:.2f} / c {row['step_cost']:.2f})")
+        return _choice(best, row, reason, rows, measured)
+    if row["predicted_speedup"] >= WORTH_TIMING:  # confirm on this request: both loops, same tokens, timed
+        key = (*_model_key(model), batch, _bucket(prompt_len, 16), max_new_tokens, best.label,
+               tuple(sorted(generation.items())))
+        if key not in _MEASURED:
+            t0 = time.perf_counter()
+            mine = decode_seconds(model, prompt, max_new_tokens, best.method, best.options, generation)
+            greedy = decode_seconds(model, prompt, max_new_tokens, "autoregressive", {}, generation)
+            _MEASURED[key] = dict(speedup=greedy[0] / mine[0], step_cost=(mine[0] / mine[1]) / (greedy[0] / greedy[1]))
+            measured += time.perf_counter() - t0
+        real = _MEASURED[key]
+        row = dict(row, real_step_cost=round(real["step_cost"], 3), measured_speedup=round(real["speedup"], 3))
+        if real["speedup"] >= MARGIN:
+            reason = (f"{best.label}: measured {real['speedup']:.2f}x greedy on {backend} at this request's shape "
+                      f"(a step costs {real['step_cost']:.2f} greedy steps; expected S {row['expected_s']:.2f})")
+            return _choice(best, row, reason, rows, measured)
+        reason = (f"greedy: the best setting by forward cost, {best.label} (S {row['expected_s']:.2f} / c "
+                  f"{row['step_cost']:.2f}), measured {real['speedup']:.2f}x greedy on {backend} at this request's "
+                  f"shape (its step costs {real['step_cost']:.2f} greedy steps), under {MARGIN:.1f}x")
+    else:
+        reason = (f"greedy: no setting is predicted {WORTH_TIMING:.1f}x faster on {backend} (best: {row['label']}, "
+                  f"{row['predicted_speedup']:.2f}x = S {row['expected_s']:.2f} / c {row['step_cost']:.2f})")
+    return _choice(options[0], rows[0], reason, rows, measured)
+
+
+def _choice(best: Candidate, row: dict, reason: str, rows: list, measured: float) -> Choice:
+    return Choice(method=best.method, options=dict(best.options), expected_s=row["expected_s"],
+                  step_cost=row["step_cost"], predicted_speedup=row["predicted_speedup"], reason=reason,
+                  candidates=tuple(rows), measure_seconds=round(measured, 3))

@@ -1,0 +1,22 @@
+"""Suite-wide fixtures."""
+
+from __future__ import annotations
+
+import gc
+
+import jax
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Free each test module's compiled programs when it ends.
+
+    XLA's CPU backend maps every compiled program's code into memory of its own (3 mappings
+    per program), and JAX's caches keep the programs of every jitted function a module ran.
+    The whole suite in one process then passes the kernel's limit of 65530 mappings
+    (vm.max_map_count) and LLVM segfaults in the next compile. Clearing JAX's caches after each
+    module (its module-scoped models are gone by then too) keeps the count flat."""
+    yield
+    jax.clear_caches()
+    gc.collect()

@@ -1,0 +1,116 @@
+"""`method="auto"` / `window="auto"` (`jaxspec.auto`): greedy unless another setting is measured
+faster, the same tokens whatever is chosen, and the S table fitted from the benchmark results."""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import jaxspec
+from jaxspec import auto
+from test_cli import assert_one_line_error, run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def pycode():
+    return jaxspec.load("pycode-5M")
+
+
+def test_auto_toml_is_what_the_fit_writes(tmp_path):
+    """configs/auto.toml is `benchmarks/fit_auto.py`'s output on the committed results, not edited."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import fit_auto
+
+    fit_auto.main(["--out", str(tmp_path / "auto.toml")])
+    assert (tmp_path / "auto.toml").read_text() == auto.CONFIG.read_text()
+
+
+def test_candidates_follow_the_fitted_table(pycode):
+    expect = auto.expectations("pycode-5M")
+    found = {c.label: c for c in auto.candidates(pycode)}
+    assert list(found)[0] == "autoregressive" and found["autoregressive"].expected_s == 1.0
+    la = found["lookahead (15,5,15)"]
+    assert la.block_tokens == 120
+    assert la.expected_s == pytest.approx(1 + expect["lookahead_slope"] * math.log(120))
+    assert found["prompt-lookup (4,8)"].expected_s == expect["prompt_lookup_4_8"]
+    assert found["speculative (8)"].drafter_tokens == 9
+    # A model without results: the default (smallest) slope, no speculative candidate.
+    assert auto.expectations(None)["lookahead_slope"] == min(
+        auto.expectations(k)["lookahead_slope"] for k in ("pycode-5M", "stories260K", "smollm2-135m-instruct"))
+    assert all(c.method != "speculative" for c in auto.candidates(pycode, lookahead_only=True))
+
+
+def _fake_costs(monkeypatch, per_token: float):
+    """An accelerator-like forward: seconds = 1 + per_token * T (flat at small T)."""
+    monkeypatch.setattr(auto, "_MEASURED", {})
+    monkeypatch.setattr(auto, "forward_seconds",
+                        lambda model, batch, cache_len, sizes, repeats=3: {t: 1 + per_token * t for t in sizes})
+
+
+def test_a_fast_candidate_is_chosen_only_once_timed_faster(pycode, monkeypatch):
+    _fake_costs(monkeypatch, 0.001)  # c(120) = 1.12: every lookahead setting is predicted well ahead
+    timed = {"lookahead": (1.0, 10), "autoregressive": (2.0, 20)}
+    monkeypatch.setattr(auto, "decode_seconds", lambda model, prompt, n, method, options, generation: timed[method])
+    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
+    assert choice.method == "lookahead" and choice.options == dict(window=15, ngram=5, guesses=15)
+    assert "measured 2.00x greedy" in choice.reason
+    timed["lookahead"] = (2.1, 10)  # timing says slower: greedy, however good the prediction
+    monkeypatch.setattr(auto, "_MEASURED", {})
+    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
+    assert choice.method == "autoregressive" and "under 1.1x" in choice.reason
+
+
+def test_a_slow_forward_is_never_timed(pycode, monkeypatch):
+    _fake_costs(monkeypatch, 1.0)  # CPU-like: c(T) ~ T
+    monkeypatch.setattr(auto, "decode_seconds", lambda *a: pytest.fail("timed a setting predicted slower"))
+    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
+    assert choice.method == "autoregressive" and "no setting is predicted 1.5x faster" in choice.reason
+    window = auto.choose(pycode, [1, 5, 9], 1, 3, 16, lookahead_only=True)
+    assert window.method == "lookahead" and window.options == dict(window=4, ngram=3, guesses=4)  # the cheapest
+
+
+def test_generate_auto_reports_its_choice_and_keeps_greedy_tokens(pycode):
+    """On this CPU: measured c; whatever `auto` chooses, and the lookahead setting window="auto"
+    picks, gives greedy's tokens."""
+    prompt = [1, 5, 9, 20, 7]
+    greedy = jaxspec.generate(pycode, prompt, max_new_tokens=12)
+    out = jaxspec.generate(pycode, prompt, max_new_tokens=12, method="auto")
+    assert out.tokens == greedy.tokens and out.auto["method"] == out.method
+    assert {r["label"] for r in out.auto["candidates"]} >= {"autoregressive", "lookahead (15,5,15)", "speculative (8)"}
+    costs = {r["label"]: r["step_cost"] for r in out.auto["candidates"]}
+    assert costs["autoregressive"] == 1.0 and costs["lookahead (15,5,15)"] > costs["lookahead (4,3,4)"] > 1
+    window = jaxspec.generate(pycode, prompt, max_new_tokens=12, method="lookahead", window="auto")
+    assert window.method == "lookahead" and window.tokens == greedy.tokens
+    assert (window.options["window"], window.options["ngram"], window.options["guesses"]) in auto.LOOKAHEAD_GRID
+    assert jaxspec.generate(pycode, prompt, max_new_tokens=12).auto is None
+
+
+@pytest.mark.parametrize("options, needle", [
+    (dict(method="auto", window=4), "method 'auto' chooses the method and its options; it takes none, got window"),
+    (dict(method="lookahead", window="auto", ngram=3), "window='auto' chooses ngram and guesses too"),
+])
+def test_auto_with_options_it_chooses_is_refused(pycode, options, needle):
+    with pytest.raises(jaxspec.GenerationError, match=needle):
+        jaxspec.generate(pycode, [1, 5], max_new_tokens=2, **options)
+
+
+def test_cli_defaults_to_auto_and_says_why(capsys):
+    """What auto picks depends on this request's timing on a shared CPU (greedy or a setting
+    measured >= 1.1x faster); either way the CLI says which and why, and prints greedy's text."""
+    argv = ["generate", "--prompt-ids", "1,5,9", "--max-new-tokens", "4"]
+    code, greedy, _ = run_cli(argv + ["--method", "greedy"], capsys)
+    assert code == 0
+    code, out, err = run_cli(argv, capsys)
+    reasons = [line for line in err.splitlines() if line.startswith("[auto] ")]
+    assert code == 0 and out == greedy and len(reasons) == 1, err
+    assert re.match(r"\[auto\] (greedy: (no setting is predicted|the best setting by forward cost)"
+                    r"|.+: measured \d+\.\d+x greedy on cpu)", reasons[0]), reasons[0]
+    assert reasons[0].startswith("[auto] greedy: ") or "identical to greedy: yes" in err
+    code, out, err = run_cli(["generate", "--prompt-ids", "1,5,9", "--max-new-tokens", "4", "--window", "wide"], capsys)
+    assert_one_line_error(code, out, err, ["--window must be an integer or auto, got 'wide'"])
