@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import tempfile
 import time
 
 
@@ -16,18 +17,39 @@ def free_port() -> int:
 
 def run_processes(argvs: list[list[str]], env: dict | list[dict], timeout: float) -> list[tuple[int, str, str]]:
     """Start every command at once (`env`: one for all, or one each), wait up to `timeout`
-    seconds in all; (return code, stdout, stderr) of each. A process still running when this
-    returns or raises (a timeout, a peer that never connected) is killed: none outlives the test."""
+    seconds in all; (return code, stdout, stderr) of each. A process still running at the
+    deadline is killed (its code is then -9) and what it wrote so far is returned: none
+    outlives the test.
+
+    Output goes to files, not pipes: a pipe nobody reads fills at 64 KiB and blocks its writer,
+    and a peer blocked on a write stalls the whole group's collectives (the other processes
+    then wait on it, or give it up as dead once its heartbeats stop)."""
     envs = env if isinstance(env, list) else [env] * len(argvs)
-    procs = []
-    try:
-        for argv, e in zip(argvs, envs, strict=True):
-            procs.append(subprocess.Popen(argv, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        deadline = time.monotonic() + timeout
-        outputs = [p.communicate(timeout=max(deadline - time.monotonic(), 1)) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs, files = [], []
+        try:
+            for i, (argv, e) in enumerate(zip(argvs, envs, strict=True)):
+                out, err = open(f"{tmp}/{i}.out", "w+"), open(f"{tmp}/{i}.err", "w+")
+                files.append((out, err))
+                procs.append(subprocess.Popen(argv, env=e, stdout=out, stderr=err, text=True))
+            deadline = time.monotonic() + timeout
+            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
                 p.wait()
-    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]
+        results = []
+        for p, (out, err) in zip(procs, files):
+            out.seek(0), err.seek(0)
+            results.append((p.returncode, out.read(), err.read()))
+            out.close(), err.close()
+    return results
+
+
+def check_all_succeeded(finished: list[tuple[int, str, str]]) -> None:
+    """Fail with every failed command's own error (numbered as started): a peer that died shows
+    up in the others only as lost heartbeats, so the first failure listed is often not the cause."""
+    failed = [f"command {i} exited {code}:\n{err[-3000:]}" for i, (code, _, err) in enumerate(finished) if code != 0]
+    assert not failed, "\n\n".join(failed)
