@@ -2,12 +2,15 @@
 
 For each model, the prompts decode with `auto` and with each candidate of `jaxspec.auto`
 (greedy, the lookahead grid, prompt lookup, speculative where a drafter is known), every
-setting compiled first, then timed over the prompts in rounds, the settings interleaved within
-each prompt (rotating the order, and reversing it every other prompt: when `auto` picks greedy it
-runs greedy's program, and whichever of the two always ran right after the other would find it
-warm). Times are wall-clock around `jaxspec.generate` (`auto`'s own choice included: it is
-measured once per shape and cached, and that first measurement is reported apart). Every
-setting must give greedy's tokens.
+setting compiled first, then timed over the prompts in rounds. Within each prompt the settings
+run in a rotation of their list, then in the same order backwards: each runs twice, as often
+right after its neighbour as that one runs right after it. (A program that ran just before finds
+the caches warm; when `auto` picks greedy it runs greedy's program, and with a rotation alone, or
+one reversed every other prompt, greedy ran right after `auto` more often than the other way
+round, which cost `auto` ~15% on stories260K.) Python's garbage collector runs between prompts,
+not inside a timed call. Times are wall-clock around `jaxspec.generate` (`auto`'s own choice
+included: it is measured once per shape and cached, and that first measurement is reported
+apart). Every setting must give greedy's tokens.
 
     python benchmarks/auto_bench.py                        # pycode-5M, stories260K, SmolLM2-135M-Instruct
     python benchmarks/auto_bench.py --models pycode-5M --prompts 2 --new-tokens 16 --rounds 1   # quick
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import sys
 import time
@@ -73,26 +77,29 @@ def bench_model(name: str, args) -> dict:
     tokens = {k: 0 for k in names}
     identical = {k: True for k in names}
     chosen = set()
+    gc.disable()  # as timeit does: a collection lands on whichever call is running, at random
     for r in range(args.rounds):
         for i, ids in enumerate(prompts):
+            gc.collect()
             order = names[(i + r) % len(names):] + names[:(i + r) % len(names)]
-            if (i + r) % 2:  # reversed every other time: no setting always runs right after the same one
-                order = order[::-1]
-            greedy = None
-            results = {}
+            # ... then backwards from the one before last (the last is run again at the end, not
+            # twice in a row): each setting runs twice, as often right after its neighbour as that
+            # one after it.
+            order += order[-2::-1] + order[-1:]
+            results = []
             for setting in order:
                 t0 = time.perf_counter()
                 out = call(setting, ids)
                 seconds[setting] += time.perf_counter() - t0
                 tokens[setting] += len(out.tokens)
-                results[setting] = out.tokens
+                results.append((setting, out.tokens))
                 if setting == "auto":
                     chosen.add(out.auto["reason"].split(":")[0])
-                if setting == "autoregressive":
-                    greedy = out.tokens
-            for setting, toks in results.items():
+            greedy = dict(results)["autoregressive"]
+            for setting, toks in results:
                 identical[setting] &= toks == greedy
         print(f"{name}: round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
+    gc.enable()
     rows = [dict(setting=k, tokens_per_second=tokens[k] / seconds[k], identical_to_greedy=identical[k]) for k in names]
     best_fixed = max((r for r in rows if r["setting"] != "auto"), key=lambda r: r["tokens_per_second"])
     auto_row = rows[0]

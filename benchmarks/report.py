@@ -362,8 +362,10 @@ def device_suite(r: dict) -> list[str]:
 
 def auto_bench(r: dict) -> list[str]:
     """Also `benchmarks/auto_bench.py`'s own markdown."""
-    lines = [f"New tokens {r['new_tokens']} per prompt, {r['rounds']} rounds, settings interleaved per prompt; "
-             "tokens/s are wall-clock around `jaxspec.generate` after every setting was compiled.", "",
+    lines = [f"New tokens {r['new_tokens']} per prompt, {r['rounds']} rounds, settings interleaved per prompt (a "
+             "rotation, then backwards: each setting twice per prompt and round); tokens/s are wall-clock around "
+             "`jaxspec.generate` after every setting was compiled. `auto` chooses per request shape: \"auto chose\" "
+             "lists what it chose for these prompts.", "",
              "| model | setting | tokens/s | x greedy | = greedy |", "|---|---|---:|---:|---|"]
     for m in r["models"]:
         greedy = next(x for x in m["rows"] if x["setting"] == "autoregressive")["tokens_per_second"]

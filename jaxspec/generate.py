@@ -73,7 +73,8 @@ class Request:
         return (program, self.args[2].shape, tuple(self.statics.items()), self.args[0] if self.bound else None)
 
 
-def _choose(model: Model, prompt, max_new_tokens: int, method: str, method_options: dict, generation: dict):
+def _choose(model: Model, prompt, rows: list[list[int]], max_new_tokens: int, method: str, method_options: dict,
+            generation: dict):
     """`method="auto"` (no method options) or `"lookahead", window="auto"` (ngram and guesses
     chosen too; the other lookahead options kept): the method and options `jaxspec.auto` picks."""
     if method == "auto" and method_options:
@@ -81,7 +82,6 @@ def _choose(model: Model, prompt, max_new_tokens: int, method: str, method_optio
                               f"{', '.join(sorted(method_options))}")
     if method == "lookahead" and {"ngram", "guesses"} & {k for k, v in method_options.items() if v is not None}:
         raise GenerationError("window='auto' chooses ngram and guesses too; do not pass them")
-    rows, _ = normalize_prompts(model, prompt)
     choice = auto.choose(model, prompt, len(rows), max(len(r) for r in rows), max_new_tokens,
                          lookahead_only=method == "lookahead", generation=generation)
     options = {k: v for k, v in method_options.items() if k != "window"}
@@ -99,6 +99,7 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
         raise GenerationError(f"method must be a method name (str), got {describe(method)}")
     method_options = {k: plain_option(v) for k, v in method_options.items()}
     max_new_tokens = int_arg("max_new_tokens", max_new_tokens, "an integer >= 1", lambda n: n >= 1)
+    rows, batched = normalize_prompts(model, prompt)
     choice = None
     if method == "auto" or (method == "lookahead" and method_options.get("window") == "auto"):
         # (plain Python values: the choice is cached by them; arrays, even 0-d, are not hashable)
@@ -106,7 +107,8 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
         generation = {k: plain(v) if is_array(v) or isinstance(v, (list, tuple)) else v
                       for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                                        stop_at_eos=stop_at_eos, stop_ids=stop_ids).items()}
-        method, method_options, choice = _choose(model, prompt, max_new_tokens, method, method_options, generation)
+        method, method_options, choice = _choose(model, prompt, rows, max_new_tokens, method, method_options,
+                                                 generation)
     name, spec, options = resolve_method(method, model.config, method_options, model.drafters)
     lp_devices = getattr(options, "lp_devices", 1)
     seed = int_arg("seed", seed, "an integer in [0, 2**32)", lambda n: 0 <= n < 2**32)
@@ -126,7 +128,6 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     top_k = int_arg("top_k", top_k, "an integer >= 0 (0 = off)", lambda n: True)
     top_p = number_arg("top_p", top_p, "a number in (0, 1] (1 = off)")
     sampling = SamplingParams.create(temperature, top_k, top_p)
-    rows, batched = normalize_prompts(model, prompt)
     longest = max(len(r) for r in rows)
     limit = model.config.max_position_embeddings
     if longest + max_new_tokens > limit:
