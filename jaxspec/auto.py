@@ -21,7 +21,8 @@ On a CPU lookahead's c is far above its S; speculative decoding with pycode-5M's
 drafter at K = 4 (S 3.03, c ~1.8 by the forward) is worth timing there, and the timing on the
 request decides between it and greedy. On an accelerator at batch 1, c(T) stays near 1 up to
 ~100 tokens. Measurements are kept per model (checkpoint, dtype, attention, layout), backend
-and shape bucket for the process.
+and shape bucket for the process. In a multi-process run every process takes process 0's
+measurements (`agreed`), so that all choose the same setting.
 """
 
 from __future__ import annotations
@@ -173,7 +174,19 @@ def forward_seconds(model, batch: int, cache_len: int, sizes: list[int], repeats
             t0 = time.perf_counter()
             jax.block_until_ready(program(*args))
             best[t] = min(best[t], time.perf_counter() - t0)
-    return best
+    return dict(zip(sizes, agreed([best[t] for t in sizes])))
+
+
+def agreed(values: list[float]) -> list[float]:
+    """Process 0's measurements, in every process of a multi-process run (as they are in one
+    process). Each process times its own share of the same programs, and the noise between the
+    timings must not let them choose differently: processes running different programs would
+    wait on collectives that never meet."""
+    if jax.process_count() == 1:
+        return list(values)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.broadcast_one_to_all(np.asarray(values, np.float32))).tolist()
 
 
 def _model_key(model) -> tuple:
@@ -278,7 +291,8 @@ def _choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, loo
             t0 = time.perf_counter()
             mine = decode_seconds(model, prompt, max_new_tokens, best.method, best.options, generation)
             greedy = decode_seconds(model, prompt, max_new_tokens, "autoregressive", {}, generation)
-            _MEASURED[key] = dict(speedup=greedy[0] / mine[0], step_cost=(mine[0] / mine[1]) / (greedy[0] / greedy[1]))
+            speedup, step_cost = agreed([greedy[0] / mine[0], (mine[0] / mine[1]) / (greedy[0] / greedy[1])])
+            _MEASURED[key] = dict(speedup=speedup, step_cost=step_cost)
             measured += time.perf_counter() - t0
         real = _MEASURED[key]
         row = dict(row, real_step_cost=round(real["step_cost"], 3), measured_speedup=round(real["speedup"], 3))

@@ -366,6 +366,10 @@ def test_two_processes_print_the_one_device_tokens(two_processes):
         assert cli["tokens"] == single["tokens"]
         assert cli["config"]["tensor_parallel"] == TP
     assert sorted(report["process"] for _, report in sharded) == list(range(PROCESSES))
+    # The CLI's default method, auto, measured c in both processes and took process 0's numbers
+    # in both: the same choice, the same reason, every candidate's c (the seconds spent differ).
+    choices = [{k: v for k, v in cli["auto"].items() if k != "measure_seconds"} for cli, _ in sharded]
+    assert choices[0]["candidates"] and choices[0] == choices[1]
 
 
 def test_each_process_holds_about_its_share(two_processes):
