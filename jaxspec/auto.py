@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from concurrent.futures import ThreadPoolExecutor
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax

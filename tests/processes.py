@@ -22,8 +22,7 @@ def run_processes(argvs: list[list[str]], env: dict | list[dict], timeout: float
     outlives the test.
 
     Output goes to files, not pipes: a pipe nobody reads fills at 64 KiB and blocks its writer,
-    and a peer blocked on a write stalls the whole group's collectives (the other processes
-    then wait on it, or give it up as dead once its heartbeats stop)."""
+    and a peer blocked on a write stalls the whole group at its next collective."""
     envs = env if isinstance(env, list) else [env] * len(argvs)
     with tempfile.TemporaryDirectory() as tmp:
         procs, files = [], []
