@@ -21,8 +21,9 @@ On a CPU lookahead's c is far above its S; speculative decoding with pycode-5M's
 drafter at K = 4 (S 3.03, c ~1.8 by the forward) is worth timing there, and the timing on the
 request decides between it and greedy. On an accelerator at batch 1, c(T) stays near 1 up to
 ~100 tokens. Measurements are kept per model (checkpoint, dtype, attention, layout), backend
-and shape bucket for the process. In a multi-process run every process takes process 0's
-measurements (`agreed`), so that all choose the same setting.
+and shape bucket for the process, and on disk for later processes on this machine
+(`jaxspec.auto_store`). In a multi-process run every process takes process 0's measurements
+(`agreed`), so that all choose the same setting.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxspec import auto_store
 from jaxspec.errors import GenerationError
 from jaxspec.kv_cache import KVCache
 from jaxspec.masks import TreeMask
@@ -91,6 +93,7 @@ class Choice:
     reason: str
     candidates: tuple  # dicts: label, block_tokens, expected_s, step_cost, predicted_speedup
     measure_seconds: float  # measuring c now (0 when cached)
+    recalled: str | None = None  # where and when an earlier process measured (`jaxspec.auto_store`), or None
 
     def as_dict(self) -> dict:
         # Shallow copies (the rows hold only scalars): `dataclasses.asdict`'s deep copy cost ~0.6 ms
@@ -194,14 +197,23 @@ def _model_key(model) -> tuple:
     return (model.source, model.dtype, model.attention, mesh, jax.default_backend(), jax.devices()[0].device_kind)
 
 
-def step_costs(model, batch: int, cache_len: int, options: list[Candidate]) -> tuple[dict, float]:
-    """c of every candidate (measured once per model, backend and shape bucket) and the seconds
-    spent measuring now."""
+def step_costs(model, batch: int, cache_len: int, options: list[Candidate]) -> tuple[dict, float, str | None]:
+    """c of every candidate (measured once per model, machine and shape bucket), the seconds
+    spent measuring now, and where an earlier process's measurement was read from (None: none)."""
     key = (*_model_key(model), batch, cache_len, tuple((c.block_tokens, c.drafter_tokens) for c in options))
     if key in _MEASURED:
-        return _MEASURED[key], 0.0
+        costs, recalled = _MEASURED[key]
+        return costs, 0.0, recalled
     t0 = time.perf_counter()
-    measured = forward_seconds(model, batch, cache_len, list(MEASURED_SIZES))
+    recalled = []
+
+    def forwards(m, sizes: list[int]) -> dict[int, float]:  # from the store, or timed now
+        times, where = auto_store.recall(("forward", *auto_store.model_identity(m), batch, cache_len, sizes),
+                                         len(sizes), lambda: list(forward_seconds(m, batch, cache_len, sizes).values()))
+        recalled.append(where)
+        return dict(zip(sizes, times))
+
+    measured = forwards(model, list(MEASURED_SIZES))
     sizes = np.array(MEASURED_SIZES, float)
     times = np.array([measured[t] for t in MEASURED_SIZES])
 
@@ -214,11 +226,11 @@ def step_costs(model, batch: int, cache_len: int, options: list[Candidate]) -> t
     drafter_seconds = {}
     if drafted:
         drafter = _default_drafter(model)
-        drafter_seconds = forward_seconds(drafter.model, batch, cache_len, sorted(drafted))
+        drafter_seconds = forwards(drafter.model, sorted(drafted))
     costs = {(c.block_tokens, c.drafter_tokens): (seconds(c.block_tokens) + drafter_seconds.get(c.drafter_tokens, 0.0))
              / measured[1] for c in options}
-    _MEASURED[key] = costs
-    return costs, time.perf_counter() - t0
+    _MEASURED[key] = costs, next((w for w in recalled if w), None)
+    return costs, time.perf_counter() - t0, _MEASURED[key][1]
 
 
 def decode_seconds(model, prompt, max_new_tokens: int, method: str, options: dict, generation: dict,
@@ -271,7 +283,7 @@ def _choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, loo
         except GenerationError:  # no drafter for this model: speculative is not a candidate
             options = [c for c in options if not c.drafter_tokens]
     cache_len = _bucket(prompt_len + max_new_tokens + 128, 512)
-    costs, measured = step_costs(model, batch, cache_len, options)
+    costs, measured, recalled = step_costs(model, batch, cache_len, options)
     rows = []
     for c in options:
         cost = costs[(c.block_tokens, c.drafter_tokens)]
@@ -283,33 +295,41 @@ def _choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, loo
     if lookahead_only:
         reason = (f"{best.label}: the highest predicted speed-up among lookahead settings "
                   f"({row['predicted_speedup']:.2f}x = S {row['expected_s']:.2f} / c {row['step_cost']:.2f})")
-        return _choice(best, row, reason, rows, measured)
+        return _choice(best, row, reason, rows, measured, recalled)
     if row["predicted_speedup"] >= WORTH_TIMING:  # confirm on this request: both loops, same tokens, timed
-        key = (*_model_key(model), batch, _bucket(prompt_len, 16), max_new_tokens, best.label,
-               tuple(sorted(generation.items())))
+        request = (batch, _bucket(prompt_len, 16), max_new_tokens, best.label, tuple(sorted(generation.items())))
+        key = (*_model_key(model), *request)
         if key not in _MEASURED:
             t0 = time.perf_counter()
-            mine = decode_seconds(model, prompt, max_new_tokens, best.method, best.options, generation)
-            greedy = decode_seconds(model, prompt, max_new_tokens, "autoregressive", {}, generation)
-            speedup, step_cost = agreed([greedy[0] / mine[0], (mine[0] / mine[1]) / (greedy[0] / greedy[1])])
-            _MEASURED[key] = dict(speedup=speedup, step_cost=step_cost)
+
+            def race() -> list[float]:  # speed-up over greedy, and c of the step, on this request
+                mine = decode_seconds(model, prompt, max_new_tokens, best.method, best.options, generation)
+                greedy = decode_seconds(model, prompt, max_new_tokens, "autoregressive", {}, generation)
+                return agreed([greedy[0] / mine[0], (mine[0] / mine[1]) / (greedy[0] / greedy[1])])
+
+            (speedup, step_cost), where = auto_store.recall(("race", *auto_store.model_identity(model), *request), 2,
+                                                            race)
+            _MEASURED[key] = dict(speedup=speedup, step_cost=step_cost, recalled=where)
             measured += time.perf_counter() - t0
         real = _MEASURED[key]
+        recalled = recalled or real["recalled"]
         row = dict(row, real_step_cost=round(real["step_cost"], 3), measured_speedup=round(real["speedup"], 3))
         if real["speedup"] >= MARGIN:
             reason = (f"{best.label}: measured {real['speedup']:.2f}x greedy on {backend} at this request's shape "
                       f"(a step costs {real['step_cost']:.2f} greedy steps; expected S {row['expected_s']:.2f})")
-            return _choice(best, row, reason, rows, measured)
+            return _choice(best, row, reason, rows, measured, recalled)
         reason = (f"greedy: the best setting by forward cost, {best.label} (S {row['expected_s']:.2f} / c "
                   f"{row['step_cost']:.2f}), measured {real['speedup']:.2f}x greedy on {backend} at this request's "
                   f"shape (its step costs {real['step_cost']:.2f} greedy steps), under {MARGIN:.1f}x")
     else:
         reason = (f"greedy: no setting is predicted {WORTH_TIMING:.1f}x faster on {backend} (best: {row['label']}, "
                   f"{row['predicted_speedup']:.2f}x = S {row['expected_s']:.2f} / c {row['step_cost']:.2f})")
-    return _choice(options[0], rows[0], reason, rows, measured)
+    return _choice(options[0], rows[0], reason, rows, measured, recalled)
 
 
-def _choice(best: Candidate, row: dict, reason: str, rows: list, measured: float) -> Choice:
+def _choice(best: Candidate, row: dict, reason: str, rows: list, measured: float, recalled: str | None) -> Choice:
+    if recalled:
+        reason += f" [measured earlier: {recalled}]"
     return Choice(method=best.method, options=dict(best.options), expected_s=row["expected_s"],
                   step_cost=row["step_cost"], predicted_speedup=row["predicted_speedup"], reason=reason,
-                  candidates=tuple(rows), measure_seconds=round(measured, 3))
+                  candidates=tuple(rows), measure_seconds=round(measured, 3), recalled=recalled)

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import gc
+import os
 
 import jax
 import pytest
+
+# `method="auto"` keeps its measurements on disk for later processes (`jaxspec.auto_store`):
+# not in the tests, which must measure for themselves and leave the user's store alone. (Set
+# here, so that the CLI and notebook processes the tests start inherit it.)
+os.environ["JAXSPEC_AUTO_CACHE"] = "off"
 
 
 @pytest.fixture(autouse=True, scope="module")

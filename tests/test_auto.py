@@ -3,6 +3,7 @@ faster, the same tokens whatever is chosen, and the S table fitted from the benc
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import jaxspec
-from jaxspec import auto
+from jaxspec import auto, auto_store
 from test_cli import assert_one_line_error, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +74,46 @@ def test_a_slow_forward_is_never_timed(pycode, monkeypatch):
     assert choice.method == "autoregressive" and "no setting is predicted 1.5x faster" in choice.reason
     window = auto.choose(pycode, [1, 5, 9], 1, 3, 16, lookahead_only=True)
     assert window.method == "lookahead" and window.options == dict(window=4, ngram=3, guesses=4)  # the cheapest
+
+
+def test_measurements_outlive_the_process(pycode, monkeypatch, tmp_path):
+    """With a store (JAXSPEC_AUTO_CACHE), a later process (here: the in-process cache emptied)
+    makes the same choice from the stored c and timing without measuring, and says so; another
+    machine, an unreadable store or `off` measure again."""
+    store = tmp_path / "auto.json"
+    monkeypatch.setenv(auto_store.ENV, str(store))
+    _fake_costs(monkeypatch, 0.001)
+    measured = []
+    fake = auto.forward_seconds
+    monkeypatch.setattr(auto, "forward_seconds", lambda *a, **k: measured.append(a[0]) or fake(*a, **k))
+    timed = {"lookahead": (1.0, 10), "autoregressive": (2.0, 20)}
+    monkeypatch.setattr(auto, "decode_seconds", lambda model, prompt, n, method, options, generation: timed[method])
+    first = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
+    assert first.recalled is None and first.method == "lookahead" and len(measured) == 2  # the target and drafter
+    assert len(json.loads(store.read_text())["entries"]) == 3  # their forwards and the timed race
+
+    monkeypatch.setattr(auto, "_MEASURED", {})  # a new process
+    monkeypatch.setattr(auto, "decode_seconds", lambda *a: pytest.fail("timed again"))
+    again = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
+    assert len(measured) == 2 and (again.method, again.options, again.candidates) == (
+        first.method, first.options, first.candidates)
+    assert again.recalled.startswith(f"{store}, measured 20") and "[measured earlier: " in again.reason
+
+    monkeypatch.setattr(auto, "_MEASURED", {})
+    monkeypatch.setattr(auto_store.socket, "gethostname", lambda: "another-machine")
+    monkeypatch.setattr(auto, "decode_seconds", lambda model, prompt, n, method, options, generation: timed[method])
+    assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None and len(measured) == 4
+
+    store.write_text("{not json")
+    monkeypatch.setattr(auto, "_MEASURED", {})
+    with pytest.warns(UserWarning, match="ignoring the auto measurement store"):
+        assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None
+    assert len(json.loads(store.read_text())["entries"]) == 3  # rewritten whole
+
+    store.unlink()
+    monkeypatch.setenv(auto_store.ENV, "off")
+    monkeypatch.setattr(auto, "_MEASURED", {})
+    assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None and not store.exists()
 
 
 def test_generate_auto_reports_its_choice_and_keeps_greedy_tokens(pycode):
