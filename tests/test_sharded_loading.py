@@ -322,6 +322,13 @@ def worker(compare: list[str], argv: list[str]) -> dict:
             report["relayout_error"] = ""
         except jaxspec.GenerationError as e:
             report["relayout_error"] = str(e)
+        # As a later process would: auto's choice from the measurements the CLI's run stored
+        # (process 0 reads them and tells process 1), nothing measured again.
+        from jaxspec import auto
+
+        auto._MEASURED.clear()
+        again = jaxspec.generate(model, PROMPT, max_new_tokens=BUDGET, stop_at_eos=False, seed=SEED, method="auto")
+        report["recalled"] = dict(auto=again.auto, tokens=again.tokens)
     return report
 
 
@@ -349,6 +356,8 @@ def two_processes(small, tmp_path_factory):
               for i in range(PROCESSES)]
     envs = [dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n} {FAST_COMPILE}",
                  JAX_PLATFORMS="cpu") for n in (1, *[LOCAL_DEVICES] * PROCESSES)]
+    for env in envs[1:]:  # the pair keeps auto's measurements (process 0 writes them)
+        env["JAXSPEC_AUTO_CACHE"] = str(tmp / "auto.json")
     # The one-device reference first, then the pair: two processes, not three, share the cores
     # while the pair's collectives wait on each other.
     finished = run_processes(argvs[:1], envs[:1], timeout=120) + run_processes(argvs[1:], envs[1:], timeout=240)
@@ -369,7 +378,12 @@ def test_two_processes_print_the_one_device_tokens(two_processes):
     # The CLI's default method, auto, measured c in both processes and took process 0's numbers
     # in both: the same choice, the same reason, every candidate's c (the seconds spent differ).
     choices = [{k: v for k, v in cli["auto"].items() if k != "measure_seconds"} for cli, _ in sharded]
-    assert choices[0]["candidates"] and choices[0] == choices[1]
+    assert choices[0]["candidates"] and choices[0] == choices[1] and choices[0]["recalled"] is None
+    # Measured again in each process's own later call? No: the stored numbers, the same choice.
+    for (cli, report), choice in zip(sharded, choices):
+        again = report["recalled"]
+        assert again["tokens"] == single["tokens"] and again["auto"]["measure_seconds"] < 0.5  # read, not compiled
+        assert again["auto"]["recalled"] and again["auto"]["candidates"] == choice["candidates"]
 
 
 def test_each_process_holds_about_its_share(two_processes):
