@@ -100,14 +100,17 @@ def recall(key: tuple, size: int, measure: Callable[[], list[float]]) -> tuple[l
     Second: None when measured now, else where and when they were measured."""
     file = path()
     text = json.dumps(key, default=str)
-    entry = None
+    found, when = None, "by process 0"
     if file is not None and jax.process_index() == 0:
         entry = _read(file).get(text)
-        if entry is not None and len(entry.get("values", ())) != size:
-            entry = None
-    values = _from_process_0(None if entry is None else [float(v) for v in entry["values"]], size)
+        try:  # an entry edited by hand into something else is measured again, and replaced
+            found = [float(v) for v in entry["values"]] if len(entry["values"]) == size else None
+            when = str(entry["measured"])
+        except (TypeError, KeyError, ValueError):
+            found = None
+    values = _from_process_0(found, size)
     if values is not None:
-        return values, f"{file}, measured {entry['measured'] if entry else 'by process 0'}"
+        return values, f"{file}, measured {when}"
     values = [float(v) for v in measure()]
     if file is not None and jax.process_index() == 0:
         _write(file, text, values)

@@ -109,6 +109,14 @@ def test_measurements_outlive_the_process(pycode, monkeypatch, tmp_path):
     with pytest.warns(UserWarning, match="ignoring the auto measurement store"):
         assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None
     assert len(json.loads(store.read_text())["entries"]) == 3  # rewritten whole
+    data = json.loads(store.read_text())
+    for entry in data["entries"].values():
+        entry["values"] = ["x"]  # edited by hand: measured again, replaced
+    store.write_text(json.dumps(data))
+    monkeypatch.setattr(auto, "_MEASURED", {})
+    count = len(measured)
+    assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None and len(measured) == count + 2
+    assert all(len(e["values"]) > 1 for e in json.loads(store.read_text())["entries"].values())
 
     store.unlink()
     monkeypatch.setenv(auto_store.ENV, "off")
