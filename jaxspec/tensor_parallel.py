@@ -153,7 +153,7 @@ def shard(model, mesh: Mesh):
     """The model with its parameters laid out on `mesh` (a `tp_mesh`); `generate` then runs every
     method on that mesh. A new `Model` (its own compiled programs). `jaxspec.load(...,
     tensor_parallel=T)` reads the shards straight from the checkpoint instead."""
-    check_mesh(mesh)
+    check_mesh(mesh)  # before the layout is computed from its axes
     return on_mesh(model, jax.tree.map(put, model.params, param_shardings(model.params, model.config, mesh)), mesh)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,9 +22,9 @@ def pycode():
     return jaxspec.load("pycode-5M")
 
 
-def test_auto_toml_is_what_the_fit_writes(tmp_path):
+def test_auto_toml_is_what_the_fit_writes(tmp_path, monkeypatch):
     """configs/auto.toml is `benchmarks/fit_auto.py`'s output on the committed results, not edited."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import fit_auto
 
     fit_auto.main(["--out", str(tmp_path / "auto.toml")])

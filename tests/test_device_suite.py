@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -61,10 +60,7 @@ def test_device_suite_smoke_runs_every_part_and_matches_greedy(tmp_path):
 
 
 def test_report_shows_a_device_suite_result(tmp_path):
-    spec = importlib.util.spec_from_file_location("device_suite_report", REPO / "benchmarks" / "report.py")
-    report = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = report  # dataclasses look their module up
-    spec.loader.exec_module(report)
+    from test_benchmark_report import report
 
     r = {"benchmark": "device_suite", "smoke": False, "date": "2026-01-01T00:00:00+00:00", "command": "x",
          "machine": {"cpu": "c", "cpu_count": 16, "jax": "0.11", "jax_backend": "gpu", "device": "cuda:0"},

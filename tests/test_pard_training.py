@@ -286,7 +286,9 @@ def test_target_continuations_are_corpus_prefixes_plus_the_targets_own_greedy_te
     greedy = jaxspec.generate(target, [h.tolist() for h in heads], max_new_tokens=33 - 4, stop_at_eos=False).tokens
     for i, head in enumerate(heads):
         n = len(head)
-        np.testing.assert_array_equal(rows[i, :n], head)  # a real prefix of the training stream
+        np.testing.assert_array_equal(rows[i, :n], head)
+        starts = np.flatnonzero(np.all(np.lib.stride_tricks.sliding_window_view(stream, n) == head, axis=1))
+        assert len(starts), i  # a real stretch of the training stream
         if i < 5:  # the target's greedy continuation
             assert rows[i, n:].tolist() == greedy[i][:33 - n]
     assert any(rows[i, len(heads[i]):].tolist() != greedy[i][:33 - len(heads[i])] for i in range(5, 8))

@@ -24,6 +24,7 @@ from jaxspec.errors import CheckpointError, ConfigError
 from jaxspec.train import corpus
 from jaxspec.train.config import load_train_config, parse_train_config
 from jaxspec.train.trainer import train
+from processes import check_all_succeeded, free_port, run_processes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,12 +89,16 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in recs if "loss" in r}
 
 
+def _train_argv(config: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "jaxspec", "train", "--config", str(config), "--out", str(out), "--no-progress",
+            "--no-export", *extra]
+
+
 def _train_cli(config: Path, out: Path, *extra: str, env=None) -> subprocess.Popen:
     # stderr goes to a file: a full pipe would block the child while the test polls its checkpoints.
     log = open(out.parent / f"{out.name}{'-'.join(('', *extra))}.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "jaxspec", "train", "--config", str(config), "--out", str(out),
-                             "--no-progress", "--no-export", *extra],
-                            stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=REPO)
+    proc = subprocess.Popen(_train_argv(config, out, *extra), stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+                            cwd=REPO)
     proc.log = log  # Popen.stderr is None when stderr is a file: _stderr reads it back from here
     return proc
 
@@ -273,28 +278,15 @@ def test_sharded_training_on_8_devices_matches_1_device(corpus_dir, reference_ru
 def test_two_process_data_parallel_training_matches_one_process(corpus_dir, reference_run, tmp_path):
     """2 processes x 2 CPU devices (gloo, coordinator on 127.0.0.1): the 4-device data-parallel
     run gives the single-process loss curve; both processes finish; process 0 writes the metrics."""
-    import socket
-
     ref_out, _ = reference_run
     config = _write_toml(tmp_path / "dp.toml", _raw_config(corpus_dir, sample_prompts=["def get_"], sample_tokens=8))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
-    procs = []
-    try:
-        for i in range(2):
-            procs.append(_train_cli(config, tmp_path / "run", "--coordinator", f"127.0.0.1:{port}",
-                                    "--num-processes", "2", "--process-id", str(i), "--json", env=env))
-        outputs = [p.communicate(timeout=600) for p in procs]
-    finally:
-        for p in procs:  # a hung peer must not outlive the test
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p in procs:
-        assert p.returncode == 0, _stderr(p)[-3000:]
-    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    argvs = [_train_argv(config, tmp_path / "run", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
+                         "--process-id", str(i), "--json") for i in range(2)]
+    finished = run_processes(argvs, env, timeout=600)  # a hung peer is killed
+    check_all_succeeded(finished)
+    results = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in finished]
     assert results[0]["eval_loss"] == pytest.approx(results[1]["eval_loss"], rel=1e-6)
     ref, got = _losses(ref_out), _losses(tmp_path / "run")
     assert sorted(got) == sorted(ref)

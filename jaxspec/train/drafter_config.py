@@ -74,9 +74,9 @@ class DrafterTrainConfig:
 
 _CHOICES = {("pard", "attention"): ("xla", "pallas")}
 
-# What `train-drafter --resume` may change: the LM trainer's resumable keys, and the attention
-# kernel (the same drafter computed by another backend) and where generated data is cached. The target, the drafter's init and
-# architecture, the PARD objective, the data and the optimizer are fixed for a run.
+# What `train-drafter --resume` may change: the LM trainer's resumable keys, the attention kernel
+# (the same drafter computed by another backend) and where generated data is cached. The target,
+# the drafter's init and architecture, the PARD objective, the data and the optimizer are fixed.
 RESUMABLE_DRAFTER_KEYS = RESUMABLE_KEYS | {"pard.attention", "distill.cache"}
 
 

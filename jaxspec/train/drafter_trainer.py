@@ -224,7 +224,7 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     fingerprint = hashlib.sha256(json.dumps(dataclasses.asdict(cfg.data), sort_keys=True).encode()
                                  + tok_path.read_bytes()).hexdigest()[:16]
     data_meta = corpus.prepare_data(cfg.data, TokenizerConfig(vocab_size=target.config.vocab_size), out / "data",
-                        cfg.train.seed, fingerprint, log=say, tokenizer_model=tok_path, rebuild=not resume)
+                                    cfg.train.seed, fingerprint, log=say, tokenizer_model=tok_path, rebuild=not resume)
     out.mkdir(parents=True, exist_ok=True)  # prepare_data made it, once the corpus was found
     train_data = corpus.PackedData(out / "data" / "train.npy", cfg.data.seq_len)
     heldout = corpus.PackedData(out / "data" / "heldout.npy", cfg.data.seq_len)
