@@ -19,13 +19,11 @@ import re
 import sys
 from pathlib import Path
 
+from jaxspec import perf
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = ROOT / "configs" / "auto.toml"
-
-
-def block_tokens(w: int, n: int, g: int) -> int:
-    return 1 + (w - 1) + (n - 2) * w + g * (n - 1)
 
 
 def _lookahead(label: str):
@@ -56,7 +54,7 @@ def measured() -> dict:
 
 
 def fit(runs: list) -> dict:
-    points = [(block_tokens(*cfg), s) for label, s in runs if (cfg := _lookahead(label))]
+    points = [(perf.lookahead_block_tokens(*cfg), s) for label, s in runs if (cfg := _lookahead(label))]
     slope = sum((s - 1) * math.log(t) for t, s in points) / sum(math.log(t) ** 2 for t, _ in points)
     worst = max(abs(1 + slope * math.log(t) - s) / s for t, s in points)
     out = {"lookahead_slope": round(slope, 4), "lookahead_points": len(points), "lookahead_max_error": round(worst, 3)}

@@ -271,12 +271,13 @@ def paper_rows() -> list[dict]:
 
 
 def paper_table() -> list[str]:
+    rows = paper_rows()
     lines = [f"LLaMA-2-7B (hidden 4096, 32 layers, 32 heads, ffn 11008, vocab 32000), fp16, batch 1, cache "
-             f"{PAPER['cache_len']}, (W, N, G) = (15, 5, 15): T = {paper_rows()[0]['tokens']} block tokens. "
+             f"{PAPER['cache_len']}, (W, N, G) = (15, 5, 15): T = {rows[0]['tokens']} block tokens. "
              f"S = {PAPER['S']} (reported, prompt pool on); reported speed-up {PAPER['speedup']}x.", "",
              "| stack | predicted greedy ms/token | predicted c(T) | predicted speed-up S / c | reported | error |",
              "|---|---:|---:|---:|---:|---:|"]
-    for r in paper_rows():
+    for r in rows:
         lines.append(f"| {r['label']} | {r['greedy_ms']:.1f} | {r['c']:.3f} | {r['predicted']:.2f}x | "
                      f"{r['reported']:.2f}x | {100 * r['error']:+.0f}% |")
     return lines
@@ -294,12 +295,12 @@ def method_S() -> dict:
 
 
 def prediction_rows() -> list[dict]:
-    rows = []
+    rows, methods = [], method_S()
     for model_name, cfg in TARGETS.items():
         for hw in HARDWARE:
             profile = perf.PROFILES[hw]
             for batch in (1, 8):
-                for name, (t, s, source) in method_S().items():
+                for name, (t, s, source) in methods.items():
                     cost = perf.forward_cost(cfg, t, batch, 4096, 2, profile, "fused")
                     c = perf.step_cost(cfg, t, batch, 4096, 2, profile, "fused")
                     c_xla = perf.step_cost(cfg, t, batch, 4096, 2, profile, "unfused")

@@ -44,7 +44,7 @@ SYNTHETIC = {
 CONFIGS = [(1, 3, 1), (4, 3, 4), (8, 4, 8), (15, 5, 15), (7, 5, 7), (10, 5, 10)]
 
 
-def synthetic_model(size: str | dict, dtype: str, attention: str = "xla", name: str | None = None) -> Model:
+def synthetic_model(size: str | dict, dtype: str, name: str | None = None) -> Model:
     """A random-weight Llama, built on the default device by one compiled init: `size` names a
     `SYNTHETIC` shape or is such a dict (vocabulary 32000 unless it says)."""
     shape = dict(SYNTHETIC[size] if isinstance(size, str) else size)
@@ -52,7 +52,7 @@ def synthetic_model(size: str | dict, dtype: str, attention: str = "xla", name: 
     cfg = ModelConfig(model_type="llama", head_dim=shape["hidden_size"] // shape["num_heads"],
                       max_position_embeddings=4096, bos_token_id=1, eos_token_ids=(2,), **shape)
     jdtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
-    module = nnx.jit(lambda: Transformer(cfg, dtype=jdtype, attention=attention, rngs=nnx.Rngs(0)))()
+    module = nnx.jit(lambda: Transformer(cfg, dtype=jdtype, rngs=nnx.Rngs(0)))()
     return Model.from_module(module, dtype=dtype, source=f"synthetic-{name or size}")
 
 

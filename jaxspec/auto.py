@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxspec import auto_store
+from jaxspec import auto_store, perf
 from jaxspec.errors import GenerationError
 from jaxspec.kv_cache import KVCache
 from jaxspec.masks import TreeMask
@@ -59,12 +59,6 @@ REPEATS = 3
 # them (a forward's time is piecewise about linear in T: flat while memory-bound, then
 # growing with the FLOPs). Three compiles instead of one per candidate.
 MEASURED_SIZES = (1, 16, 128)
-
-
-def lookahead_tokens(window: int, ngram: int, guesses: int) -> int:
-    """Block tokens of a lookahead step (`Engine.block_tokens`): the last token, the window's
-    (N-1) x W minus its first level's re-used slot, and G candidates of N-1 tokens."""
-    return 1 + (window - 1) + (ngram - 2) * window + guesses * (ngram - 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +123,7 @@ def candidates(model, lookahead_only: bool = False) -> list[Candidate]:
     expect = expectations(model_key(model))
     out = [Candidate("autoregressive", {}, 1, 1.0)]
     for w, n, g in LOOKAHEAD_GRID:
-        t = lookahead_tokens(w, n, g)
+        t = perf.lookahead_block_tokens(w, n, g)
         out.append(Candidate("lookahead", dict(window=w, ngram=n, guesses=g), t,
                              1 + expect["lookahead_slope"] * math.log(t)))
     if lookahead_only:
@@ -137,7 +131,8 @@ def candidates(model, lookahead_only: bool = False) -> list[Candidate]:
     for key, s in expect.items():
         if key.startswith("prompt_lookup_"):
             n, g = (int(x) for x in key.split("_")[2:])
-            out.append(Candidate("prompt-lookup", dict(ngram=n, guesses=g), 1 + g * (n - 1), s))
+            out.append(Candidate("prompt-lookup", dict(ngram=n, guesses=g), perf.prompt_lookup_block_tokens(n, g),
+                                 s))
         elif key.startswith("speculative_"):
             k = int(key.split("_")[1])
             out.append(Candidate("speculative", dict(draft_len=k), k + 1, s, drafter_tokens=k + 1))

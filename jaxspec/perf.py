@@ -151,12 +151,6 @@ class HardwareProfile:
                 raise ConfigError(f"HardwareProfile {self.name!r}: {name} needs increasing positive sizes and "
                                   "positive bytes/s")
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "HardwareProfile":
-        """The inverse of `dataclasses.asdict` after a JSON round trip (lists back to tuples)."""
-        tup = lambda v: tuple(tup(x) for x in v) if isinstance(v, list) else v  # noqa: E731
-        return cls(**{k: tup(v) for k, v in d.items()})
-
     def peak_flops(self, dtype_bytes: int) -> float:
         """Dense matmul peak at the compute dtype (2 bytes: bf16/fp16 tensor units; 4: fp32)."""
         return self.peak_bf16_flops if dtype_bytes == 2 else self.peak_fp32_flops
