@@ -137,6 +137,7 @@ class Suite:
             at += shares[part] / total
             self.part_end[part] = START + at * cfg["deadline"]
         self.current = "start-up"
+        self.models: dict = {}  # the random-weight models built so far, by slot ("1b" / "8b")
         self.data = {
             "benchmark": "device_suite", "smoke": args.smoke,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -289,7 +290,7 @@ def time_program(compiled, args: tuple, repeats: int) -> list[float]:
 
 def build_synthetic(suite: Suite, slot: str, part: str) -> jaxspec.Model | None:
     """The random-weight model of a slot ("1b" / "8b"), built once and kept for the other parts."""
-    cache = suite.__dict__.setdefault("models", {})
+    cache = suite.models
     if slot in cache:
         return cache[slot]
     name, shape = suite.cfg["models"][slot]
@@ -327,7 +328,7 @@ def part_step_cost(suite: Suite) -> None:
         cell_end = part_start + (n + 1) * (end - part_start) / len(cells)
         cell_end = max(cell_end, time.monotonic() + (end - time.monotonic()) / (len(cells) - n))
         name = cfg["models"][slot][0]
-        if not suite.fits(cfg["first_item_estimate"], cell_end) and slot not in suite.__dict__.get("models", {}):
+        if not suite.fits(cfg["first_item_estimate"], cell_end) and slot not in suite.models:
             for t in cfg["block_tokens"]:
                 suite.skip(part, {"model": name, "attention": backend, "T": t}, suite.skip_reason(
                     cfg["first_item_estimate"], cell_end))
@@ -345,7 +346,7 @@ def part_step_cost(suite: Suite) -> None:
                 r["c_min"] = r["seconds_min"] / base["seconds_min"]
                 r["c_median"] = r["seconds_median"] / base["seconds_median"]
     rows.sort(key=lambda r: (r["attention"] != "xla", r["params"], r["T"]))
-    suite.__dict__.get("models", {}).pop("8b", None)  # 16 GB the other parts do not use
+    suite.models.pop("8b", None)  # 16 GB the other parts do not use
 
 
 def step_cost_cell(suite: Suite, model: jaxspec.Model, name: str, backend: str, until: float) -> None:
