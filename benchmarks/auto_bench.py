@@ -46,7 +46,7 @@ def prompts_for(name: str, model, count: int) -> list:
 
         return [c["prompt"] for c in CASES[:count]]
     from real_bench import chat_prompt
-    from real_prompts import chat_prompts
+    from jaxspec.real_prompts import chat_prompts
 
     return [chat_prompt(model, c["messages"]) for c in chat_prompts("bench")[:count]]
 

@@ -72,7 +72,7 @@ def prompts_for(name: str, model) -> list[list[int]]:
 
         return [model.tokenizer.encode(p["text"]) for p in code_prompts(PROMPTS)]
     from jaxspec.chat import chat_prompt
-    from real_prompts import chat_prompts
+    from jaxspec.real_prompts import chat_prompts
 
     return [chat_prompt(model, c["messages"]) for c in chat_prompts("bench")[:PROMPTS]]
 

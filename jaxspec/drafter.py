@@ -12,9 +12,17 @@ h_{n-2} (x_{n-1} is the bonus token, which the target has not run on yet); train
 the same alignment (`jaxspec.train.pard_batch.feature_index`). The projection has no bias,
 so target-independent use is exactly "features = 0", and needs only the drafter.
 
+A draft vocabulary (FR-Spec, Zhao et al. 2025) restricts the drafter's head to V' token ids
+(`draft_vocab`, the most frequent target tokens of its training data): it drafts only those,
+the target still verifies over its full vocabulary, so outputs are unchanged (when sampling,
+the drafter's q is zero outside V', which speculative sampling handles exactly).
+
 On disk: an HF folder (config.json with a `"pard"` entry, model.safetensors, tokenizer)
 that any LLaMA loader reads, plus `projection.safetensors` (tensor `projection`,
-[len(target_layers) * target_hidden_size, hidden_size]) stored apart.
+[len(target_layers) * target_hidden_size, hidden_size]) stored apart. A drafter whose token
+embeddings are the target's (`shared_embeddings`, trained frozen) stores neither them nor a
+tokenizer: `draft.safetensors` holds the mask token's embedding row (and `draft_vocab`), and
+`load_drafter(folder, target=model)` takes the rest from the target.
 """
 
 from __future__ import annotations
@@ -26,14 +34,18 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
+from jaxspec.checkpoint.hf import WEIGHTS, read_config, save_hf_folder
+from jaxspec.checkpoint.params import model_from_tensors
 from jaxspec.checkpoint.safetensors_io import read_safetensors, write_safetensors
 from jaxspec.config import ModelConfig
 from jaxspec.errors import CheckpointError, GenerationError
-from jaxspec.loading import Model, load
+from jaxspec.loading import DTYPES, Model, load
 
 PROJECTION_FILE = "projection.safetensors"
+DRAFT_FILE = "draft.safetensors"  # draft_vocab ids and/or the mask embedding row (shared embeddings)
+EMBED_NAME = "model.embed_tokens.weight"
 
 
 @dataclasses.dataclass(eq=False)
@@ -46,6 +58,23 @@ class Drafter:
     feature_scale: float = 0.02
     draft_len: int = 8  # K the drafter was trained with (the default at decode time)
     projection: Float[Array, "f d"] | None = None  # None: target-independent use only
+    draft_vocab: Int[Array, " v"] | None = None  # the token ids the head covers (None: the whole vocabulary)
+    shared_embeddings: bool = False  # token embeddings are the target's (stored once, in the target)
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.target_vocab_size if self.draft_vocab is None else int(self.draft_vocab.shape[0])
+
+    def draft_head(self) -> Float[Array, "v d"] | None:
+        """The head's rows for the draft vocabulary (None: the full head is used), computed once."""
+        if self.draft_vocab is None:
+            return None
+        if getattr(self, "_head", None) is None:
+            module = self.model.module
+            w = (module.embed_tokens.embedding[...] if self.model.config.tie_word_embeddings
+                 else module.lm_head.kernel[...].T)
+            self._head = jnp.asarray(w[self.draft_vocab])
+        return self._head
 
     @property
     def feature_size(self) -> int:
@@ -54,7 +83,8 @@ class Drafter:
     def pard_config(self) -> dict:
         return {"mask_token_id": self.mask_token_id, "target_vocab_size": self.target_vocab_size,
                 "target_layers": list(self.target_layers), "target_hidden_size": self.target_hidden_size,
-                "feature_scale": self.feature_scale, "draft_len": self.draft_len}
+                "feature_scale": self.feature_scale, "draft_len": self.draft_len,
+                "draft_vocab_size": self.draft_vocab_size, "shared_embeddings": self.shared_embeddings}
 
     def check_compatible(self, target: ModelConfig) -> None:
         """A clear error unless this drafter can draft for `target` (same tokenizer/vocabulary)."""
@@ -72,15 +102,27 @@ class Drafter:
                 f"{target.num_layers}; use target-independent mode or the matching target")
 
     def save(self, folder: str | os.PathLike, dtype: str = "float32") -> Path:
-        folder = self.model.save(folder, dtype=dtype)
+        import ml_dtypes
+
+        np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}[dtype]
+        if self.shared_embeddings:  # everything but the target's embedding rows (and its tokenizer)
+            folder = save_hf_folder(self.model.module, folder, dtype=dtype)
+            tensors = read_safetensors(folder / WEIGHTS)
+            embedding = tensors.pop(EMBED_NAME)
+            write_safetensors(folder / WEIGHTS, tensors)
+            draft = {"mask_embedding": np.asarray(embedding[self.mask_token_id:], np_dtype)}
+        else:
+            folder = self.model.save(folder, dtype=dtype)
+            draft = {}
+        if self.draft_vocab is not None:
+            draft["draft_vocab"] = np.asarray(self.draft_vocab, np.int32)
+        if draft:
+            write_safetensors(folder / DRAFT_FILE, draft)
         cfg_path = folder / "config.json"
         hf = json.loads(cfg_path.read_text())
         hf["pard"] = self.pard_config()
         cfg_path.write_text(json.dumps(hf, indent=2) + "\n")
         if self.projection is not None:
-            import ml_dtypes
-
-            np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}[dtype]
             write_safetensors(folder / PROJECTION_FILE, {"projection": np.asarray(self.projection, np_dtype)})
         return folder
 
@@ -105,16 +147,45 @@ def embed_offset(projection: Float[Array, "f d"], features: Float[Array, "b t f"
     return scale * jnp.einsum("btf,fd->btd", features.astype(jnp.float32), projection.astype(jnp.float32))
 
 
-def load_drafter(path: str | os.PathLike, *, dtype: str = "float32", attention: str = "xla",
-                 target_independent: bool = False) -> Drafter:
-    """A drafter folder (see the module docstring); `target_independent` skips the projection."""
-    model = load(path, dtype=dtype, attention=attention)
-    folder = Path(model.source)
+def _pard_entry(folder: Path) -> dict:
     try:
-        pard = json.loads((folder / "config.json").read_text())["pard"]
-    except (OSError, KeyError, json.JSONDecodeError):
+        return json.loads((folder / "config.json").read_text())["pard"]
+    except (OSError, KeyError, json.JSONDecodeError, TypeError):
         raise CheckpointError(f"{folder} is not a PARD drafter (config.json has no \"pard\" entry); "
                               "train one with `jaxspec train-drafter`") from None
+
+
+def _load_shared(folder: Path, target: Model | None, dtype: str, attention: str) -> Model:
+    """A drafter stored without its token embeddings: the target's rows + its own mask row."""
+    if target is None:
+        raise CheckpointError(f"{folder} shares its token embeddings with its target; load it with "
+                              "load_drafter(folder, target=model) (generate(..., drafter=folder) does)")
+    cfg = read_config(folder)
+    tensors = read_safetensors(folder / WEIGHTS)
+    mask_row = np.asarray(read_safetensors(folder / DRAFT_FILE)["mask_embedding"], np.float32)
+    embedding = np.asarray(target.module.embed_tokens.embedding[...], np.float32)
+    if embedding.shape[1] != mask_row.shape[1] or embedding.shape[0] + len(mask_row) != cfg.vocab_size:
+        raise CheckpointError(f"{folder}: the target's embeddings {embedding.shape} do not fit this drafter "
+                              f"(vocabulary {cfg.vocab_size}, hidden {mask_row.shape[1]}); use the drafter's own target")
+    tensors[EMBED_NAME] = np.concatenate([embedding, mask_row])
+    module = model_from_tensors(cfg, tensors, dtype=DTYPES[dtype], attention=attention, source=str(folder))
+    return Model.from_module(module, tokenizer=target.tokenizer, dtype=dtype, source=str(folder))
+
+
+def load_drafter(path: str | os.PathLike, *, dtype: str = "float32", attention: str = "xla",
+                 target_independent: bool = False, target: Model | None = None) -> Drafter:
+    """A drafter folder (see the module docstring); `target_independent` skips the projection;
+    `target`: the model it drafts for (needed when the drafter shares the target's embeddings)."""
+    folder = Path(path)
+    pard = _pard_entry(folder)
+    if pard.get("shared_embeddings"):
+        model = _load_shared(folder, target, dtype, attention)
+    else:
+        model = load(path, dtype=dtype, attention=attention)
+        folder = Path(model.source)
+    draft_vocab = None
+    if (folder / DRAFT_FILE).exists() and "draft_vocab" in (draft := read_safetensors(folder / DRAFT_FILE)):
+        draft_vocab = jnp.asarray(draft["draft_vocab"], jnp.int32)
     projection = None
     if not target_independent and (folder / PROJECTION_FILE).exists():
         projection = jnp.asarray(read_safetensors(folder / PROJECTION_FILE)["projection"], jnp.float32)
@@ -123,7 +194,12 @@ def load_drafter(path: str | os.PathLike, *, dtype: str = "float32", attention: 
                       target_layers=tuple(int(i) for i in pard["target_layers"]),
                       target_hidden_size=int(pard["target_hidden_size"]),
                       feature_scale=float(pard.get("feature_scale", 0.02)),
-                      draft_len=int(pard.get("draft_len", 8)), projection=projection)
+                      draft_len=int(pard.get("draft_len", 8)), projection=projection, draft_vocab=draft_vocab,
+                      shared_embeddings=bool(pard.get("shared_embeddings", False)))
+    if draft_vocab is not None and (draft_vocab.shape[0] != int(pard.get("draft_vocab_size", -1))
+                                    or int(draft_vocab.max()) >= drafter.target_vocab_size):
+        raise CheckpointError(f"{folder / DRAFT_FILE}: draft_vocab does not match the config's draft_vocab_size "
+                              f"or holds ids outside the {drafter.target_vocab_size}-token vocabulary")
     if projection is not None and projection.shape != (drafter.feature_size, model.config.hidden_size):
         raise CheckpointError(f"{folder / PROJECTION_FILE} has shape {projection.shape}, expected "
                               f"{(drafter.feature_size, model.config.hidden_size)}; re-export the drafter")

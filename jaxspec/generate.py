@@ -109,7 +109,7 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
                                        stop_at_eos=stop_at_eos, stop_ids=stop_ids).items()}
         method, method_options, choice = _choose(model, prompt, rows, max_new_tokens, method, method_options,
                                                  generation)
-    name, spec, options = resolve_method(method, model.config, method_options, model.drafters)
+    name, spec, options = resolve_method(method, model.config, method_options, model.drafters, model)
     lp_devices = getattr(options, "lp_devices", 1)
     seed = int_arg("seed", seed, "an integer in [0, 2**32)", lambda n: 0 <= n < 2**32)
     stop_at_eos_flag = as_bool(stop_at_eos)

@@ -67,10 +67,11 @@ METHODS: dict[str, Method] = {
 ALIASES = {"greedy": "autoregressive"}
 
 
-def resolve_method(name: str, cfg: ModelConfig, options: dict, drafters: dict | None = None
+def resolve_method(name: str, cfg: ModelConfig, options: dict, drafters: dict | None = None, target=None
                    ) -> tuple[str, Method, Options]:
     """Canonical name, method, and its validated options with the model's defaults filled in
-    (`drafters`: the target's cache of loaded drafters, `Model.drafters`)."""
+    (`drafters`: the target's cache of loaded drafters, `Model.drafters`; `target`: the target
+    `Model`, which picks its shipped drafter and lends its embeddings to one that shares them)."""
     canonical = ALIASES.get(name, name)
     if canonical not in METHODS:
         raise GenerationError(f"unknown method {name!r}; available: {', '.join(sorted([*METHODS, *ALIASES]))}")
@@ -80,7 +81,7 @@ def resolve_method(name: str, cfg: ModelConfig, options: dict, drafters: dict | 
         raise GenerationError(f"method {canonical!r} has no option {unknown[0]!r}; "
                               f"its options: {', '.join(method.option_names) or 'none'}")
     given = {k: v for k, v in options.items() if v is not None}
-    return canonical, method, method.options.resolve(cfg, given, drafters)
+    return canonical, method, method.options.resolve(cfg, given, drafters, target)
 
 
 def bind(model, engine: Engine, options: Options) -> tuple[Any, Any]:

@@ -8,6 +8,7 @@ what `generate` reports. Options that name a drafter resolve it to a loaded `Dra
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 from pathlib import Path
@@ -18,12 +19,33 @@ from jaxspec.decoding.sources.drafter import DraftSpec
 from jaxspec.drafter import Drafter, load_drafter
 from jaxspec.errors import CheckpointError, ConfigError, GenerationError
 from jaxspec.loading import ASSETS, Model
+from jaxspec.loading import resolve as resolve_model
 from jaxspec.parallel import check_lp_devices
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 # The drafter used for a target when none is given: the default model's PARD-2 drafter,
 # shipped inside the package (its name can be passed instead of a path).
 DEFAULT_DRAFTER = "pycode-5M-pard2"
+# Shipped drafters by the named model they draft for (`jaxspec.loading.NAMED_MODELS`).
+SHIPPED_DRAFTERS = {"pycode-5M": DEFAULT_DRAFTER, "smollm2-135m-instruct": "smollm2-135m-instruct-pard2"}
+
+
+def shipped_drafter(target: Model | None, cfg: ModelConfig) -> Path | None:
+    """The shipped drafter folder for this target: the one trained for the named model the
+    target was loaded from, else (a target built in memory) the default model's when the
+    vocabularies agree; None when there is none."""
+    if target is not None:
+        for name, drafter in SHIPPED_DRAFTERS.items():
+            try:
+                same = resolve_model(name).resolve() == Path(target.source).resolve()
+            except (CheckpointError, OSError):
+                continue
+            if same and (ASSETS / drafter).exists():
+                return ASSETS / drafter
+    folder = ASSETS / DEFAULT_DRAFTER
+    if folder.exists() and json.loads((folder / "config.json").read_text())["pard"]["target_vocab_size"] == cfg.vocab_size:
+        return folder
+    return None
 
 
 def _check_int(method: str, name: str, value, low: int) -> None:
@@ -47,7 +69,8 @@ class Options:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
-    def resolve(cls, cfg: ModelConfig, given: dict, drafters: dict | None = None) -> "Options":
+    def resolve(cls, cfg: ModelConfig, given: dict, drafters: dict | None = None, target: Model | None = None
+                ) -> "Options":
         """Options from the caller's values (None = the model's default), validated. `drafters`:
         drafters already loaded for this target (`Model.drafters`), reused and filled in."""
         return cls(**given)
@@ -103,7 +126,7 @@ class LookaheadOptions(Options):
         object.__setattr__(self, "lp_devices", check_lp_devices(self.lp_devices))
 
     @classmethod
-    def resolve(cls, cfg, given, drafters=None):
+    def resolve(cls, cfg, given, drafters=None, target=None):
         return cls(**_fill_lookahead(cfg, given, ("window", "ngram", "guesses")))
 
 
@@ -117,7 +140,7 @@ class PromptLookupOptions(Options):
         _check_int("prompt-lookup", "guesses", self.guesses, 0)
 
     @classmethod
-    def resolve(cls, cfg, given, drafters=None):
+    def resolve(cls, cfg, given, drafters=None, target=None):
         return cls(**_fill_lookahead(cfg, given, ("ngram", "guesses")))
 
 
@@ -129,7 +152,7 @@ class JacobiOptions(Options):
         _check_int("jacobi", "window", self.window, 1)
 
     @classmethod
-    def resolve(cls, cfg, given, drafters=None):
+    def resolve(cls, cfg, given, drafters=None, target=None):
         return cls(**_fill_lookahead(cfg, given, ("window",)))
 
 
@@ -140,34 +163,34 @@ def find_drafter(name_or_path) -> Path:
     path = Path(name_or_path)
     if path.exists():
         return path
-    if str(name_or_path) == DEFAULT_DRAFTER:
-        return ASSETS / DEFAULT_DRAFTER
+    if str(name_or_path) in SHIPPED_DRAFTERS.values():
+        return ASSETS / str(name_or_path)
     raise GenerationError(f"drafter {str(name_or_path)!r} does not exist; pass a drafter folder "
-                          f"(trained with `jaxspec train-drafter`) or {DEFAULT_DRAFTER!r}")
+                          f"(trained with `jaxspec train-drafter`) or one of {', '.join(SHIPPED_DRAFTERS.values())}")
 
 
-def resolve_drafter(cfg: ModelConfig, drafter, target_features: bool | None, drafters: dict | None = None
-                    ) -> tuple[Drafter, bool]:
+def resolve_drafter(cfg: ModelConfig, drafter, target_features: bool | None, drafters: dict | None = None,
+                    target: Model | None = None) -> tuple[Drafter, bool]:
     """A `Drafter` for this target: given (a Drafter, a drafter folder or name, or a loaded
-    drafter `Model`), or the shipped default drafter when the target is the default model.
-    Drafters read from disk are kept in `drafters` (keyed by folder and mode) for the next call."""
+    drafter `Model`), or the shipped drafter of the target (`shipped_drafter`).
+    Drafters read from disk are kept in `drafters` (keyed by folder and mode) for the next call;
+    `target` gives a drafter that shares the target's embeddings its rows."""
     independent = target_features is False
     drafters = {} if drafters is None else drafters
 
     def load(folder: Path) -> Drafter:
         key = (str(folder.resolve()), independent)
         if key not in drafters:
-            drafters[key] = load_drafter(folder, target_independent=independent)
+            drafters[key] = load_drafter(folder, target_independent=independent, target=target)
         return drafters[key]
 
     if drafter is None:
-        folder = ASSETS / DEFAULT_DRAFTER
-        default = load(folder) if folder.exists() else None
-        if default is None or default.target_vocab_size != cfg.vocab_size:
+        folder = shipped_drafter(target, cfg)
+        if folder is None:
             raise GenerationError("speculative decoding needs a drafter for this model: pass drafter=PATH "
-                                  "(CLI: --drafter PATH); only the default model has a shipped drafter"
-                                  + ("" if folder.exists() else f" ({folder} is not installed)"))
-        drafter = default
+                                  "(CLI: --drafter PATH); shipped drafters exist for "
+                                  + ", ".join(SHIPPED_DRAFTERS))
+        drafter = load(folder)
     elif isinstance(drafter, (str, os.PathLike)):
         drafter = load(find_drafter(drafter))
     elif isinstance(drafter, Model):
@@ -213,10 +236,10 @@ class DrafterOptions(Options):
         _check_bool("bonus_in_context", self.bonus_in_context)
 
     @classmethod
-    def resolve(cls, cfg, given, drafters=None):
+    def resolve(cls, cfg, given, drafters=None, target=None):
         cls(**{**given, "drafter": None, "target_features": None})  # validates the plain values first
         drafter, target_features = resolve_drafter(cfg, given.get("drafter"), given.get("target_features"),
-                                                   drafters)
+                                                   drafters, target)
         draft_len = given.get("draft_len")
         return cls(**{**given, "drafter": drafter, "target_features": target_features,
                       "draft_len": drafter.draft_len if draft_len is None else draft_len})
@@ -225,12 +248,14 @@ class DrafterOptions(Options):
         d = self.drafter
         return DraftSpec(draft_len=self.draft_len, mask_token_id=d.mask_token_id, target_vocab_size=d.target_vocab_size,
                          target_layers=tuple(d.target_layers) if self.target_features else (),
-                         feature_scale=float(d.feature_scale), bonus_in_context=self.bonus_in_context)
+                         feature_scale=float(d.feature_scale), bonus_in_context=self.bonus_in_context,
+                         draft_vocab_size=0 if d.draft_vocab is None else d.draft_vocab_size)
 
     def source_weights(self, source) -> tuple[Any, dict]:
         """(graphdef, params) of the drafter source (`PardDrafter.load` reads them)."""
         d = self.drafter
-        return d.model.graphdef, {"model": d.model.params, "projection": d.projection if self.target_features else None}
+        return d.model.graphdef, {"model": d.model.params, "projection": d.projection if self.target_features else None,
+                                  "draft_head": d.draft_head(), "draft_vocab": d.draft_vocab}
 
     def as_dict(self) -> dict:
         return {**super().as_dict(), "drafter": self.drafter.model.source}
@@ -245,5 +270,6 @@ class HybridOptions(DrafterOptions, LookaheadOptions):
         LookaheadOptions.__post_init__(self)
 
     @classmethod
-    def resolve(cls, cfg, given, drafters=None):
-        return super().resolve(cfg, _fill_lookahead(cfg, given, ("window", "ngram", "guesses")), drafters)
+    def resolve(cls, cfg, given, drafters=None, target=None):
+        return super().resolve(cfg, _fill_lookahead(cfg, given, ("window", "ngram", "guesses")), drafters,
+                               target)

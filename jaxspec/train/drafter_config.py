@@ -12,6 +12,7 @@ from jaxspec.config import ModelConfig, RopeConfig
 from jaxspec.errors import ConfigError
 from jaxspec.train.config import (RESUMABLE_KEYS, ArchConfig, DataConfig, MeshConfig, OptimConfig, RunConfig,
                                   build_section, read_toml)
+from jaxspec.train.chat_data import ChatDataConfig
 from jaxspec.train.distill_data import DistillConfig
 
 
@@ -26,6 +27,8 @@ class DrafterInitConfig:
     # "scratch" ([model] architecture), "target:N" (the target's embeddings + first N layers), or an
     # HF folder of a smaller model / an earlier drafter with the target's tokenizer
     init: str = "scratch"
+    vocab: int = 0  # draft vocabulary V': the head covers the V' most frequent training tokens (0 = all)
+    shared_embeddings: bool = False  # keep the token embeddings the target's (frozen; not stored with the drafter)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +56,7 @@ class DrafterTrainConfig:
     pard: PardConfig = PardConfig()
     data: DataConfig = DataConfig(seq_len=128)
     distill: DistillConfig = DistillConfig()
+    chat: ChatDataConfig = ChatDataConfig()  # [data] corpus = "chat": chat-shaped distillation data
     optim: OptimConfig = OptimConfig()
     train: RunConfig = RunConfig()
     mesh: MeshConfig = MeshConfig()
@@ -119,6 +123,18 @@ def parse_drafter_config(raw: dict, where: str = "<config>") -> DrafterTrainConf
         raise bad("[pard] ce_alpha and kd_alpha are both 0, so there is nothing to train; set one > 0")
     if cfg.data.seq_len <= p.num_blocks:
         raise bad(f"[data] seq_len ({cfg.data.seq_len}) must exceed [pard] num_blocks ({p.num_blocks})")
+    c = cfg.chat
+    if cfg.data.corpus == "chat":
+        if c.questions + c.code_prompts == 0:
+            raise bad("[data] corpus = \"chat\" needs [chat] questions or code_prompts > 0")
+        if cfg.distill.sequences:
+            raise bad("[distill] continues corpus prefixes; with [data] corpus = \"chat\" set its sequences to 0")
+        if not 0 <= c.sampled_fraction <= 1 or not 0 <= c.heldout_fraction < 1 or c.batch_size < 1:
+            raise bad("[chat] needs sampled_fraction in [0, 1], heldout_fraction in [0, 1) and batch_size >= 1")
+    if cfg.drafter.vocab < 0:
+        raise bad(f"[drafter] vocab must be >= 0 (0 = the full vocabulary), got {cfg.drafter.vocab}")
+    if cfg.drafter.shared_embeddings and cfg.drafter.init == "scratch":
+        raise bad("[drafter] shared_embeddings needs the target's embedding width: use init = \"target:N\"")
     d = cfg.distill
     if d.sequences and (d.min_prefix > d.max_prefix or d.max_prefix >= cfg.data.seq_len):
         raise bad(f"[distill] needs min_prefix <= max_prefix < [data] seq_len, got {d.min_prefix}, {d.max_prefix}, "

@@ -35,7 +35,7 @@ from jaxspec.drafter import Drafter, default_target_layers, load_drafter
 from jaxspec.errors import CheckpointError, ConfigError
 from jaxspec.loading import Model
 from jaxspec.model import Transformer
-from jaxspec.train import corpus, distill_data
+from jaxspec.train import chat_data, corpus, distill_data
 from jaxspec.train.acceptance import AcceptanceStats, acceptance
 from jaxspec.train.config import TokenizerConfig, check_resume_config
 from jaxspec.train.drafter_config import RESUMABLE_DRAFTER_KEYS, DrafterTrainConfig
@@ -118,13 +118,38 @@ def init_projection(cfg: DrafterTrainConfig, feature_size: int, hidden_size: int
     return 0.02 * jax.random.normal(jax.random.key(cfg.train.seed + 1), (feature_size, hidden_size), jnp.float32)
 
 
+def draft_vocabulary(tokens: np.ndarray, size: int, vocab_size: int, always: tuple[int, ...] = ()) -> np.ndarray | None:
+    """FR-Spec's draft vocabulary: the `size` most frequent ids of `tokens` (ties: lower id
+    first), `always` (the end-of-turn ids) included; None when `size` is 0 or covers everything."""
+    if size == 0 or size >= vocab_size:
+        return None
+    counts = np.bincount(np.asarray(tokens, np.int64), minlength=vocab_size)[:vocab_size]
+    counts[list(always)] = counts.max() + 1
+    return np.sort(np.argsort(-counts, kind="stable")[:size]).astype(np.int32)
+
+
+def _embedding(params) -> jax.Array:
+    return next(x for path, x in jax.tree_util.tree_leaves_with_path(params) if "embed_tokens" in jax.tree_util.keystr(path))
+
+
+def keep_target_embeddings(drafter_params, target_params):
+    """Shared embeddings: the drafter's token-embedding rows below the mask id set back to the
+    target's after every update (only the mask row trains), so the export need not store them."""
+    table = _embedding(target_params)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: x.at[:table.shape[0]].set(table.astype(x.dtype)) if "embed_tokens" in jax.tree_util.keystr(path)
+        else x, drafter_params)
+
+
 def make_drafter_steps(drafter_graphdef, target_graphdef, cfg: DrafterTrainConfig, layers: tuple[int, ...],
-                       optimizer, compute_dtype, param_shardings, opt_shardings):
-    """Jitted (train_step, eval_step) closed over both model graphs and the static settings."""
+                       optimizer, compute_dtype, param_shardings, opt_shardings, draft_vocab: np.ndarray | None = None):
+    """Jitted (train_step, eval_step) closed over both model graphs and the static settings.
+    `draft_vocab`: the drafter's head covers these ids only (CE on the rows whose label it
+    covers, KD against the target's distribution restricted to them)."""
     p = cfg.pard
     loss_cfg = LossConfig(cat=p.cat, ce_alpha=p.ce_alpha, kd_alpha=p.kd_alpha, temperature=p.temperature)
     k = p.num_blocks
-
+    vocab = None if draft_vocab is None else jnp.asarray(draft_vocab)
     def forward(params, target_params, batch, keep):
         target = nnx.merge(target_graphdef, target_params)
         t_logits, features = target_outputs(target, batch["inputs"], layers)
@@ -132,14 +157,14 @@ def make_drafter_steps(drafter_graphdef, target_graphdef, cfg: DrafterTrainConfi
         rows = None if projection is None else aligned_features(features, batch["block_ids"], batch["positions"], keep)
         drafter = nnx.merge(drafter_graphdef, jax.tree.map(lambda x: x.astype(compute_dtype), params["drafter"]))
         logits = drafter_logits(drafter, projection, p.feature_scale, batch["tokens"], batch["positions"],
-                                batch["block_ids"], rows)
+                                batch["block_ids"], rows, vocab)
         teacher = jnp.take_along_axis(t_logits, batch["positions"][..., None], axis=1)
         return logits, teacher, gold_log_probs(t_logits, batch["next_tokens"])
 
     def block_agreement(logits, teacher, batch):
         """Per block: fraction of rows whose draft is the target's argmax (teacher-forced)."""
-        vocab = teacher.shape[-1]
-        correct = (jnp.argmax(logits[..., :vocab], -1) == jnp.argmax(teacher, -1)) & batch["valid"]
+        drafts = jnp.argmax(logits[..., :teacher.shape[-1]], -1) if vocab is None else vocab[jnp.argmax(logits, -1)]
+        correct = (drafts == jnp.argmax(teacher, -1)) & batch["valid"]
         onehot = jax.nn.one_hot(batch["block_ids"], k) * batch["valid"][..., None]
         return (onehot * correct[..., None]).sum((0, 1)) / jnp.maximum(onehot.sum((0, 1)), 1), correct
 
@@ -147,7 +172,12 @@ def make_drafter_steps(drafter_graphdef, target_graphdef, cfg: DrafterTrainConfi
         keep = (jax.random.uniform(key, batch["tokens"].shape[:1]) >= p.gate_prob).astype(jnp.float32)
         logits, teacher, gold = forward(params, target_params, batch, keep)
         weights = row_weights(gold, batch["block_ids"], batch["positions"], batch["valid"], k, p.cat)
-        loss, metrics = pard_loss(logits, batch["labels"], weights, teacher, loss_cfg)
+        labels, ce_valid = batch["labels"], None
+        if vocab is not None:  # labels as draft-vocabulary columns; teacher restricted to them
+            column = jnp.full((teacher.shape[-1],), -1, jnp.int32).at[vocab].set(jnp.arange(vocab.shape[0]))
+            labels, ce_valid = jnp.maximum(column[labels], 0), column[labels] >= 0
+        loss, metrics = pard_loss(logits, labels, weights, teacher if vocab is None else teacher[..., vocab],
+                                  loss_cfg, ce_valid)
         metrics["block_agreement"] = block_agreement(logits, teacher, batch)[0]
         return loss, metrics
 
@@ -166,6 +196,8 @@ def make_drafter_steps(drafter_graphdef, target_graphdef, cfg: DrafterTrainConfi
         loss, metrics, grads = jax.tree.map(lambda g: g / n, (loss, metrics, grads))
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
+        if cfg.drafter.shared_embeddings:
+            params = {**params, "drafter": keep_target_embeddings(params["drafter"], target_params)}
         params = jax.lax.with_sharding_constraint(params, param_shardings)
         opt_state = jax.lax.with_sharding_constraint(opt_state, opt_shardings)
         return params, opt_state, {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads)}
@@ -189,7 +221,7 @@ def target_tokenizer(target: Model) -> Path:
 
 
 def export_drafter(cfg: DrafterTrainConfig, params, drafter_config, target: Model, layers: tuple[int, ...],
-                   folder: Path, dtype: str, card: str | None = None) -> Path:
+                   folder: Path, dtype: str, card: str | None = None, draft_vocab: np.ndarray | None = None) -> Path:
     """`Drafter.save` of trained params (+ a README model card)."""
     drafter_params = jax.tree.map(lambda x: jnp.asarray(host_copy(x), jnp.float32), params["drafter"])
     abstract = nnx.eval_shape(lambda: Transformer(drafter_config, dtype=jnp.float32, rngs=nnx.Rngs(0)))
@@ -199,7 +231,9 @@ def export_drafter(cfg: DrafterTrainConfig, params, drafter_config, target: Mode
     drafter = Drafter(model=model, mask_token_id=target.config.vocab_size, target_vocab_size=target.config.vocab_size,
                       target_layers=layers, target_hidden_size=target.config.hidden_size,
                       feature_scale=cfg.pard.feature_scale, draft_len=cfg.pard.num_blocks,
-                      projection=None if projection is None else jnp.asarray(host_copy(projection)))
+                      projection=None if projection is None else jnp.asarray(host_copy(projection)),
+                      draft_vocab=None if draft_vocab is None else jnp.asarray(draft_vocab),
+                      shared_embeddings=cfg.drafter.shared_embeddings)
     folder = drafter.save(folder, dtype=dtype)
     if card:
         (folder / "README.md").write_text(card)
@@ -220,16 +254,24 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     say = log if is_main else (lambda *a, **k: None)
     target = jaxspec.load(cfg.target.path, dtype="float32")
     layers = resolve_target_layers(cfg, target.config.num_layers)
-    tok_path = target_tokenizer(target)
-    fingerprint = hashlib.sha256(json.dumps(dataclasses.asdict(cfg.data), sort_keys=True).encode()
-                                 + tok_path.read_bytes()).hexdigest()[:16]
-    data_meta = corpus.prepare_data(cfg.data, TokenizerConfig(vocab_size=target.config.vocab_size), out / "data",
-                                    cfg.train.seed, fingerprint, log=say, tokenizer_model=tok_path, rebuild=not resume)
+    if cfg.data.corpus == "chat":  # the target's replies to chat prompts (`chat_data`)
+        data_meta = chat_data.prepare(target, cfg.chat, out / "data", cfg.train.seed,
+                                      distill_data.params_digest(target.params), log=say, progress=progress and is_main)
+        fingerprint = data_meta["fingerprint"]
+    else:
+        tok_path = target_tokenizer(target)
+        fingerprint = hashlib.sha256(json.dumps(dataclasses.asdict(cfg.data), sort_keys=True).encode()
+                                     + tok_path.read_bytes()).hexdigest()[:16]
+        data_meta = corpus.prepare_data(cfg.data, TokenizerConfig(vocab_size=target.config.vocab_size), out / "data",
+                                        cfg.train.seed, fingerprint, log=say, tokenizer_model=tok_path,
+                                        rebuild=not resume)
     out.mkdir(parents=True, exist_ok=True)  # prepare_data made it, once the corpus was found
     train_data = corpus.PackedData(out / "data" / "train.npy", cfg.data.seq_len)
     heldout = corpus.PackedData(out / "data" / "heldout.npy", cfg.data.seq_len)
     generated = distill_data.prepare(target, train_data, cfg.distill, out / "data", cfg.data.seq_len, cfg.train.seed,
                                      fingerprint, write=is_main, log=say, progress=progress and is_main)
+    draft_vocab = draft_vocabulary(train_data.tokens, cfg.drafter.vocab, target.config.vocab_size,
+                                   tuple(target.config.eos_token_ids))
 
     mesh = make_mesh(cfg.mesh)
     run, p = cfg.train, cfg.pard
@@ -260,7 +302,7 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     param_shardings, opt_shardings = begin.param_shardings, begin.opt_shardings
 
     train_step, eval_step = make_drafter_steps(drafter_graphdef, target.graphdef, cfg, layers, optimizer,
-                                               compute_dtype, param_shardings, opt_shardings)
+                                               compute_dtype, param_shardings, opt_shardings, draft_vocab)
     accum, batch = cfg.optim.grad_accum, run.batch_size
     counts = cod_counts(cfg.data.seq_len, p.num_blocks, p.cod_ratio, p.cod_min)
     micro_sharding, eval_sharding = batch_sharding(mesh, leading=1), batch_sharding(mesh)
@@ -269,6 +311,8 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     from_generated = 0 if generated is None else round(cfg.distill.fraction * examples_per_step)
     from_corpus = examples_per_step - from_generated
     data_summary = {"corpus_tokens": len(train_data.tokens), "corpus_files": len(data_meta["train_files"]),
+                    "chat": data_meta if cfg.data.corpus == "chat" else None,
+                    "draft_vocab": None if draft_vocab is None else len(draft_vocab),
                     "generated": 0 if generated is None else generated.num_sequences,
                     "from_generated": from_generated, "examples_per_step": examples_per_step}
     mask_id = target.config.vocab_size
@@ -351,10 +395,29 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     export_dir = None
     if export and is_main:
         export_dir = export_drafter(cfg, params, module.config, target, layers, out / "drafter", run.export_dtype,
-                                    card=drafter_card(cfg, layers, target, final, seconds, records, data_summary))
+                                    card=drafter_card(cfg, layers, target, final, seconds, records, data_summary),
+                                    draft_vocab=draft_vocab)
         say(f"exported {export_dir}")
     return DrafterTrainResult(out_dir=out, steps=run.steps, final_loss=loss, eval=final, seconds=seconds,
                               export_dir=export_dir)
+
+
+def chat_card_lines(meta: dict) -> list[str]:
+    """The card's account of chat data: prompts, the benchmark-overlap check, replies, stage costs."""
+    overlap = meta["benchmark_overlap"]
+    check = (f"prompts sharing a {overlap['ngram']}-word n-gram with "
+             + ", ".join(f"{k} ({n} texts)" for k, n in overlap["checked_against"].items())
+             + f" dropped: {overlap['dropped']}") if overlap.get("checked_against") else \
+        f"benchmark-overlap check NOT run ({overlap.get('reason')})"
+    stages = ", ".join(f"{name} {t['wall_s'] / 60:.1f} min ({t['cpu_s'] / 60:.1f} CPU-min)"
+                       for name, t in meta["stages"].items())
+    return [f"- chat prompts: {meta['prompts']['self-written']} questions the target wrote itself (of "
+            f"{meta['questions_asked']} asked) and {meta['prompts']['stdlib']} instructions from Python standard-library "
+            f"docstrings; {check}",
+            f"- the target's replies: {meta['replies']['greedy']} greedy, {meta['replies']['sampled']} sampled at T = 1 "
+            f"({meta['replies']['ended']} ended within the budget); {meta['train_tokens']:,} training / "
+            f"{meta['heldout_tokens']:,} held-out tokens",
+            f"- data stages (wall, summed over sessions): {stages}"]
 
 
 def drafter_card(cfg: DrafterTrainConfig, layers, target: Model, final: dict, seconds: float,
@@ -371,8 +434,11 @@ def drafter_card(cfg: DrafterTrainConfig, layers, target: Model, final: dict, se
              "Load it with `jaxspec.drafter.load_drafter(folder)` (target-dependent: needs the target's "
              f"hidden states at layers {list(layers)}) or `load_drafter(folder, target_independent=True)`.", "",
              "## Data",
-             f"- corpus `{cfg.data.corpus}`: {data['corpus_tokens']:,} training tokens ({data['corpus_files']} files; "
-             "the target's held-out files excluded)",
+             *(chat_card_lines(data["chat"]) if data.get("chat") else [
+                 f"- corpus `{cfg.data.corpus}`: {data['corpus_tokens']:,} training tokens ({data['corpus_files']} files; "
+                 "the target's held-out files excluded)"]),
+             *([f"- draft vocabulary: the {data['draft_vocab']:,} most frequent training tokens (of "
+                f"{target.config.vocab_size:,})"] if data.get("draft_vocab") else []),
              (f"- target continuations (sequence-level distillation): {data['generated']:,} sequences of "
               f"{cfg.data.seq_len + 1} tokens ({cfg.distill.greedy_sequences} greedy, {cfg.distill.sampled_sequences} "
               f"sampled at T = 1) after corpus prefixes of {cfg.distill.min_prefix}-{cfg.distill.max_prefix} tokens; "

@@ -80,27 +80,38 @@ def aligned_features(features: Float[Array, "b L f"], block_ids: Int[Array, "b n
 
 def drafter_logits(drafter: Transformer, projection: Float[Array, "f d"] | None, scale: float,
                    tokens: Int[Array, "b n"], positions: Int[Array, "b n"], block_ids: Int[Array, "b n"],
-                   features: Float[Array, "b n f"] | None) -> Float[Array, "b n V1"]:
+                   features: Float[Array, "b n f"] | None, vocab: Int[Array, " v"] | None = None
+                   ) -> Float[Array, "b n V1"]:
     """The drafter over a PARD batch (`PardMask`: the XLA path builds the dense relation, the
-    Pallas kernel evaluates it per tile); no features = target-independent."""
+    Pallas kernel evaluates it per tile); no features = target-independent. `vocab`: a draft
+    vocabulary; the logits are then over those ids only (column i = token vocab[i])."""
     b = tokens.shape[0]
     empty = init_cache(drafter, b, 0)
     offset = None if projection is None or features is None else embed_offset(projection, features, scale)
-    return drafter(tokens, positions, PardMask(block_ids=block_ids), empty, embed_offset=offset).logits
+    out = drafter(tokens, positions, PardMask(block_ids=block_ids), empty, embed_offset=offset,
+                  head="logits" if vocab is None else "none")
+    if vocab is None:
+        return out.logits
+    w = (drafter.embed_tokens.embedding[...] if drafter.config.tie_word_embeddings
+         else drafter.lm_head.kernel[...].T)[vocab]
+    return jnp.einsum("bnd,vd->bnv", out.final.astype(jnp.float32), w.astype(jnp.float32))
 
 
 def pard_loss(logits: Float[Array, "b n V1"], labels: Int[Array, "b n"], weights: Float[Array, "b n"],
-              teacher_logits: Float[Array, "b n V"], loss: LossConfig) -> tuple[Float[Array, ""], dict]:
+              teacher_logits: Float[Array, "b n V"], loss: LossConfig,
+              ce_valid: Bool[Array, "b n"] | None = None) -> tuple[Float[Array, ""], dict]:
     """ce_alpha * sum(w CE)/sum(w) + kd_alpha * sum(w T^2 KL(p_T^T || p_D^T))/sum(w).
 
     Only the first V (target-vocabulary) logits are scored: the mask id is an input, never
-    a draft. `weights` is 0 on rows that do not count."""
+    a draft. `weights` is 0 on rows that do not count; `ce_valid` false: the label cannot be
+    drafted (outside a draft vocabulary), so the row has no CE term (KD still applies)."""
     vocab = teacher_logits.shape[-1]
     logits = logits[..., :vocab].astype(jnp.float32)
     denom = jnp.maximum(weights.sum(), WEIGHT_FLOOR)
     logp = jax.nn.log_softmax(logits, axis=-1)
     ce = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
-    ce_loss = (weights * ce).sum() / denom
+    ce_weights = weights if ce_valid is None else jnp.where(ce_valid, weights, 0.0)
+    ce_loss = (ce_weights * ce).sum() / jnp.maximum(ce_weights.sum(), WEIGHT_FLOOR)
     total = loss.ce_alpha * ce_loss
     metrics = {"ce": ce_loss}
     if loss.kd_alpha > 0:

@@ -58,6 +58,7 @@ class DraftSpec:
     # bonus token. False: the drafter sees only target-verified tokens, so every feature is
     # the trained one, but it does not see the bonus (K masks, the first at the bonus's slot).
     bonus_in_context: bool = True
+    draft_vocab_size: int = 0  # > 0: the head covers only these many ids (`Drafter.draft_vocab`)
 
     @property
     def num_masks(self) -> int:
@@ -126,10 +127,20 @@ class PardDrafter:
         return chain(self.spec.draft_len)
 
     @staticmethod
-    def load(graphdef, params) -> tuple[Transformer, Float[Array, "f d"] | None]:
+    def load(graphdef, params) -> tuple[Transformer, Float[Array, "f d"] | None, dict | None]:
         """The weights travel as arguments (never compile-time constants): graphdef and
-        params of the drafter model, and the feature projection."""
-        return nnx.merge(graphdef, params["model"]), params["projection"]
+        params of the drafter model, the feature projection, and a draft vocabulary's head
+        rows and ids (None: the full head)."""
+        head = None if params.get("draft_head") is None else {"w": params["draft_head"], "ids": params["draft_vocab"]}
+        return nnx.merge(graphdef, params["model"]), params["projection"], head
+
+    def _draft_logits(self, drafter: Transformer, out, read, head) -> Float[Array, "b k v"]:
+        """float32 logits of the K read rows: over the target vocabulary, or over the draft
+        vocabulary (the head's rows for V' ids only: `head["ids"][i]` is column i's token)."""
+        rows = jnp.take_along_axis(out.final, read[..., None], axis=1)
+        if head is None:
+            return drafter.head_logits(rows)[..., :self.spec.target_vocab_size]
+        return jnp.einsum("bkd,vd->bkv", rows.astype(jnp.float32), head["w"].astype(jnp.float32))
 
     def _offset(self, projection, features):
         if not self.spec.target_features:
@@ -140,7 +151,7 @@ class PardDrafter:
         """Commit the prompt to the drafter (paired with the target's features over it). The
         pending run is then the first generated token (bonus in context) or the prompt's last
         token (the target has its hidden state)."""
-        drafter, projection = weights
+        drafter, projection, _ = weights
         spec, prompts, lengths, hidden = self.spec, start.prompts, start.prompt_lengths, start.hidden
         batch, p = prompts.shape
         rows = jnp.arange(batch)
@@ -149,7 +160,8 @@ class PardDrafter:
         # Token t is paired with the target's state at t-1; token 0 with zeros.
         shifted = jnp.concatenate([jnp.zeros_like(hidden[:, :1]), hidden[:, :-1]], axis=1)
         cache = init_cache(drafter, batch, start.cache_len)
-        out = drafter(prompts, positions, causal_mask(lengths, p), cache, embed_offset=self._offset(projection, shifted))
+        out = drafter(prompts, positions, causal_mask(lengths, p), cache, embed_offset=self._offset(projection, shifted),
+                      head="none")
         take = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (batch, p))
         last = lengths - 1
         pending = jnp.zeros((batch, pending_len), jnp.int32)
@@ -171,7 +183,7 @@ class PardDrafter:
 
     def propose(self, draft: DraftState, step: Step, weights):
         """One drafter forward: K drafts (and q when sampled); the pending run is committed."""
-        drafter, projection = weights
+        drafter, projection, head = weights
         spec = self.spec
         batch, pending_len = draft.pending.shape
         m = spec.num_masks
@@ -179,8 +191,8 @@ class PardDrafter:
         tokens = jnp.concatenate([draft.pending, jnp.full((batch, m), spec.mask_token_id, jnp.int32)], axis=1)
         features = jnp.concatenate([draft.features, jnp.repeat(draft.mask_feature[:, None], m, axis=1)], axis=1)
         out = drafter(tokens, draft.cache.lengths[:, None] + offsets, relation, draft.cache,
-                      embed_offset=self._offset(projection, features))
-        logits = jnp.take_along_axis(out.logits, read[..., None], axis=1)[..., :spec.target_vocab_size]
+                      embed_offset=self._offset(projection, features), head="none")
+        logits = self._draft_logits(drafter, out, read, head)
         take = jnp.broadcast_to(jnp.arange(pending_len, dtype=jnp.int32), (batch, pending_len))
         cache = commit(draft.cache, out.block_kv, take, jnp.where(step.active, draft.pending_count, 0))
         if self.sampled:
@@ -188,6 +200,10 @@ class PardDrafter:
             drafts = jax.random.categorical(step.key, warp_logits(logits, step.sampling), axis=-1).astype(jnp.int32)
         else:
             q, drafts = None, jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        if head is not None:  # draft-vocabulary indices -> token ids; q is 0 outside V'
+            drafts = head["ids"][drafts]
+            if q is not None:
+                q = jnp.zeros(q.shape[:-1] + (spec.target_vocab_size,), q.dtype).at[..., head["ids"]].set(q)
         return Branch(tokens=drafts, path_valid=jnp.ones((batch, 1), bool), q=q), draft.replace(cache=cache)
 
     def update(self, draft: DraftState, outcome: Outcome):

@@ -1,0 +1,300 @@
+"""Chat-shaped drafter data: offline prompts, the target's own replies, packed for training.
+
+A drafter for an instruction-tuned target drafts that target's replies to chat-templated
+prompts, so it is trained on exactly those (sequence-level distillation). Stages, each
+resumable after a kill (every batch is its own file, written atomically, and is a function of
+(seed, batch index) alone, so a resumed stage produces what an uninterrupted one would):
+
+1. **questions**: the target writes user questions itself (as Magpie, Xu et al. 2024): it is
+   given only the chat template's opening of a user turn and samples at T = 1 until its end
+   of turn; a question that runs out of `question_tokens` is dropped as unfinished.
+2. **code prompts**: programming instructions built from the docstrings of this
+   interpreter's Python standard library (public functions, tests excluded).
+3. **overlap check**: a prompt that shares any `overlap_ngram`-word n-gram with an MT-Bench
+   question (either turn) or a HumanEval prompt is dropped; the count is recorded. Without
+   the benchmark packages installed the check cannot run and the metadata says so.
+4. **replies**: the target's replies (greedy, and a seeded `sampled_fraction` at T = 1) to
+   each prompt rendered with its chat template (a plain prompt when it has none), up to
+   `reply_tokens`, batched through `jaxspec.generate`.
+5. **pack**: each conversation (rendered prompt + reply through its end of turn) joined into
+   `train.npy` / `heldout.npy` token streams (the held-out prompts chosen by a hash of
+   their text), the format of `corpus.PackedData`, plus `conversations.jsonl` to read.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from jaxspec.train.corpus import is_heldout, list_documents
+from jaxspec.train.config import DataConfig
+
+SENTINEL = "\x00QUESTION\x00"
+STDLIB_TEMPLATES = (
+    "Write a Python function `{signature}` that does this: {summary}",
+    "Implement `{signature}` in Python. {summary} Explain your code briefly.",
+    "What does `{qualname}` in Python's `{module}` module do? Its documentation says: \"{summary}\" "
+    "Give a short example.",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatDataConfig:
+    questions: int = 0  # user questions the target writes itself (sampled at T = 1)
+    code_prompts: int = 0  # programming instructions from the standard library's docstrings
+    question_tokens: int = 64  # most tokens of a self-written question (longer ones are dropped)
+    reply_tokens: int = 192  # most tokens of a reply
+    sampled_fraction: float = 0.25  # replies sampled at T = 1 (the rest greedy), drawn per prompt
+    batch_size: int = 32  # rows per generate call
+    heldout_fraction: float = 0.05  # of prompts, by a hash of the prompt text
+    overlap_ngram: int = 8  # word n-gram length of the benchmark-overlap check
+
+
+def _write_json(path: Path, value) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, indent=1))
+    tmp.replace(path)  # atomic: a killed stage never leaves half a file
+
+
+class StageClock:
+    """Wall and CPU seconds spent per stage, summed over every session that worked on it and
+    saved after each batch (a killed session loses at most the batch it was on)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.totals = json.loads(path.read_text()) if path.exists() else {}
+        self._mark = self._now()
+
+    @staticmethod
+    def _now() -> tuple[float, float]:
+        import resource
+
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return time.time(), usage.ru_utime + usage.ru_stime
+
+    def charge(self, stage: str) -> None:
+        """Add the time since the previous charge (or since the clock started) to `stage`."""
+        now = self._now()
+        spent = self.totals.get(stage, {"wall_s": 0.0, "cpu_s": 0.0})
+        self.totals[stage] = {"wall_s": round(spent["wall_s"] + now[0] - self._mark[0], 1),
+                              "cpu_s": round(spent["cpu_s"] + now[1] - self._mark[1], 1)}
+        self._mark = now
+        _write_json(self.path, self.totals)
+
+
+def user_turn(tokenizer) -> tuple[list[int], Callable[[str], list[int]]]:
+    """The ids that open a user turn (what the target continues to write a question), and the
+    function rendering a prompt for a reply; without a chat template: BOS and plain text."""
+    template = getattr(tokenizer, "chat_template", None)
+    if template is None:
+        return [tokenizer.bos_id] if tokenizer.bos_id is not None else [], tokenizer.encode
+    text = template.render([{"role": "user", "content": SENTINEL}], add_generation_prompt=True)
+    opening = text.split(SENTINEL)[0]
+    return (tokenizer.encode(opening, add_special_tokens=False),
+            lambda prompt: tokenizer.encode_chat([{"role": "user", "content": prompt}]))
+
+
+def _until_eos(tokens, eos: set[int]) -> tuple[list[int], bool]:
+    """Tokens through the first end of turn (inclusive), and whether there was one."""
+    out = []
+    for t in tokens:
+        out.append(int(t))
+        if int(t) in eos:
+            return out, True
+    return out, False
+
+
+def generate_questions(target, cfg: ChatDataConfig, folder: Path, seed: int, eos: set[int], clock: StageClock,
+                       progress: bool) -> list[str]:
+    """Stage 1: cfg.questions self-written questions (fewer: unfinished and empty ones dropped)."""
+    import jaxspec
+    from tqdm.auto import tqdm
+
+    opening, _ = user_turn(target.tokenizer)
+    batches = math.ceil(cfg.questions / cfg.batch_size)
+    out: list[str] = []
+    with tqdm(total=batches, unit="batch", desc="self-written questions", disable=not progress) as bar:
+        for i in range(batches):
+            path = folder / f"questions-{i:04d}.json"
+            if not path.exists():
+                rows = min(cfg.batch_size, cfg.questions - i * cfg.batch_size)
+                gen = jaxspec.generate(target, [opening] * cfg.batch_size, max_new_tokens=cfg.question_tokens,
+                                       temperature=1.0, seed=seed * 1_000_003 + i, stop_ids=tuple(eos))
+                texts = []
+                for row in gen.tokens[:rows]:
+                    ids, finished = _until_eos(row, eos)
+                    text = target.tokenizer.decode([t for t in ids if t not in eos]).strip() if finished else ""
+                    texts.append(text)
+                _write_json(path, texts)
+                clock.charge("questions")
+            out += [t for t in json.loads(path.read_text()) if t]
+            bar.update(1)
+    return out
+
+
+def stdlib_code_prompts(count: int, seed: int) -> list[str]:
+    """Stage 2: `count` instructions from public, documented standard-library functions."""
+    if count == 0:
+        return []
+    root, files = list_documents(DataConfig(corpus="stdlib", include=("*.py",)))
+    found = []
+    for rel in files:
+        try:
+            tree = ast.parse((root / rel).read_bytes())
+        except (SyntaxError, ValueError):
+            continue
+        module = rel[:-3].replace("/", ".").removesuffix(".__init__")
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            summary = " ".join(doc.split("\n\n")[0].split()) if doc else ""
+            if not 20 <= len(summary) <= 300:
+                continue
+            args = ", ".join(a.arg for a in node.args.args)
+            found.append((module, node.name, f"{node.name}({args})", summary))
+    rng = np.random.default_rng([seed, 23])
+    picks = rng.permutation(len(found))[:count]
+    return [STDLIB_TEMPLATES[rng.integers(len(STDLIB_TEMPLATES))].format(
+        module=found[i][0], qualname=f"{found[i][0]}.{found[i][1]}", signature=found[i][2], summary=found[i][3])
+        for i in picks]
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+def ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+    w = words(text)
+    return {tuple(w[i: i + n]) for i in range(len(w) - n + 1)}
+
+
+def benchmark_texts() -> dict[str, list[str]]:
+    """The prompts the training data must not contain: MT-Bench (both turns) and HumanEval.
+    Raises PromptDataError when a benchmark package is not installed."""
+    from jaxspec.real_prompts import humaneval_problems, mt_bench_questions
+
+    return {"mt_bench": [t for q in mt_bench_questions() for t in q["turns"]],
+            "humaneval": [p["prompt"] for p in humaneval_problems()]}
+
+
+def drop_overlaps(prompts: list[str], benchmarks: dict[str, list[str]], n: int) -> tuple[list[str], list[str]]:
+    """(kept, dropped): a prompt is dropped when it shares a word n-gram with any benchmark text."""
+    grams = set().union(*(ngrams(t, n) for texts in benchmarks.values() for t in texts))
+    kept, dropped = [], []
+    for p in prompts:
+        (dropped if ngrams(p, n) & grams else kept).append(p)
+    return kept, dropped
+
+
+def generate_replies(target, prompts: list[dict], cfg: ChatDataConfig, folder: Path, seed: int, eos: set[int],
+                     clock: StageClock, progress: bool) -> list[list[int]]:
+    """Stage 4: each prompt's reply ids (through its end of turn when it ended in the budget).
+    Rows are grouped by temperature and sorted by length, so a batch's prompts share a shape bucket."""
+    import jaxspec
+    from tqdm.auto import tqdm
+
+    order = sorted(range(len(prompts)), key=lambda i: (prompts[i]["temperature"], len(prompts[i]["ids"]), i))
+    batches = [order[lo: lo + cfg.batch_size] for lo in range(0, len(order), cfg.batch_size)]
+    # a batch never mixes temperatures
+    split = []
+    for b in batches:
+        temps = sorted({prompts[i]["temperature"] for i in b})
+        split += [[i for i in b if prompts[i]["temperature"] == t] for t in temps]
+    replies: list[list[int]] = [[] for _ in prompts]
+    with tqdm(total=len(split), unit="batch", desc="target replies", disable=not progress) as bar:
+        for n, part in enumerate(split):
+            path = folder / f"replies-{n:04d}.json"
+            if not path.exists():
+                padded = part + [part[0]] * (cfg.batch_size - len(part))  # one shape per length bucket
+                gen = jaxspec.generate(target, [prompts[i]["ids"] for i in padded], max_new_tokens=cfg.reply_tokens,
+                                       temperature=prompts[part[0]]["temperature"], seed=seed * 1_000_003 + n,
+                                       stop_ids=tuple(eos))
+                _write_json(path, {"prompts": part,
+                                   "replies": [_until_eos(gen.tokens[r], eos)[0] for r in range(len(part))]})
+                clock.charge("replies")
+            done = json.loads(path.read_text())
+            if done["prompts"] != part:
+                raise RuntimeError(f"{path} holds other prompts than this run's batch {n}; the data folder was "
+                                   "made from other settings: delete it or use another --out")
+            for i, reply in zip(done["prompts"], done["replies"]):
+                replies[i] = reply
+            bar.update(1)
+    return replies
+
+
+def fingerprint(cfg: ChatDataConfig, target_digest: str, seed: int) -> str:
+    return hashlib.sha256(json.dumps([dataclasses.asdict(cfg), target_digest, seed]).encode()).hexdigest()[:16]
+
+
+def prepare(target, cfg: ChatDataConfig, folder: Path, seed: int, target_digest: str, *, log: Callable = print,
+            progress: bool = True) -> dict:
+    """Build (or resume, or reuse) the chat data in `folder`; returns its metadata (`data.json`)."""
+    folder = Path(folder)
+    meta_path = folder / "data.json"
+    key = fingerprint(cfg, target_digest, seed)
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        if meta.get("fingerprint") == key:
+            return meta
+        raise RuntimeError(f"{folder} holds chat data made from other settings (fingerprint {meta.get('fingerprint')}, "
+                           f"now {key}); delete it or train into another --out")
+    stages = folder / f"chat-{key}"
+    stages.mkdir(parents=True, exist_ok=True)
+    eos = set(target.config.eos_token_ids)
+    clock = StageClock(stages / "timing.json")
+    questions = generate_questions(target, cfg, stages, seed, eos, clock, progress) if cfg.questions else []
+    code = stdlib_code_prompts(cfg.code_prompts, seed)
+    sources = [("self-written", q) for q in dict.fromkeys(questions)] + [("stdlib", c) for c in dict.fromkeys(code)]
+    try:
+        bench = benchmark_texts()
+        kept, dropped = drop_overlaps([p for _, p in sources], bench, cfg.overlap_ngram)
+        overlap = {"checked_against": {k: len(v) for k, v in bench.items()}, "ngram": cfg.overlap_ngram,
+                   "dropped": len(dropped), "dropped_prompts": dropped}
+        keep = set(kept)
+        sources = [(s, p) for s, p in sources if p in keep]
+    except Exception as e:  # the benchmark packages are not installed: say so, never claim a check
+        overlap = {"checked_against": None, "reason": str(e)}
+        log(f"benchmark-overlap check not run: {e}")
+    clock.charge("prompts")
+    _, render = user_turn(target.tokenizer)
+    rng = np.random.default_rng([seed, 29])
+    prompts = [{"source": s, "text": p, "ids": render(p),
+                "temperature": 1.0 if rng.random() < cfg.sampled_fraction else 0.0} for s, p in sources]
+    replies = generate_replies(target, prompts, cfg, stages, seed, eos, clock, progress)
+
+    streams: dict[str, list[int]] = {"train": [], "heldout": []}
+    with open(folder / "conversations.tmp", "w") as f:
+        for p, reply in zip(prompts, replies):
+            split = "heldout" if is_heldout(p["text"], cfg.heldout_fraction) else "train"
+            streams[split] += p["ids"] + reply
+            f.write(json.dumps({"split": split, "source": p["source"], "temperature": p["temperature"],
+                                "prompt": p["text"], "reply": target.tokenizer.decode(reply)}) + "\n")
+    (folder / "conversations.tmp").replace(folder / "conversations.jsonl")
+    for name, ids in streams.items():
+        tmp = folder / f"{name}.tmp.npy"
+        np.save(tmp, np.asarray(ids, np.uint32 if target.config.vocab_size >= 2**16 - 1 else np.uint16))
+        tmp.replace(folder / f"{name}.npy")
+    meta = {"fingerprint": key, "source": "chat", "prompts": {"self-written": sum(s == "self-written" for s, _ in sources),
+                                                               "stdlib": sum(s == "stdlib" for s, _ in sources)},
+            "questions_asked": cfg.questions, "benchmark_overlap": overlap,
+            "replies": {"greedy": sum(p["temperature"] == 0 for p in prompts),
+                        "sampled": sum(p["temperature"] > 0 for p in prompts),
+                        "ended": sum(bool(r) and r[-1] in eos for r in replies)},
+            "train_tokens": len(streams["train"]), "heldout_tokens": len(streams["heldout"]),
+            "reply_tokens": sum(len(r) for r in replies), "stages": clock.totals,
+            # what the trainer's card reads (the corpus' keys)
+            "train_files": [], "heldout_files": []}
+    _write_json(meta_path, meta)
+    log(f"chat data: {len(prompts)} prompts ({meta['prompts']}), {meta['train_tokens']:,} training / "
+        f"{meta['heldout_tokens']:,} held-out tokens")
+    return meta
