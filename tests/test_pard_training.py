@@ -332,3 +332,106 @@ def test_cli_set_overrides_reach_the_config(tmp_path, capsys):
     assert main(["train-drafter", "--config", str(path), "--set", "pardcod_min"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "expected SECTION.KEY=VALUE" in err
+
+
+# --- the chat recipe (configs/pard2_smollm2.toml) at a tiny budget ----------------------------
+
+SMOLLM2_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "pard2_smollm2.toml"
+
+
+def _chat_recipe(steps: int = 4):
+    """configs/pard2_smollm2.toml itself, only the target (the shipped 5M-parameter default model)
+    and the budget made tiny."""
+    return load_drafter_config(SMOLLM2_RECIPE, {
+        "target": {"path": "pycode-5M"}, "drafter": {"vocab": 96}, "pard": {"num_blocks": 4},
+        "data": {"seq_len": 32},
+        "chat": {"questions": 12, "code_prompts": 16, "question_tokens": 16, "reply_tokens": 32, "batch_size": 8,
+                 "heldout_fraction": 0.25},
+        "optim": {"warmup_steps": 1},
+        "train": {"steps": steps, "batch_size": 4, "log_every": 2, "eval_every": 100, "eval_batches": 1,
+                  "checkpoint_every": 2, "export_dtype": "float32"}})
+
+
+def test_chat_recipe_runs_end_to_end_and_each_stage_resumes_to_the_same_result(tmp_path):
+    import shutil
+
+    import jaxspec
+    from jaxspec.drafter import DRAFT_FILE, EMBED_NAME
+    from jaxspec.checkpoint.safetensors_io import read_safetensors
+
+    cfg = _chat_recipe()
+    quiet = dict(log=lambda *a, **k: None, progress=False)
+    full = train_drafter(cfg, tmp_path / "full", **quiet)
+    data = tmp_path / "full" / "data"
+    meta = json.loads((data / "data.json").read_text())
+    assert meta["prompts"]["stdlib"] == 16 and meta["too_long"] == 0 and meta["train_tokens"] > 0 and meta["heldout_tokens"] > 0
+    assert set(meta["stages"]) == {"questions", "prompts", "replies"}
+    assert all(t["wall_s"] > 0 for t in meta["stages"].values())
+
+    # Killed during data generation (after the first batch of each stage) and during training
+    # (after the step-2 checkpoint): the resumed run ends where the uninterrupted one did.
+    killed = tmp_path / "killed"
+    shutil.copytree(data, killed / "data")
+    stage_dir = next((killed / "data").glob("chat-*"))
+    for f in [*stage_dir.glob("questions-*.json"), *stage_dir.glob("replies-*.json")]:
+        if not f.stem.endswith("0000"):
+            f.unlink()
+    for name in ("data.json", "train.npy", "heldout.npy", "conversations.jsonl"):
+        (killed / "data" / name).unlink()
+    train_drafter(_chat_recipe(steps=2), killed, export=False, **quiet)
+    resumed = train_drafter(cfg, killed, resume=True, **quiet)
+    for name in ("train.npy", "heldout.npy"):
+        np.testing.assert_array_equal(np.load(killed / "data" / name), np.load(data / name))
+    assert resumed.final_loss == pytest.approx(full.final_loss, rel=1e-5)
+    a, b = read_safetensors(resumed.export_dir / "model.safetensors"), read_safetensors(full.export_dir / "model.safetensors")
+    assert a.keys() == b.keys() and EMBED_NAME not in a  # shared embeddings are not stored
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+    # The export: the draft vocabulary's 96 ids, the target's embeddings read back at load, and
+    # speculative decoding with it equals greedy (it drafts only from V', the target verifies all).
+    model = jaxspec.load("pycode-5M")
+    drafter = load_drafter(full.export_dir, target=model)
+    assert drafter.shared_embeddings and drafter.draft_vocab_size == 96
+    assert set(read_safetensors(full.export_dir / DRAFT_FILE)) == {"draft_vocab", "mask_embedding"}
+    np.testing.assert_array_equal(np.asarray(drafter.model.params["embed_tokens"]["embedding"][...])[:4096],
+                                  np.asarray(model.params["embed_tokens"]["embedding"][...]))
+    with pytest.raises(Exception, match="shares its token embeddings"):
+        load_drafter(full.export_dir)
+    prompt = np.load(data / "heldout.npy")[:12].tolist()
+    greedy = jaxspec.generate(model, prompt, max_new_tokens=24, stop_at_eos=False)
+    for method in ("speculative", "hybrid"):
+        out = jaxspec.generate(model, prompt, max_new_tokens=24, stop_at_eos=False, method=method,
+                               drafter=str(full.export_dir))
+        assert out.tokens == greedy.tokens, method
+
+
+def test_draft_vocabulary_is_the_most_frequent_ids_with_the_end_of_turn():
+    from jaxspec.train.drafter_trainer import draft_vocabulary
+
+    tokens = np.array([5, 5, 5, 7, 7, 9, 1, 1, 1, 1])
+    np.testing.assert_array_equal(draft_vocabulary(tokens, 2, 12), [1, 5])
+    np.testing.assert_array_equal(draft_vocabulary(tokens, 2, 12, always=(11,)), [1, 11])
+    assert draft_vocabulary(tokens, 0, 12) is None and draft_vocabulary(tokens, 12, 12) is None
+
+
+def test_benchmark_overlap_check_drops_a_prompt_that_quotes_a_benchmark():
+    from jaxspec.train.chat_data import drop_overlaps
+
+    bench = {"mt_bench": ["Compose an engaging travel blog post about a recent trip to Hawaii, highlighting "
+                          "cultural experiences and must-see attractions."]}
+    quoting = "Please compose an engaging travel blog post about a recent trip to Hawaii for me."
+    near = "Write a travel blog post about Hawaii."  # shares words but no 8-word run
+    kept, dropped = drop_overlaps([quoting, near], bench, 8)
+    assert kept == [near] and dropped == [quoting]
+
+
+def test_shipped_chat_recipe_data_share_nothing_with_the_benchmarks():
+    """The shipped drafter's card records the overlap check it ran; the packed prompts have none."""
+    from jaxspec.loading import ASSETS
+
+    card = ASSETS / "smollm2-135m-instruct-pard2" / "README.md"
+    if not card.exists():
+        pytest.skip("the SmolLM2 drafter is not shipped in this checkout")
+    text = card.read_text()
+    assert "benchmark-overlap check NOT run" not in text and "mt_bench (160 texts)" in text

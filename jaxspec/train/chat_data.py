@@ -270,6 +270,11 @@ def prepare(target, cfg: ChatDataConfig, folder: Path, seed: int, target_digest:
     rng = np.random.default_rng([seed, 29])
     prompts = [{"source": s, "text": p, "ids": render(p),
                 "temperature": 1.0 if rng.random() < cfg.sampled_fraction else 0.0} for s, p in sources]
+    # a prompt the target cannot reply to within its context is left out (and counted)
+    fits = [len(p["ids"]) + cfg.reply_tokens <= target.config.max_position_embeddings for p in prompts]
+    too_long = fits.count(False)
+    prompts = [p for p, ok in zip(prompts, fits) if ok]
+    sources = [(p["source"], p["text"]) for p in prompts]
     replies = generate_replies(target, prompts, cfg, stages, seed, eos, clock, progress)
 
     streams: dict[str, list[int]] = {"train": [], "heldout": []}
@@ -286,7 +291,7 @@ def prepare(target, cfg: ChatDataConfig, folder: Path, seed: int, target_digest:
         tmp.replace(folder / f"{name}.npy")
     meta = {"fingerprint": key, "source": "chat", "prompts": {"self-written": sum(s == "self-written" for s, _ in sources),
                                                                "stdlib": sum(s == "stdlib" for s, _ in sources)},
-            "questions_asked": cfg.questions, "benchmark_overlap": overlap,
+            "questions_asked": cfg.questions, "benchmark_overlap": overlap, "too_long": too_long,
             "replies": {"greedy": sum(p["temperature"] == 0 for p in prompts),
                         "sampled": sum(p["temperature"] > 0 for p in prompts),
                         "ended": sum(bool(r) and r[-1] in eos for r in replies)},
