@@ -45,12 +45,18 @@ def measured() -> dict:
     code = json.loads((RESULTS / "code_bench.json").read_text())
     runs["pycode-5M"] = [(k, v["S_total"]) for k, v in code["summary"].items()]
     spec = json.loads((RESULTS / "speculative_bench.json").read_text())
-    runs["pycode-5M"] += [(f"speculative K={m.group(1)}", v["S"]) for k, v in spec["methods"].items()
-                          if (m := re.match(r"speculative TD \(K=(\d+)\)$", k))]
+    runs["pycode-5M"] += [(_speculative_label(k), v["S"]) for k, v in spec["methods"].items()
+                          if _speculative_label(k) != k]
     real = json.loads((RESULTS / "real_bench.json").read_text())
-    runs["smollm2-135m-instruct"] = [(k, v["S_total"]) for k, v in real["summary"].items()
-                                     if not k.startswith("transformers")]
+    runs["smollm2-135m-instruct"] = [(_speculative_label(k), v["S_total"]) for k, v in real["summary"].items()
+                                     if not k.startswith("transformers") and k != "auto"]
     return runs
+
+
+def _speculative_label(label: str) -> str:
+    """real_bench's "speculative TD (K=4)" is auto's candidate "speculative K=4" (target features on)."""
+    m = re.match(r"speculative TD \(K=(\d+)\)$", label)
+    return f"speculative K={m.group(1)}" if m else label
 
 
 def fit(runs: list) -> dict:

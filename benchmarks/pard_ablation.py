@@ -42,9 +42,8 @@ from machine import ROOT, machine_info, repo_relative  # noqa: E402
 MODES = {"td": "target-dependent", "ti": "target-independent"}
 
 
-def greedy_sequences(target, prompts: list[str], new_tokens: int) -> list[tuple[list[int], int]]:
+def greedy_sequences(target, ids: list[list[int]], new_tokens: int) -> list[tuple[list[int], int]]:
     """(prompt + the target's greedy continuation, prompt length) per prompt."""
-    ids = [target.tokenizer.encode(text) for text in prompts]
     gen = jaxspec.generate(target, ids, max_new_tokens=new_tokens, stop_at_eos=False)  # one batched call
     return [(list(p) + list(g), len(p)) for p, g in zip(ids, gen.tokens)]
 
@@ -60,7 +59,9 @@ def measure(target, drafter, sequences, num_blocks: int, use_features: bool, chu
         t_logits, features = target_outputs(nnx.merge(target.graphdef, target.params), batch["inputs"], layers)
         rows = None if projection is None else aligned_features(features, batch["block_ids"], batch["positions"])
         logits = drafter_logits(nnx.merge(d_graph, d_params), projection, drafter.feature_scale, batch["tokens"],
-                                batch["positions"], batch["block_ids"], rows)
+                                batch["positions"], batch["block_ids"], rows, drafter.draft_vocab)
+        if drafter.draft_vocab is not None:  # columns are draft-vocabulary ids
+            return drafter.draft_vocab[jnp.argmax(logits, -1)] == batch["labels"]
         return jnp.argmax(logits[..., :drafter.target_vocab_size], -1) == batch["labels"]
 
     # One shape for every chunk (one compile): sequences right-padded to the longest. Rows only
@@ -110,6 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default=jaxspec.loading.DEFAULT_MODEL)
     ap.add_argument("--drafter", action="append", required=True, help="NAME=FOLDER (repeatable)")
     ap.add_argument("--prompts", type=int, default=20)
+    ap.add_argument("--chat", metavar="SPLIT", help="instead of code: the chat prompts of jaxspec.real_prompts' SPLIT "
+                    "(rendered with the target's chat template; --prompts of them)")
     ap.add_argument("--new-tokens", type=int, default=96, help="greedy continuation length per prompt")
     ap.add_argument("--k", type=int, default=None, help="drafts per step (default: each drafter's draft_len)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "pard_ablation"))
@@ -118,12 +121,22 @@ def main(argv=None) -> int:
 
     t0 = time.time()
     target = jaxspec.load(args.target)
-    prompts = code_prompts(args.prompts)
-    sequences = greedy_sequences(target, [p["text"] for p in prompts], args.new_tokens)
+    if args.chat:
+        from jaxspec.chat import chat_prompt
+        from jaxspec.real_prompts import chat_prompts
+
+        prompts = chat_prompts(args.chat)[:args.prompts]
+        ids = [chat_prompt(target, p["messages"]) for p in prompts]
+        names = [p["name"] for p in prompts]
+    else:
+        prompts = code_prompts(args.prompts)
+        ids = [target.tokenizer.encode(p["text"]) for p in prompts]
+        names = [f"{p['file']}:{p['line']}" for p in prompts]
+    sequences = greedy_sequences(target, ids, args.new_tokens)
     rows = []
     for spec in args.drafter:
         name, folder = spec.split("=", 1)
-        drafter = load_drafter(folder)
+        drafter = load_drafter(folder, target=target)
         drafter.check_compatible(target.config)
         k = args.k or drafter.draft_len
         for mode in MODES:
@@ -139,7 +152,7 @@ def main(argv=None) -> int:
             print(f"{name:>8} {MODES[mode]:>18}: {stats.mean_length:.3f} tokens/step, rates "
                   + " ".join(f"{x:.2f}" for x in stats.position_rates()), file=sys.stderr)
     result = {"benchmark": "pard_ablation", "target": args.target, "prompts": len(prompts),
-              "prompt_files": [f"{p['file']}:{p['line']}" for p in prompts], "new_tokens": args.new_tokens,
+              "prompt_files": names, "new_tokens": args.new_tokens, "prompt_kind": f"chat:{args.chat}" if args.chat else "code",
               "rows": rows, "seconds": round(time.time() - t0, 1), "machine": machine_info(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               **({"note": args.note} if args.note else {})}
@@ -154,8 +167,10 @@ def main(argv=None) -> int:
 
 def markdown(result: dict, columns: int = 8) -> str:
     k = min(max(r["k"] for r in result["rows"]), columns)
+    kind = "held-out code prompts" if result.get("prompt_kind", "code") == "code" else \
+        f"chat prompts ({result['prompt_kind'].split(':')[1]} split)"
     lines = [f"# PARD-2 ablation on {result['target']}", "",
-             f"{result['prompts']} held-out code prompts, greedy continuation of {result['new_tokens']} tokens; "
+             f"{result['prompts']} {kind}, greedy continuation of {result['new_tokens']} tokens; "
              "teacher-forced acceptance at every continuation position (acceptance length includes the bonus "
              "token; a_k = P(draft k accepted | drafts 1..k-1 accepted)). Brackets: 95% bootstrap intervals "
              "over prompts (2000 resamples). Every a_k up to each drafter's K is in the JSON."

@@ -46,6 +46,13 @@ METHODS = {
     "lookahead (5,3,5)": ("lookahead", {"window": 5, "ngram": 3, "guesses": 5}),
     "prompt lookup (N=4,G=8)": ("prompt-lookup", {"ngram": 4, "guesses": 8}),
     "jacobi (W=8)": ("jacobi", {"window": 8}),
+    # the shipped PARD-2 drafter (jaxspec/assets/smollm2-135m-instruct-pard2, found for the model by name)
+    **{f"speculative TD (K={k})": ("speculative", {"draft_len": k}) for k in (2, 4, 8)},
+    **{f"speculative TI (K={k})": ("speculative", {"draft_len": k, "target_features": False}) for k in (2, 4, 8)},
+    "hybrid (5,3,5) K=4": ("hybrid", {"window": 5, "ngram": 3, "guesses": 5, "draft_len": 4}),
+    # the setting auto picks per request (its measurements, which happen once per shape, excluded:
+    # they are reported apart as auto_measure_seconds)
+    "auto": ("auto", {}),
 }
 QUICK_METHODS = ("greedy", "lookahead (7,4,7)", "prompt lookup (N=4,G=8)", "jacobi (W=8)")
 HF_PEER = "transformers prompt lookup (10 tokens)"
@@ -118,7 +125,14 @@ def main(argv=None) -> int:
         out = jaxspec.generate(model, ids, max_new_tokens=args.new_tokens, method=method, stop_ids=stops,
                                stop_at_eos=args.eos_stop, **options)
         # (`seconds` is decode time: generate compiles ahead of time, outside it)
-        return {"tokens": out.tokens, "steps": out.steps, "seconds": out.seconds}
+        row = {"tokens": out.tokens, "steps": out.steps, "seconds": out.seconds}
+        if "accept_length" in out.extras:
+            row["accept_length"], row["draft_accepts"] = out.extras["accept_length"], out.extras["draft_accepts"]
+            row["target_steps"] = out.extras["target_steps"]
+        if out.auto is not None:
+            row["auto"] = {"method": out.method, "options": out.options.get("draft_len"),
+                           "reason": out.auto["reason"], "measure_seconds": out.auto["measure_seconds"]}
+        return row
 
     names = list(methods)
     rows = {name: [] for name in names}
@@ -150,13 +164,22 @@ def main(argv=None) -> int:
             "identical_to_greedy": sum(r["tokens"] == g["tokens"] for r, g in zip(rs, greedy)),
             "new_tokens": new,
         }
+        if rs and "draft_accepts" in rs[0]:  # per position k: P(draft k accepted | drafts 1..k-1 accepted)
+            accepts = np.sum([r["draft_accepts"] for r in rs], axis=0)
+            reached = np.concatenate([[sum(r["target_steps"] for r in rs)], accepts[:-1]])
+            summary[name]["position_rates"] = [round(float(a / max(b, 1)), 4) for a, b in zip(accepts, reached)]
+        if rs and "auto" in rs[0]:
+            summary[name]["auto_choices"] = sorted({f"{r['auto']['method']} K={r['auto']['options']}"
+                                                    if r["auto"]["options"] else r["auto"]["method"] for r in rs})
+            summary[name]["auto_measure_seconds"] = round(sum(r["auto"]["measure_seconds"] for r in rs), 1)
     for s in summary.values():
         s["speed_vs_greedy"] = s["tokens_per_second"] / summary["greedy"]["tokens_per_second"]
 
     suffix = "" if args.split == "bench" else f"_{args.split}"
     args.out.mkdir(parents=True, exist_ok=True)
     info = machine_info()
-    result = {"model": Path(model.source).name,  # (the file's name: its folder is this machine's) "split": args.split, "prompts": len(chats), "new_tokens": args.new_tokens,
+    result = {"model": Path(model.source).name,  # (the file's name: its folder is this machine's)
+              "split": args.split, "prompts": len(chats), "new_tokens": args.new_tokens,
               "eos_stop": args.eos_stop, "torch_threads": 1 if peer is not None else None,
               "load_seconds": load_seconds, "machine": info,
               "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -174,6 +197,17 @@ def main(argv=None) -> int:
         cats = " | ".join(f"{s['S_per_category'][c]:.2f}" for c in categories)
         lines.append(f"| {name} | {s['S_total']:.2f} | {cats} | {s['tokens_per_second']:.1f} | "
                      f"{s['speed_vs_greedy']:.2f}x | {s['identical_to_greedy']}/{len(chats)} |")
+    drafted = {n: s for n, s in summary.items() if "position_rates" in s}
+    if drafted:
+        lines += ["", "Per-position acceptance while decoding (P(draft k accepted | drafts 1..k-1 accepted)):", "",
+                  "| method | " + " | ".join(f"a{k + 1}" for k in range(8)) + " |", "|---|" + "---:|" * 8]
+        for n, s in drafted.items():
+            rates = s["position_rates"] + [None] * (8 - len(s["position_rates"]))
+            lines.append(f"| {n} | " + " | ".join("" if r is None else f"{r:.2f}" for r in rates[:8]) + " |")
+    for n, s in summary.items():
+        if "auto_choices" in s:
+            lines += ["", f"{n}: chose {', '.join(s['auto_choices'])}; its measurements took "
+                          f"{s['auto_measure_seconds']} s in all (once per request shape, not in tokens/s)"]
     (args.out / f"real_bench{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if not args.quick:

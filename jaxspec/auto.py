@@ -17,9 +17,10 @@ predicted at least WORTH_TIMING x greedy, is then timed against greedy on the re
 (`decode_seconds`: both decoding loops, compiled once and kept on the model for the run that
 follows; the tokens are the same, so the time ratio is the speed-up). It is chosen only if that
 measured speed-up reaches MARGIN: `auto` never picks what it measures to be slower than greedy.
-On a CPU lookahead's c is far above its S; speculative decoding with pycode-5M's shipped
-drafter at K = 4 (S 3.03, c ~1.8 by the forward) is worth timing there, and the timing on the
-request decides between it and greedy. On an accelerator at batch 1, c(T) stays near 1 up to
+On a CPU lookahead's c is far above its S; speculative decoding with a shipped drafter
+(pycode-5M's at K = 4: S 3.03, c ~1.8 by the forward; SmolLM2-135M-Instruct's, whose head
+covers a draft vocabulary, timed with that head) is worth timing there, and the timing on
+the request decides between it and greedy. On an accelerator at batch 1, c(T) stays near 1 up to
 ~100 tokens. Measurements are kept per model (checkpoint, dtype, attention, layout), backend
 and shape bucket for the process, and on disk for later processes on this machine
 (`jaxspec.auto_store`). In a multi-process run every process takes process 0's measurements
@@ -139,8 +140,9 @@ def candidates(model, lookahead_only: bool = False) -> list[Candidate]:
     return out
 
 
-def _forward(module_graphdef, params, batch: int, cache_len: int, tokens: int, cfg, dtype):
-    """A compiled forward of `tokens` tokens after a half-full cache, and its arguments."""
+def _forward(module_graphdef, params, batch: int, cache_len: int, tokens: int, cfg, dtype, head=None):
+    """A compiled forward of `tokens` tokens after a half-full cache, and its arguments.
+    `head`: a drafter's draft-vocabulary head rows, used instead of the model's full head."""
     cache = KVCache.zeros(cfg.num_layers, batch, cache_len, cfg.num_kv_heads, cfg.head_dim, dtype)
     cache = dataclasses.replace(cache, lengths=jnp.full((batch,), cache_len // 2, jnp.int32))
     ids = jnp.zeros((batch, tokens), jnp.int32)
@@ -148,21 +150,26 @@ def _forward(module_graphdef, params, batch: int, cache_len: int, tokens: int, c
     chain = TreeMask(pre=jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (batch, tokens)),
                      end=jnp.full((batch, tokens), tokens - 1, jnp.int32))  # each token sees the ones before
 
-    def run(params, ids, positions, mask, cache):
-        return nnx.merge(module_graphdef, params)(ids, positions, mask, cache, head="argmax").preds
+    def run(params, ids, positions, mask, cache, head):
+        module = nnx.merge(module_graphdef, params)
+        if head is None:
+            return module(ids, positions, mask, cache, head="argmax").preds
+        final = module(ids, positions, mask, cache, head="none").final
+        return jnp.argmax(jnp.einsum("btd,vd->btv", final.astype(jnp.float32), head.astype(jnp.float32)), -1)
 
-    args = (params, ids, positions, chain, cache)
+    args = (params, ids, positions, chain, cache, head)
     return jax.jit(run).lower(*args).compile(), args
 
 
-def forward_seconds(model, batch: int, cache_len: int, sizes: list[int], repeats: int = REPEATS) -> dict[int, float]:
+def forward_seconds(model, batch: int, cache_len: int, sizes: list[int], repeats: int = REPEATS, head=None
+                    ) -> dict[int, float]:
     """Seconds of one forward per block size: each compiled once, then timed `repeats` times,
     the sizes interleaved, the minimum kept. The sizes compile in threads, at once: XLA's compile,
     most of the measurement's time, runs outside Python's lock."""
     dtype = model.module.embed_tokens.embedding.dtype
     with ThreadPoolExecutor(len(sizes)) as pool:
-        compiled = pool.map(lambda t: _forward(model.graphdef, model.params, batch, cache_len, t, model.config, dtype),
-                            sizes)
+        compiled = pool.map(lambda t: _forward(model.graphdef, model.params, batch, cache_len, t, model.config, dtype,
+                                               head), sizes)
         programs = dict(zip(sizes, compiled))
     best = {t: np.inf for t in sizes}
     for t, (program, args) in programs.items():  # warm-up
@@ -202,9 +209,11 @@ def step_costs(model, batch: int, cache_len: int, options: list[Candidate]) -> t
     t0 = time.perf_counter()
     recalled = []
 
-    def forwards(m, sizes: list[int]) -> dict[int, float]:  # from the store, or timed now
-        times, where = auto_store.recall(("forward", *auto_store.model_identity(m), batch, cache_len, sizes),
-                                         len(sizes), lambda: list(forward_seconds(m, batch, cache_len, sizes).values()))
+    def forwards(m, sizes: list[int], head=None) -> dict[int, float]:  # from the store, or timed now
+        heads = () if head is None else (int(head.shape[0]),)  # a draft vocabulary's head is another program
+        times, where = auto_store.recall(("forward", *auto_store.model_identity(m), *heads, batch, cache_len, sizes),
+                                         len(sizes),
+                                         lambda: list(forward_seconds(m, batch, cache_len, sizes, head=head).values()))
         recalled.append(where)
         return dict(zip(sizes, times))
 
@@ -221,7 +230,7 @@ def step_costs(model, batch: int, cache_len: int, options: list[Candidate]) -> t
     drafter_seconds = {}
     if drafted:
         drafter = _default_drafter(model)
-        drafter_seconds = forwards(drafter.model, sorted(drafted))
+        drafter_seconds = forwards(drafter.model, sorted(drafted), drafter.draft_head())
     costs = {(c.block_tokens, c.drafter_tokens): (seconds(c.block_tokens) + drafter_seconds.get(c.drafter_tokens, 0.0))
              / measured[1] for c in options}
     _MEASURED[key] = costs, next((w for w in recalled if w), None)
@@ -246,7 +255,7 @@ def decode_seconds(model, prompt, max_new_tokens: int, method: str, options: dic
 def _default_drafter(model):
     from jaxspec.decoding.options import resolve_drafter
 
-    return resolve_drafter(model.config, None, None, model.drafters)[0]
+    return resolve_drafter(model.config, None, None, model.drafters, model)[0]
 
 
 def _bucket(n: int, size: int) -> int:
