@@ -18,7 +18,10 @@ prompt (the starting method rotates).
     python benchmarks/real_bench.py --split heldout --methods "greedy,lookahead (15,5,15)" --no-peer
     python benchmarks/real_bench.py --quick         # 2 prompts x 24 tokens, 4 methods, no plot
 
-Writes benchmarks/results/real_bench[_<split>].{json,md,png}.
+    python benchmarks/real_bench.py --name real_bench_drafter --no-peer --methods \
+        "greedy,speculative TD (K=2),speculative TD (K=4),speculative TD (K=8),speculative TI (K=4),hybrid (5,3,5) K=4,auto"
+
+Writes benchmarks/results/real_bench[_<split>].{json,md,png} (`--name` for another name).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import numpy as np
 
 import jaxspec
 from jaxspec.chat import chat_prompt, stop_ids
+import report
 from machine import ROOT, machine_info
 from jaxspec.real_prompts import chat_prompts
 
@@ -101,6 +105,8 @@ def main(argv=None) -> int:
     p.add_argument("--eos-stop", action="store_true", help="end each reply at the end of turn")
     p.add_argument("--no-peer", dest="peer", action="store_false", help="skip transformers")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--name", default="real_bench", help="result files' name (a run of other --methods keeps the "
+                   "default run's files): NAME[_<split>].{json,md,png}")
     args = p.parse_args(argv)
     if args.quick:
         args.split, args.new_tokens = "quick", 24
@@ -185,33 +191,14 @@ def main(argv=None) -> int:
               "date": datetime.datetime.now().isoformat(timespec="seconds"),
               "command": "python benchmarks/real_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "summary": summary, "runs": rows, "chats": [c["name"] for c in chats]}
-    (args.out / f"real_bench{suffix}.json").write_text(json.dumps(result, indent=1))
-    length = "up to {n} new tokens (reply ends at end of turn)" if args.eos_stop else "{n} new tokens each (EOS stop off)"
-    lines = [f"# SmolLM2-135M-Instruct (GGUF, float32) on {len(chats)} chat prompts ({args.split}), "
-             + length.format(n=args.new_tokens), "",
-             f"{info['cpu']} ({info['cpu_count']} cores), JAX {info['jax']}, {result['date']}; "
-             f"`jaxspec.load` of the GGUF: {load_seconds:.1f} s", "",
-             "| method | S total | " + " | ".join(categories) + " | tokens/s | vs greedy | identical to greedy |",
-             "|---|---:|" + "---:|" * len(categories) + "---:|---:|---:|"]
-    for name, s in summary.items():
-        cats = " | ".join(f"{s['S_per_category'][c]:.2f}" for c in categories)
-        lines.append(f"| {name} | {s['S_total']:.2f} | {cats} | {s['tokens_per_second']:.1f} | "
-                     f"{s['speed_vs_greedy']:.2f}x | {s['identical_to_greedy']}/{len(chats)} |")
-    drafted = {n: s for n, s in summary.items() if "position_rates" in s}
-    if drafted:
-        lines += ["", "Per-position acceptance while decoding (P(draft k accepted | drafts 1..k-1 accepted)):", "",
-                  "| method | " + " | ".join(f"a{k + 1}" for k in range(8)) + " |", "|---|" + "---:|" * 8]
-        for n, s in drafted.items():
-            rates = s["position_rates"] + [None] * (8 - len(s["position_rates"]))
-            lines.append(f"| {n} | " + " | ".join("" if r is None else f"{r:.2f}" for r in rates[:8]) + " |")
-    for n, s in summary.items():
-        if "auto_choices" in s:
-            lines += ["", f"{n}: chose {', '.join(s['auto_choices'])}; its measurements took "
-                          f"{s['auto_measure_seconds']} s in all (once per request shape, not in tokens/s)"]
-    (args.out / f"real_bench{suffix}.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{args.name}{suffix}.json").write_text(json.dumps(result, indent=1))
+    lines = [f"# SmolLM2-135M-Instruct (GGUF, float32) on {len(chats)} chat prompts ({args.split})", "",
+             f"{info['cpu']} ({info['cpu_count']} cores), JAX {info['jax']}, {result['date']}", "",
+             *report.real_bench(result)]
+    (args.out / f"{args.name}{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if not args.quick:
-        _plot(summary, categories, args.out / f"real_bench{suffix}.png", args.split)
+        _plot(summary, categories, args.out / f"{args.name}{suffix}.png", args.split)
     return 0 if all(s["identical_to_greedy"] == len(chats) for s in summary.values()) else 1
 
 

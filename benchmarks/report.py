@@ -121,12 +121,36 @@ def real_bench(r: dict) -> list[str]:
         cats = " | ".join(f"{s['S_per_category'][c]:.2f}" for c in categories)
         lines.append(f"| {name} | {s['S_total']:.2f} | {cats} | {s['tokens_per_second']:.1f} | "
                      f"{s['speed_vs_greedy']:.2f}x | {s['identical_to_greedy']}/{n} |")
+    drafted = {name: s for name, s in r["summary"].items() if "position_rates" in s}
+    if drafted:
+        lines += ["", "Per-position acceptance while decoding (a_k = P(draft k accepted | drafts 1..k-1 accepted)):",
+                  "", "| method | " + " | ".join(f"a_{k}" for k in range(1, 9)) + " |", "|---|" + "---:|" * 8]
+        for name, s in drafted.items():
+            rates = [f"{x:.2f}" for x in s["position_rates"][:8]]
+            lines.append(f"| {name} | " + " | ".join(rates + [""] * (8 - len(rates))) + " |")
+    for name, s in r["summary"].items():
+        if "auto_choices" in s:
+            lines += ["", f"{name} chose {', '.join(s['auto_choices'])}; its measurements took "
+                          f"{s['auto_measure_seconds']} s in all (once per request shape; not in its tokens/s)."]
     lade_rows, lade_totals = _lade_rows(r, [row["name"] for row in runs["greedy"]], categories)
     lines += lade_rows
     ours = r["summary"].get("lookahead (15,5,15)")
     if ours and "W15 N5 G15" in lade_totals:
         lines += ["", f"jaxspec lookahead (15,5,15) S / lade (15,5,15) S on the same prompts and lengths: "
                       f"**{ours['S_total'] / lade_totals['W15 N5 G15']:.3f}**."]
+    return lines
+
+
+def draft_vocab(r: dict) -> list[str]:
+    lines = [f"{r['prompts']} {r['split']} chats x {r['new_tokens']} tokens (EOS off), speculative TD K = {r['k']}, "
+             f"interleaved with greedy ({r['greedy_tokens_per_second']:.1f} tokens/s; one-token forward "
+             f"{r['greedy_forward_ms']:.1f} ms). The drafter was trained with V' = 8192.", "",
+             "| V' | S | drafter ms | verify ms | drafter share of a step | step cost (greedy steps) | tokens/s "
+             "| vs greedy | identical |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for size, x in r["rows"].items():
+        lines.append(f"| {size} | {x['S']:.2f} | {x['drafter_ms']:.1f} | {x['verify_ms']:.1f} | {x['drafter_share']:.0%} | "
+                     f"{x['step_cost']:.2f} | {x['tokens_per_second']:.1f} | {x['speed_vs_greedy']:.2f}x | "
+                     f"{x['identical_to_greedy']}/{r['prompts']} |")
     return lines
 
 
@@ -395,6 +419,20 @@ SECTIONS = [
             "problems)",
             'python benchmarks/real_bench.py --split heldout --methods "greedy,lookahead (15,5,15)" --no-peer',
             "The check of the bench split's lookahead-vs-lade figure on prompts it was not measured on.", real_bench),
+    Section("real_bench_drafter", "SmolLM2-135M-Instruct with its shipped PARD-2 drafter",
+            'python benchmarks/real_bench.py --name real_bench_drafter --no-peer --methods "greedy,speculative TD (K=2),'
+            'speculative TD (K=4),speculative TD (K=8),speculative TI (K=4),hybrid (5,3,5) K=4,auto"',
+            "The drafter `configs/pard2_smollm2.toml` trains (jaxspec/assets/smollm2-135m-instruct-pard2, draft "
+            "vocabulary 8192) on the bench chats: speculative decoding target-dependent (TD) and independent (TI), "
+            "hybrid with lookahead, and auto, interleaved with greedy in one run.", real_bench),
+    Section("real_bench_drafter_heldout", "The same on held-out chat prompts",
+            'python benchmarks/real_bench.py --name real_bench_drafter --split heldout --no-peer --methods '
+            '"greedy,speculative TD (K=4),auto"',
+            "The bench split's drafter speed-up checked on prompts it was not measured on.", real_bench),
+    Section("draft_vocab", "The SmolLM2 drafter's draft vocabulary V' and its share of a step",
+            "python benchmarks/draft_vocab.py --data runs/pard2-smollm2/data/train.npy",
+            "FR-Spec's draft vocabulary: the drafter's head over the V' most frequent training tokens. S, the "
+            "drafter's and the verification's forward times, and tokens/s against greedy in one run.", draft_vocab),
     Section("hf_compare", "jaxspec vs Hugging Face transformers: greedy and prompt lookup",
             "python benchmarks/hf_compare.py",
             "The same exported default checkpoint decoded by jaxspec (greedy, prompt lookup) and by transformers' "

@@ -294,8 +294,11 @@ def _identical_to_greedy(model, prompt_ids, tokens, greedy_tokens) -> str:
 
 
 def _stats_line(model, out, prompt_ids, greedy=None) -> str:
-    line = (f"[{out.method}] {len(out.tokens)} tokens in {out.steps} steps (S {out.compression:.2f}), "
+    setting = out.method + (f" K={out.options['draft_len']}" if "draft_len" in out.options else "")
+    line = (f"[{setting}] {len(out.tokens)} tokens in {out.steps} steps (S {out.compression:.2f}), "
             f"{out.tokens_per_second:.1f} tokens/s")
+    if out.auto is not None:
+        line += f"; chosen by auto: {out.auto['reason']}"
     if greedy is not None:
         speedup = out.tokens_per_second / max(greedy.tokens_per_second, 1e-9)
         line += (f"; greedy {greedy.tokens_per_second:.1f} tokens/s (speed-up {speedup:.2f}x); "

@@ -50,7 +50,7 @@ def _fake_costs(monkeypatch, per_token: float):
     """An accelerator-like forward: seconds = 1 + per_token * T (flat at small T)."""
     monkeypatch.setattr(auto, "_MEASURED", {})
     monkeypatch.setattr(auto, "forward_seconds",
-                        lambda model, batch, cache_len, sizes, repeats=3: {t: 1 + per_token * t for t in sizes})
+                        lambda model, batch, cache_len, sizes, repeats=3, head=None: {t: 1 + per_token * t for t in sizes})
 
 
 def test_a_fast_candidate_is_chosen_only_once_timed_faster(pycode, monkeypatch):

@@ -125,7 +125,9 @@ _NON_NEGATIVE = {("optim", "warmup_steps"), ("optim", "weight_decay"), ("train",
                  ("optim", "final_lr_fraction"), ("optim", "clip_norm"),
                  # drafter configs (jaxspec.train.drafter_config): loss weights and gating may be 0
                  ("pard", "ce_alpha"), ("pard", "kd_alpha"), ("pard", "gate_prob"),
-                 ("distill", "greedy_sequences"), ("distill", "sampled_sequences"), ("distill", "fraction")}
+                 ("distill", "greedy_sequences"), ("distill", "sampled_sequences"), ("distill", "fraction"),
+                 ("drafter", "vocab"), ("chat", "questions"), ("chat", "code_prompts"), ("chat", "sampled_fraction"),
+                 ("chat", "heldout_fraction")}
 _FRACTIONS = {("data", "heldout_fraction"), ("optim", "final_lr_fraction"), ("optim", "b1"), ("optim", "b2")}
 
 
