@@ -435,3 +435,15 @@ def test_shipped_chat_recipe_data_share_nothing_with_the_benchmarks():
         pytest.skip("the SmolLM2 drafter is not shipped in this checkout")
     text = card.read_text()
     assert "benchmark-overlap check NOT run" not in text and "mt_bench (160 texts)" in text
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"chat": {"questions": 0, "code_prompts": 0}}, "questions or code_prompts"),
+    ({"distill": {"greedy_sequences": 8}}, r"\[distill\] continues corpus prefixes"),
+    ({"chat": {"sampled_fraction": 1.5}}, "sampled_fraction"),
+    ({"drafter": {"vocab": -1}}, "vocab"),
+    ({"drafter": {"init": "scratch"}}, "shared_embeddings"),
+])
+def test_bad_chat_recipe_configs(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_drafter_config(SMOLLM2_RECIPE, overrides)

@@ -48,6 +48,10 @@ def test_chat_prompt_ids_equal_transformers(model):
     ("lookahead", dict(window=7, ngram=4, guesses=7)),
     ("prompt-lookup", dict(ngram=4, guesses=8)),
     ("jacobi", dict(window=6)),
+    # the shipped drafter (jaxspec/assets/smollm2-135m-instruct-pard2), found for the model by name
+    ("speculative", dict(draft_len=4)),
+    ("speculative", dict(draft_len=8, target_features=False)),
+    ("hybrid", dict(window=5, ngram=3, guesses=5, draft_len=4)),
 ])
 def test_continuations_equal_transformers_greedy(model, method, options):
     prompts = [c["prompt_ids"] for c in REFERENCES["chats"]]  # one batch: one compiled program per method
@@ -57,6 +61,21 @@ def test_continuations_equal_transformers_greedy(model, method, options):
         assert row == chat["continuation_ids"][:new], chat["name"]
     if method != "autoregressive":
         assert sum(out.steps) < len(prompts) * new  # drafts were accepted
+
+
+def test_the_shipped_drafter_is_found_and_auto_weighs_it(model):
+    from jaxspec import auto
+    from jaxspec.decoding.options import resolve_drafter
+
+    drafter = resolve_drafter(model.config, None, None, model.drafters, model)[0]
+    assert drafter.model.source.endswith("smollm2-135m-instruct-pard2")
+    assert drafter.shared_embeddings and drafter.draft_vocab_size == 8192 and drafter.projection is not None
+    # its embeddings are the target's own rows (stored once, in the GGUF), plus the mask row
+    import numpy as np
+
+    np.testing.assert_array_equal(np.asarray(drafter.model.params["embed_tokens"]["embedding"][...])[:49152],
+                                  np.asarray(model.params["embed_tokens"]["embedding"][...]))
+    assert any(c.method == "speculative" for c in auto.candidates(model))
 
 
 def test_chat_cli_one_message(capsys):

@@ -150,6 +150,7 @@ def make_drafter_steps(drafter_graphdef, target_graphdef, cfg: DrafterTrainConfi
     loss_cfg = LossConfig(cat=p.cat, ce_alpha=p.ce_alpha, kd_alpha=p.kd_alpha, temperature=p.temperature)
     k = p.num_blocks
     vocab = None if draft_vocab is None else jnp.asarray(draft_vocab)
+
     def forward(params, target_params, batch, keep):
         target = nnx.merge(target_graphdef, target_params)
         t_logits, features = target_outputs(target, batch["inputs"], layers)
@@ -424,6 +425,7 @@ def drafter_card(cfg: DrafterTrainConfig, layers, target: Model, final: dict, se
                  records: list[dict], data: dict) -> str:
     losses = [r["loss"] for r in records if "loss" in r]
     cpu = next((r["cpu_seconds"] for r in reversed(records) if "cpu_seconds" in r), None)
+    seconds = next((r["wall_seconds"] for r in reversed(records) if "wall_seconds" in r), seconds)  # all sessions
     mode = ("CAT" if cfg.pard.cat else "uniform CE") + (" + KD" if cfg.pard.kd_alpha > 0 else "")
     run = cfg.train
     examples = run.steps * run.batch_size * cfg.optim.grad_accum

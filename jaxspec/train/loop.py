@@ -64,9 +64,11 @@ def _steps(hooks, start, steps, log_every, eval_every, checkpoint_every, units_p
         if is_main:
             append_metric(metrics_path, rec)
 
-    # CPU seconds of this process (all its threads) spent in the loop, summed over resumed runs.
+    # CPU seconds of this process (all its threads) and wall seconds spent in the loop, summed over resumed runs.
     cpu_base = next((r["cpu_seconds"] for r in reversed(records) if "cpu_seconds" in r), 0.0)
     cpu_start = time.process_time()
+    wall_base = next((r["wall_seconds"] for r in reversed(records) if "wall_seconds" in r), 0.0)
+    wall_start = time.time()
     window_start, pending = time.time(), []
     for step in range(start, steps):
         pending.append((step + 1, hooks.step(step)))
@@ -77,7 +79,8 @@ def _steps(hooks, start, steps, log_every, eval_every, checkpoint_every, units_p
             rate = len(pending) * units_per_step / max(time.time() - window_start, 1e-9)
             cpu = round(cpu_base + time.process_time() - cpu_start, 1)
             for (s, _), m in zip(pending, host):
-                log({**hooks.record(s, m, rate), "cpu_seconds": cpu})
+                log({**hooks.record(s, m, rate), "cpu_seconds": cpu,
+                     "wall_seconds": round(wall_base + time.time() - wall_start, 1)})
             bar.set_postfix(**hooks.postfix(records[-1], rate))
             window_start, pending = time.time(), []
         if done % eval_every == 0 and done != steps:
