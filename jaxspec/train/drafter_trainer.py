@@ -433,23 +433,28 @@ def drafter_card(cfg: DrafterTrainConfig, layers, target: Model, final: dict, se
              f"A PARD-2 parallel drafter for `{cfg.target.path}` trained by `jaxspec train-drafter` "
              f"({run.steps} steps, {seconds / 60:.1f} minutes{'' if cpu is None else f', {cpu / 60:.1f} CPU-minutes'}, "
              f"{mode}, K = {cfg.pard.num_blocks}, init {cfg.drafter.init}).", "",
-             "Load it with `jaxspec.drafter.load_drafter(folder)` (target-dependent: needs the target's "
-             f"hidden states at layers {list(layers)}) or `load_drafter(folder, target_independent=True)`.", "",
+             ("Load it with `jaxspec.drafter.load_drafter(folder, target=model)`: its token embeddings are the "
+              "target's, read from it." if cfg.drafter.shared_embeddings else
+              "Load it with `jaxspec.drafter.load_drafter(folder)`.")
+             + f" Target-dependent mode needs the target's hidden states at layers {list(layers)}; "
+             "`target_independent=True` loads it without its projection. `jaxspec.generate(model, ..., "
+             "method=\"speculative\", drafter=folder)` does either.", "",
              "## Data",
              *(chat_card_lines(data["chat"]) if data.get("chat") else [
                  f"- corpus `{cfg.data.corpus}`: {data['corpus_tokens']:,} training tokens ({data['corpus_files']} files; "
                  "the target's held-out files excluded)"]),
              *([f"- draft vocabulary: the {data['draft_vocab']:,} most frequent training tokens (of "
                 f"{target.config.vocab_size:,})"] if data.get("draft_vocab") else []),
-             (f"- target continuations (sequence-level distillation): {data['generated']:,} sequences of "
-              f"{cfg.data.seq_len + 1} tokens ({cfg.distill.greedy_sequences} greedy, {cfg.distill.sampled_sequences} "
-              f"sampled at T = 1) after corpus prefixes of {cfg.distill.min_prefix}-{cfg.distill.max_prefix} tokens; "
-              f"{data['from_generated']} of every {data['examples_per_step']} training examples")
-             if data["generated"] else "- no target-generated data",
+             *([f"- target continuations (sequence-level distillation): {data['generated']:,} sequences of "
+                f"{cfg.data.seq_len + 1} tokens ({cfg.distill.greedy_sequences} greedy, "
+                f"{cfg.distill.sampled_sequences} sampled at T = 1) after corpus prefixes of {cfg.distill.min_prefix}-"
+                f"{cfg.distill.max_prefix} tokens; {data['from_generated']} of every {data['examples_per_step']} "
+                "training examples"] if data["generated"] else
+               [] if data.get("chat") else ["- no target-generated data"]),
              f"- {examples:,} training sequences of {cfg.data.seq_len} tokens ({examples * cfg.data.seq_len:,} context "
              "tokens, each trained on K blocks under COD)", "",
-             "## Teacher-forced acceptance on held-out corpus text (tokens per step, bonus included; the "
-             "reference at each position is the target's argmax)",
+             f"## Teacher-forced acceptance on held-out {'conversations' if data.get('chat') else 'corpus text'} "
+             "(tokens per step, bonus included; the reference at each position is the target's argmax)",
              *[f"- {k}: {v if isinstance(v, list) else round(v, 4)}" for k, v in final.items()],
              f"- final training loss: {losses[-1]:.4f}" if losses else "", "",
              "## Training config", "```json", json.dumps(cfg.to_dict(), indent=1), "```"]
