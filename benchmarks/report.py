@@ -113,14 +113,21 @@ def real_bench(r: dict) -> list[str]:
     length = "up to {} new tokens (reply ends at end of turn)" if r.get("eos_stop") else "{} new tokens each (EOS stop off)"
     lines = [f"{n} chat-templated prompts ({r['split']}: MT-Bench first turns by category, HumanEval), "
              + length.format(r["new_tokens"]) + f", model `{Path(r['model']).name}` (float32); `jaxspec.load` of the "
-             f"GGUF took {r['load_seconds']:.1f} s. transformers runs the same GGUF (torch on "
-             f"{r.get('torch_threads') or '-'} thread).", "",
+             f"GGUF took {r['load_seconds']:.1f} s."
+             + (f" transformers runs the same GGUF (torch on {r['torch_threads']} thread)." if r.get("torch_threads")
+                else ""), "",
              "| method | S total | " + " | ".join(categories) + " | tokens/s | vs jaxspec greedy | identical to greedy |",
              "|---|---:|" + "---:|" * len(categories) + "---:|---:|---:|"]
     for name, s in r["summary"].items():
         cats = " | ".join(f"{s['S_per_category'][c]:.2f}" for c in categories)
         lines.append(f"| {name} | {s['S_total']:.2f} | {cats} | {s['tokens_per_second']:.1f} | "
                      f"{s['speed_vs_greedy']:.2f}x | {s['identical_to_greedy']}/{n} |")
+    lade_rows, lade_totals = _lade_rows(r, [row["name"] for row in runs["greedy"]], categories)
+    lines += lade_rows
+    ours = r["summary"].get("lookahead (15,5,15)")
+    if ours and "W15 N5 G15" in lade_totals:
+        lines += ["", f"jaxspec lookahead (15,5,15) S / lade (15,5,15) S on the same prompts and lengths: "
+                      f"**{ours['S_total'] / lade_totals['W15 N5 G15']:.3f}**."]
     drafted = {name: s for name, s in r["summary"].items() if "position_rates" in s}
     if drafted:
         lines += ["", "Per-position acceptance while decoding (a_k = P(draft k accepted | drafts 1..k-1 accepted)):",
@@ -132,12 +139,6 @@ def real_bench(r: dict) -> list[str]:
         if "auto_choices" in s:
             lines += ["", f"{name} chose {', '.join(s['auto_choices'])}; its measurements took "
                           f"{s['auto_measure_seconds']} s in all (once per request shape; not in its tokens/s)."]
-    lade_rows, lade_totals = _lade_rows(r, [row["name"] for row in runs["greedy"]], categories)
-    lines += lade_rows
-    ours = r["summary"].get("lookahead (15,5,15)")
-    if ours and "W15 N5 G15" in lade_totals:
-        lines += ["", f"jaxspec lookahead (15,5,15) S / lade (15,5,15) S on the same prompts and lengths: "
-                      f"**{ours['S_total'] / lade_totals['W15 N5 G15']:.3f}**."]
     return lines
 
 
