@@ -450,6 +450,12 @@ SECTIONS = [
             "python benchmarks/pard_ablation.py --out benchmarks/results/pard2_shipped --drafter NAME=FOLDER ...",
             "Teacher-forced acceptance of the shipped drafter (and its alternatives) against the final default "
             "model.", pard_ablation),
+    Section("pard2_smollm2", "SmolLM2-135M-Instruct's shipped drafter, teacher-forced on held-out chats",
+            "python benchmarks/pard_ablation.py --target smollm2-135m-instruct --chat heldout --prompts 24 "
+            "--new-tokens 96 --drafter smollm2-pard2=jaxspec/assets/smollm2-135m-instruct-pard2 "
+            "--out benchmarks/results/pard2_smollm2",
+            "Per-position acceptance of the SmolLM2 drafter on the target's greedy replies to the held-out "
+            "MT-Bench and HumanEval chats (the pycode-5M drafter's on code: pard2_shipped above).", pard_ablation),
     Section("lookahead_bench", "Lookahead Decoding over a (W, N, G) grid on stories260K",
             "python benchmarks/lookahead_bench.py",
             "Greedy, Jacobi, prompt lookup and lookahead on stories260K; S against the block size and the cost "
