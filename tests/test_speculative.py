@@ -281,6 +281,19 @@ def test_samples_follow_the_exact_joint_distribution(sampling_tiny, sampling_dra
     assert compression > harness.MIN_COMPRESSION  # drafts were accepted: the verifier made these samples
 
 
+def test_a_draft_vocabulary_keeps_sampling_exact(sampling_tiny, sampling_drafter, exact):
+    """FR-Spec: the drafter drafts only from half the ids (q = 0 elsewhere); tokens outside V'
+    come from the residual, so the samples still follow the target's joint distribution."""
+    vocab = harness.TINY.vocab_size
+    half = dataclasses.replace(sampling_drafter, draft_vocab=jnp.arange(0, vocab, 2, dtype=jnp.int32))
+    tokens, compression = draw(sampling_tiny, half, "speculative", harness.WARPINGS["T1.0"],
+                               seed=harness.SEEDS["T1.0"])
+    fit = harness.goodness_of_fit(tokens, exact("T1.0"))
+    assert fit.impossible == 0 and fit.chi2_p > harness.P_MIN and fit.tv < fit.tv_bound, str(fit)
+    assert compression > harness.MIN_COMPRESSION
+    assert (tokens % 2 == 1).any()  # odd ids, which the drafter cannot propose, were emitted
+
+
 RESIDUAL_LINE = "residual = jnp.maximum(p - q_padded, 0.0)"
 
 

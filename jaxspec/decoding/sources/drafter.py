@@ -58,7 +58,9 @@ class DraftSpec:
     # bonus token. False: the drafter sees only target-verified tokens, so every feature is
     # the trained one, but it does not see the bonus (K masks, the first at the bonus's slot).
     bonus_in_context: bool = True
-    draft_vocab_size: int = 0  # > 0: the head covers only these many ids (`Drafter.draft_vocab`)
+    # > 0: the head covers only this many ids (`Drafter.draft_vocab`; the rows travel with the
+    # weights). Part of the spec because it is part of the compiled program's identity.
+    draft_vocab_size: int = 0
 
     @property
     def num_masks(self) -> int:
