@@ -35,6 +35,8 @@ from typing import Callable
 
 import numpy as np
 
+from jaxspec.errors import ConfigError
+from jaxspec.real_prompts import PromptDataError
 from jaxspec.train.corpus import is_heldout, list_documents
 from jaxspec.train.config import DataConfig
 
@@ -224,7 +226,7 @@ def generate_replies(target, prompts: list[dict], cfg: ChatDataConfig, folder: P
                 clock.charge("replies")
             done = json.loads(path.read_text())
             if done["prompts"] != part:
-                raise RuntimeError(f"{path} holds other prompts than this run's batch {n}; the data folder was "
+                raise ConfigError(f"{path} holds other prompts than this run's batch {n}; the data folder was "
                                    "made from other settings: delete it or use another --out")
             for i, reply in zip(done["prompts"], done["replies"]):
                 replies[i] = reply
@@ -246,7 +248,7 @@ def prepare(target, cfg: ChatDataConfig, folder: Path, seed: int, target_digest:
         meta = json.loads(meta_path.read_text())
         if meta.get("fingerprint") == key:
             return meta
-        raise RuntimeError(f"{folder} holds chat data made from other settings (fingerprint {meta.get('fingerprint')}, "
+        raise ConfigError(f"{folder} holds chat data made from other settings (fingerprint {meta.get('fingerprint')}, "
                            f"now {key}); delete it or train into another --out")
     stages = folder / f"chat-{key}"
     stages.mkdir(parents=True, exist_ok=True)
@@ -262,7 +264,7 @@ def prepare(target, cfg: ChatDataConfig, folder: Path, seed: int, target_digest:
                    "dropped": len(dropped), "dropped_prompts": dropped}
         keep = set(kept)
         sources = [(s, p) for s, p in sources if p in keep]
-    except Exception as e:  # the benchmark packages are not installed: say so, never claim a check
+    except PromptDataError as e:  # the benchmark packages are not installed: say so, never claim a check
         overlap = {"checked_against": None, "reason": str(e)}
         log(f"benchmark-overlap check not run: {e}")
     clock.charge("prompts")
