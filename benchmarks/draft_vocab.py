@@ -39,7 +39,7 @@ from jaxspec.decoding.options import resolve_drafter
 from jaxspec.real_prompts import chat_prompts
 from jaxspec.train.drafter_trainer import draft_vocabulary
 import report
-from machine import ROOT, machine_info
+from machine import ROOT, machine_info, repo_relative
 
 SIZES = (49152, 16384, 8192, 4096)
 
@@ -97,7 +97,9 @@ def main(argv=None) -> int:
               "new_tokens": args.new_tokens, "k": args.k, "greedy_tokens_per_second": greedy_tps,
               "greedy_forward_ms": 1e3 * target_s[1], "rows": {str(k): v for k, v in rows.items()},
               "machine": machine_info(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": "python benchmarks/draft_vocab.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+              # (the data path as the repository sees it, not this machine's)
+              "command": f"python benchmarks/draft_vocab.py --data {repo_relative(args.data)} --split {args.split} "
+                         f"--prompts {args.prompts} --new-tokens {args.new_tokens} --k {args.k}"}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"# Draft vocabulary V' of the SmolLM2 drafter", "", *report.draft_vocab(result)]
