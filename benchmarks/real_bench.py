@@ -136,7 +136,7 @@ def main(argv=None) -> int:
             row["accept_length"], row["draft_accepts"] = out.extras["accept_length"], out.extras["draft_accepts"]
             row["target_steps"] = out.extras["target_steps"]
         if out.auto is not None:
-            row["auto"] = {"method": out.method, "options": out.options.get("draft_len"),
+            row["auto"] = {"method": out.method, "draft_len": out.options.get("draft_len"),
                            "reason": out.auto["reason"], "measure_seconds": out.auto["measure_seconds"]}
         return row
 
@@ -175,8 +175,8 @@ def main(argv=None) -> int:
             reached = np.concatenate([[sum(r["target_steps"] for r in rs)], accepts[:-1]])
             summary[name]["position_rates"] = [round(float(a / max(b, 1)), 4) for a, b in zip(accepts, reached)]
         if rs and "auto" in rs[0]:
-            summary[name]["auto_choices"] = sorted({f"{r['auto']['method']} K={r['auto']['options']}"
-                                                    if r["auto"]["options"] else r["auto"]["method"] for r in rs})
+            summary[name]["auto_choices"] = sorted({f"{r['auto']['method']} K={r['auto']['draft_len']}"
+                                                    if r["auto"]["draft_len"] else r["auto"]["method"] for r in rs})
             summary[name]["auto_measure_seconds"] = round(sum(r["auto"]["measure_seconds"] for r in rs), 1)
     for s in summary.values():
         s["speed_vs_greedy"] = s["tokens_per_second"] / summary["greedy"]["tokens_per_second"]

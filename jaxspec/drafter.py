@@ -70,10 +70,7 @@ class Drafter:
         if self.draft_vocab is None:
             return None
         if getattr(self, "_head", None) is None:
-            module = self.model.module
-            w = (module.embed_tokens.embedding[...] if self.model.config.tie_word_embeddings
-                 else module.lm_head.kernel[...].T)
-            self._head = jnp.asarray(w[self.draft_vocab])
+            self._head = head_rows(self.model.module, self.draft_vocab)
         return self._head
 
     @property
@@ -125,6 +122,13 @@ class Drafter:
         if self.projection is not None:
             write_safetensors(folder / PROJECTION_FILE, {"projection": np.asarray(self.projection, np_dtype)})
         return folder
+
+
+def head_rows(module, vocab: Int[Array, " v"]) -> Float[Array, "v d"]:
+    """The LM head's rows for the ids `vocab` (the tied embedding's rows, or the untied head's
+    columns): the head of a draft vocabulary, in training and at decode time."""
+    w = module.embed_tokens.embedding[...] if module.config.tie_word_embeddings else module.lm_head.kernel[...].T
+    return w[vocab]
 
 
 # The paper's target layers in HF `hidden_states` indexing (index 0 = the embeddings, -1 =

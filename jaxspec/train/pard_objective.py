@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from jaxspec.drafter import embed_offset
+from jaxspec.drafter import embed_offset, head_rows
 from jaxspec.kv_cache import init_cache
 from jaxspec.masks import PardMask
 from jaxspec.model import Transformer, causal_mask
@@ -92,9 +92,7 @@ def drafter_logits(drafter: Transformer, projection: Float[Array, "f d"] | None,
                   head="logits" if vocab is None else "none")
     if vocab is None:
         return out.logits
-    w = (drafter.embed_tokens.embedding[...] if drafter.config.tie_word_embeddings
-         else drafter.lm_head.kernel[...].T)[vocab]
-    return jnp.einsum("bnd,vd->bnv", out.final.astype(jnp.float32), w.astype(jnp.float32))
+    return jnp.einsum("bnd,vd->bnv", out.final.astype(jnp.float32), head_rows(drafter, vocab).astype(jnp.float32))
 
 
 def pard_loss(logits: Float[Array, "b n V1"], labels: Int[Array, "b n"], weights: Float[Array, "b n"],
