@@ -20,7 +20,18 @@ ARCHITECTURES: dict[str, tuple[str, bool]] = {
     "mistral": ("MistralForCausalLM", False),
     "qwen2": ("Qwen2ForCausalLM", False),
     "qwen3": ("Qwen3ForCausalLM", True),
+    "gemma3_text": ("Gemma3ForCausalLM", True),
 }
+# Gemma's differences from the LLaMA layout (`ModelConfig.gemma`): token embeddings scaled by
+# sqrt(hidden), RMSNorm weights applied as (1 + w), a norm after attention and after the MLP
+# besides the ones before, GeGLU (tanh GELU) instead of SwiGLU, attention scaled by
+# query_pre_attn_scalar**-0.5, and a `layer_types` pattern of sliding-window ("local") and
+# full ("global") attention layers, each kind with its own RoPE base.
+GEMMA_TYPES = ("gemma3_text",)
+LAYER_TYPES = ("full_attention", "sliding_attention")
+# Gemma 3's layer pattern where a checkpoint does not list it (GGUF files; older HF configs):
+# every sixth layer global, as llama.cpp and transformers assume.
+GEMMA3_PATTERN = 6
 
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -78,6 +89,12 @@ class ModelConfig:
     mlp_bias: bool = False
     qk_norm: bool = False
     sliding_window: int | None = None
+    # Per layer "full_attention" | "sliding_attention" (Gemma 3); () = every layer alike, windowed
+    # by `sliding_window` when that is set (Mistral).
+    layer_types: tuple[str, ...] = ()
+    local_rope: RopeConfig | None = None  # RoPE of sliding-window layers (None: `rope`)
+    query_pre_attn_scalar: float | None = None  # attention scale s**-0.5 (None: head_dim**-0.5)
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
@@ -99,14 +116,47 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
-        if self.rope.rope_type not in ROPE_TYPES:
-            raise ConfigError(
-                f"unsupported rope type {self.rope.rope_type!r}; supported: {', '.join(ROPE_TYPES)}"
-            )
+        for rope in (self.rope, self.local_rope or self.rope):
+            if rope.rope_type not in ROPE_TYPES:
+                raise ConfigError(
+                    f"unsupported rope type {rope.rope_type!r}; supported: {', '.join(ROPE_TYPES)}"
+                )
+        if self.layer_types:
+            if len(self.layer_types) != self.num_layers or set(self.layer_types) - set(LAYER_TYPES):
+                raise ConfigError(
+                    f"layer_types must name one of {', '.join(LAYER_TYPES)} for each of the "
+                    f"{self.num_layers} layers, got {list(self.layer_types)!r}")
+            if "sliding_attention" in self.layer_types and not self.sliding_window:
+                raise ConfigError("layer_types has sliding_attention layers but sliding_window is not set")
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window < 1):
+            raise ConfigError(f"sliding_window must be a positive integer or null, got {self.sliding_window!r}")
 
     @property
     def architecture(self) -> str:
         return ARCHITECTURES[self.model_type][0]
+
+    @property
+    def gemma(self) -> bool:
+        """Gemma's layout (see GEMMA_TYPES)."""
+        return self.model_type in GEMMA_TYPES
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of `layer` (keys at positions in (p - window, p] are visible to a
+        query at p), or None for full attention."""
+        if self.layer_types:
+            return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
+        return self.sliding_window
+
+    def layer_rope(self, layer: int) -> RopeConfig:
+        if self.local_rope is not None and self.layer_window(layer) is not None:
+            return self.local_rope
+        return self.rope
+
+    @property
+    def max_window(self) -> int | None:
+        """The widest attention span of any layer (None: some layer sees the whole context)."""
+        windows = [self.layer_window(i) for i in range(self.num_layers)]
+        return None if None in windows else max(windows)
 
     @property
     def num_params(self) -> int:
@@ -114,21 +164,33 @@ class ModelConfig:
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         layer = d * (q + 2 * kv) + q * d + 3 * d * f + 2 * d
         layer += (q + 2 * kv) * self.qkv_bias + d * self.o_bias + (2 * f + d) * self.mlp_bias
-        layer += 2 * self.head_dim * self.qk_norm
+        layer += 2 * self.head_dim * self.qk_norm + 2 * d * self.gemma
         return v * d * (1 if self.tie_word_embeddings else 2) + self.num_layers * layer + d
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
         """Parse a Hugging Face `config.json` dict; unsupported features are a ConfigError."""
         model_type = hf.get("model_type")
+        if model_type == "gemma3":  # the multimodal checkpoint's config: its text model's is nested
+            text = hf.get("text_config")
+            if not isinstance(text, dict):
+                raise ConfigError("config.json of model_type 'gemma3' has no text_config; fix or re-download it")
+            hf = {**text, "model_type": "gemma3_text"}
+            model_type = "gemma3_text"
         if model_type not in ARCHITECTURES:
             raise ConfigError(
                 f"unknown model_type {model_type!r} in config.json; supported: {', '.join(ARCHITECTURES)}"
             )
         qk_norm = ARCHITECTURES[model_type][1]
-        act = hf.get("hidden_act", "silu")
-        if act != "silu":
-            raise ConfigError(f"unsupported hidden_act {act!r} in config.json; only 'silu' (SwiGLU) is supported")
+        gemma = model_type in GEMMA_TYPES
+        act = hf.get("hidden_activation") or hf.get("hidden_act") if gemma else hf.get("hidden_act", "silu")
+        want_act = "gelu_pytorch_tanh" if gemma else "silu"
+        if act != want_act:
+            raise ConfigError(f"unsupported activation {act!r} in config.json; {model_type} needs {want_act!r}")
+        if gemma and hf.get("attn_logit_softcapping") is not None:
+            raise ConfigError("attn_logit_softcapping (Gemma 2) is not supported; Gemma 3 configs set it to null")
+        if gemma and hf.get("use_bidirectional_attention"):
+            raise ConfigError("use_bidirectional_attention (an embedding model) is not supported: jaxspec decodes causally")
 
         def need(key):
             if key not in hf:
@@ -144,7 +206,15 @@ class ModelConfig:
                 f"{model_type} with use_sliding_window=true is not supported; set it to false "
                 "(released Qwen checkpoints do not use it)"
             )
-        sliding = hf.get("sliding_window") if model_type == "mistral" else None
+        sliding = hf.get("sliding_window") if model_type in ("mistral", *GEMMA_TYPES) else None
+        layer_types: tuple[str, ...] = ()
+        if gemma:
+            types = hf.get("layer_types")
+            if types is None:
+                pattern = int(hf.get("sliding_window_pattern") or GEMMA3_PATTERN)
+                types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                         for i in range(need("num_hidden_layers"))]
+            layer_types = tuple(types)
 
         # Bias layout as in transformers: llama/qwen3 put `attention_bias` on q, k, v and o;
         # qwen2 always has q/k/v bias and no o bias; mistral has none.
@@ -166,8 +236,13 @@ class ModelConfig:
             head_dim=head_dim,
             max_position_embeddings=hf.get("max_position_embeddings", 2048),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            rope=_rope_from_hf(hf),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            rope=_rope_from_hf(hf, "full_attention" if gemma else None),
+            local_rope=_rope_from_hf(hf, "sliding_attention") if gemma else None,
+            layer_types=layer_types,
+            query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)) if gemma else None,
+            final_logit_softcapping=(None if hf.get("final_logit_softcapping") is None
+                                     else float(hf["final_logit_softcapping"])),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma)),
             qkv_bias=qkv_bias,
             o_bias=o_bias,
             mlp_bias=mlp_bias,
@@ -180,15 +255,7 @@ class ModelConfig:
 
     def to_hf(self) -> dict[str, Any]:
         """A `config.json` dict that transformers loads as the matching *ForCausalLM."""
-        rope: dict[str, Any] = {"rope_type": self.rope.rope_type, "rope_theta": self.rope.theta}
-        if self.rope.rope_type in ("linear", "llama3"):
-            rope["factor"] = self.rope.factor
-        if self.rope.rope_type == "llama3":
-            rope.update(
-                low_freq_factor=self.rope.low_freq_factor,
-                high_freq_factor=self.rope.high_freq_factor,
-                original_max_position_embeddings=self.rope.original_max_position_embeddings,
-            )
+        rope = _rope_to_hf(self.rope)
         hf: dict[str, Any] = {
             "architectures": [self.architecture],
             "model_type": self.model_type,
@@ -199,7 +266,7 @@ class ModelConfig:
             "num_attention_heads": self.num_heads,
             "num_key_value_heads": self.num_kv_heads,
             "head_dim": self.head_dim,
-            "hidden_act": "silu",
+            "hidden_act": "gelu_pytorch_tanh" if self.gemma else "silu",
             "max_position_embeddings": self.max_position_embeddings,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_parameters": rope,
@@ -221,14 +288,49 @@ class ModelConfig:
             hf["sliding_window"] = self.sliding_window
         if self.model_type in ("qwen2", "qwen3"):
             hf["use_sliding_window"] = False
+        if self.gemma:
+            local = _rope_to_hf(self.local_rope or self.rope)
+            hf.update(
+                hidden_activation="gelu_pytorch_tanh",
+                sliding_window=self.sliding_window,
+                layer_types=list(self.layer_types) or ["full_attention"] * self.num_layers,
+                query_pre_attn_scalar=_int_if_whole(self.query_pre_attn_scalar or self.head_dim),
+                final_logit_softcapping=self.final_logit_softcapping,
+                attn_logit_softcapping=None,
+                rope_parameters={"full_attention": rope, "sliding_attention": local},
+                rope_local_base_freq=local["rope_theta"],  # 4.x
+                attention_bias=False,
+            )
         return hf
 
 
-def _rope_from_hf(hf: dict[str, Any]) -> RopeConfig:
+def _int_if_whole(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else x  # (transformers 5's config checks it is an int)
+
+
+def _rope_to_hf(rope: RopeConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {"rope_type": rope.rope_type, "rope_theta": rope.theta}
+    if rope.rope_type in ("linear", "llama3"):
+        out["factor"] = rope.factor
+    if rope.rope_type == "llama3":
+        out.update(low_freq_factor=rope.low_freq_factor, high_freq_factor=rope.high_freq_factor,
+                   original_max_position_embeddings=rope.original_max_position_embeddings)
+    return out
+
+
+def _rope_from_hf(hf: dict[str, Any], kind: str | None = None) -> RopeConfig:
+    """The RoPE of a config; `kind` ("full_attention" | "sliding_attention") picks one of Gemma 3's
+    two: transformers 5 nests them in `rope_parameters` by layer type; 4.x configs have
+    `rope_theta` + `rope_scaling` for global layers and `rope_local_base_freq` for local ones."""
     params = dict(hf.get("rope_parameters") or {})
-    legacy = hf.get("rope_scaling") or {}
-    merged = {**legacy, **params}
-    theta = merged.get("rope_theta", hf.get("rope_theta", 10000.0))
+    if kind is not None and set(params) & set(LAYER_TYPES):
+        merged = dict(params.get(kind) or {})
+        theta = merged.get("rope_theta", 1_000_000.0 if kind == "full_attention" else 10000.0)
+    elif kind == "sliding_attention":
+        merged, theta = {}, hf.get("rope_local_base_freq", 10000.0)
+    else:
+        merged = {**(hf.get("rope_scaling") or {}), **params}
+        theta = merged.get("rope_theta", hf.get("rope_theta", 1_000_000.0 if kind else 10000.0))
     rope_type = merged.get("rope_type", merged.get("type", "default"))
     if rope_type not in ROPE_TYPES:
         raise ConfigError(

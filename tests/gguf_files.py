@@ -21,15 +21,18 @@ _LAYER = {
     "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
 }
+# Gemma 3 (llama.cpp's Gemma3Model): four norms per layer, stored as 1 + w.
+_GEMMA_LAYER = {**_LAYER, "post_attention_layernorm": "post_attention_norm",
+                "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
 _GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str, gemma: bool = False) -> str:
     stem, _, kind = hf_name.rpartition(".")
     if stem in _GLOBAL:
         return f"{_GLOBAL[stem]}.{kind}"
     _, _, layer, rest = stem.split(".", 3)
-    return f"blk.{layer}.{_LAYER[rest]}.{kind}"
+    return f"blk.{layer}.{(_GEMMA_LAYER if gemma else _LAYER)[rest]}.{kind}"
 
 
 def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -63,7 +66,8 @@ def write_gguf(path: Path, hf_model, quant: Q = Q.F32, *, architecture: str | No
     """Write `hf_model` as llama.cpp would. `tokenizer`: extra metadata (tokenizer.ggml.*) to add;
     `tensor_types`: per-GGUF-name overrides of the quantization type (raw bytes are written as is)."""
     cfg = hf_model.config
-    arch = architecture or cfg.model_type
+    arch = architecture or {"gemma3_text": "gemma3"}.get(cfg.model_type, cfg.model_type)
+    gemma = arch == "gemma3"
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny-{arch}")
     w.add_block_count(cfg.num_hidden_layers)
@@ -75,10 +79,13 @@ def write_gguf(path: Path, hf_model, quant: Q = Q.F32, *, architecture: str | No
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     if arch == "llama":
         w.add_rope_dimension_count(head_dim)
-    if arch == "qwen3":
+    if arch in ("qwen3", "gemma3"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     rope = getattr(cfg, "rope_parameters", None) or {}
+    if gemma:  # global layers' rope; the file has no local base, layer pattern or attention scale
+        w.add_sliding_window(cfg.sliding_window)
+        rope = rope.get("full_attention", rope)
     w.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
@@ -100,7 +107,9 @@ def write_gguf(path: Path, hf_model, quant: Q = Q.F32, *, architecture: str | No
             array = llama_cpp_permute(array, cfg.num_attention_heads)
         if arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
             array = llama_cpp_permute(array, cfg.num_key_value_heads)
-        gname = gguf_name(name)
+        if gemma and name.endswith("norm.weight"):
+            array = array + 1
+        gname = gguf_name(name, gemma)
         qtype = (tensor_types or {}).get(gname, quant if array.ndim == 2 else Q.F32)
         if qtype == Q.F32:
             w.add_tensor(gname, array.astype(np.float32))

@@ -35,6 +35,12 @@ CASES = {
     "llama_q4_1_mha": (transformers.LlamaConfig, dict(num_key_value_heads=4), Q.Q4_1),
     "qwen2_f16": (transformers.Qwen2Config, {}, Q.F16),
     "qwen3_q8_0": (transformers.Qwen3Config, {}, Q.Q8_0),
+    # Gemma 3 as llama.cpp writes it (norms as 1 + w, its names; no layer pattern, local rope base or
+    # attention scale in the file: both readers assume every sixth layer global, base 10000 and
+    # head_dim 256's scale); 6 layers so one is global, window 8 < the 24 tokens tested.
+    "gemma3_q8_0": (transformers.Gemma3TextConfig, dict(num_hidden_layers=6, num_attention_heads=2,
+                                                        num_key_value_heads=1, head_dim=256, sliding_window=8,
+                                                        pad_token_id=0), Q.Q8_0),
 }
 
 
@@ -56,6 +62,8 @@ def test_config_matches_transformers(case):
     assert (cfg.model_type, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads) == (
         rc.model_type, rc.num_hidden_layers, rc.num_attention_heads, rc.num_key_value_heads)
     assert cfg.tie_word_embeddings == bool(rc.tie_word_embeddings)
+    assert list(cfg.layer_types) == list(getattr(rc, "layer_types", None) or [])
+    assert cfg.sliding_window == getattr(rc, "sliding_window", None)
     assert cfg.qkv_bias == (ref.model.layers[0].self_attn.q_proj.bias is not None)
     assert cfg.num_params == sum(p.numel() for p in ref.parameters())
 

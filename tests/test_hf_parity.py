@@ -57,6 +57,14 @@ CASES = {
     "qwen2": (transformers.Qwen2Config, dict(), 30),
     "qwen3": (transformers.Qwen3Config, dict(head_dim=16), 27),
     "mistral": (transformers.MistralConfig, dict(sliding_window=8), 33),
+    # Gemma 3: sliding (window 8, local rope base) and full layers, a non-default attention scale,
+    # q/k norms, (1 + w) norms, scaled tied embeddings, GeGLU, final logit soft-capping.
+    "gemma3": (transformers.Gemma3TextConfig, dict(
+        head_dim=16, sliding_window=8, query_pre_attn_scalar=24, final_logit_softcapping=30.0,
+        num_hidden_layers=3, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": dict(rope_type="linear", rope_theta=1e6, factor=4.0),
+                         "sliding_attention": dict(rope_type="default", rope_theta=1e4)},
+        pad_token_id=0), 33),
 }
 
 
@@ -65,7 +73,8 @@ def randomize(model, seed: int, std: float = WEIGHT_STD):
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            mean = 1.0 if name.endswith("norm.weight") else 0.0
+            # (Gemma's norms apply 1 + w: around 0 there)
+            mean = 1.0 if name.endswith("norm.weight") and "Gemma" not in type(model).__name__ else 0.0
             p.copy_(mean + std * torch.randn(p.shape, generator=gen))
     return model.eval()
 
@@ -147,9 +156,16 @@ def test_config_matches_hf(case):
     assert cfg.qk_norm == hasattr(attn, "q_norm")
     assert cfg.sliding_window == getattr(hc, "sliding_window", None)
     assert cfg.num_params == sum(p.numel() for p in case.hf.parameters())
-    # Rotary frequencies equal HF's (float32 there, float64 here).
-    np.testing.assert_allclose(cfg.rope.inverse_frequencies(cfg.head_dim),
-                               case.hf.model.rotary_emb.inv_freq.numpy(), rtol=1e-6)
+    # Rotary frequencies equal HF's (float32 there, float64 here); Gemma 3 has one per layer type.
+    rotary = case.hf.model.rotary_emb
+    if cfg.layer_types:
+        assert list(cfg.layer_types) == hc.layer_types
+        for i, kind in enumerate(hc.layer_types):
+            np.testing.assert_allclose(cfg.layer_rope(i).inverse_frequencies(cfg.head_dim),
+                                       getattr(rotary, f"{kind}_inv_freq").numpy(), rtol=1e-6)
+            assert cfg.layer_window(i) == (hc.sliding_window if kind == "sliding_attention" else None)
+    else:
+        np.testing.assert_allclose(cfg.rope.inverse_frequencies(cfg.head_dim), rotary.inv_freq.numpy(), rtol=1e-6)
 
 
 def test_logits_match_hf(case):
@@ -168,7 +184,7 @@ def test_padded_row_logits_match_hf(case):
     np.testing.assert_allclose(got[0], hf_logits(case.hf, tokens[:1])[0], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("case", ["mistral"], indirect=True)
+@pytest.mark.parametrize("case", ["mistral", "gemma3"], indirect=True)
 def test_sdpa_sliding_window_matches(case):
     """HF's sdpa path (not just eager) agrees on the sliding-window mask; prompt > window."""
     assert case.model.config.sliding_window == 8

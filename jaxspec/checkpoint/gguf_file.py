@@ -11,6 +11,11 @@ llama.cpp's converter permutes the rows of q_proj/k_proj for llama-architecture 
 rotary embedding pairs adjacent features, HF's pairs the two halves); `_unpermute` undoes
 it as transformers' GGUF loader does (applied lazily as a row order, `RowPermuted`, so a
 slice of heads reads only those heads' rows). qwen2/qwen3 files are written unpermuted.
+
+Gemma 3 files (`gemma3`) differ: llama.cpp's converter stores every RMSNorm weight as 1 + w
+(its norm multiplies by the weight alone), so one is subtracted back (`Shifted`), as
+transformers' loader does; the layer pattern (every sixth layer global) and the local layers'
+RoPE base (10000) are not in the file: llama.cpp's own constants for the architecture are used.
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ from typing import Any
 import numpy as np
 
 from jaxspec.checkpoint.params import Index, RowPermuted, full_index
-from jaxspec.config import ARCHITECTURES, ModelConfig, RopeConfig
+from jaxspec.config import ARCHITECTURES, GEMMA3_PATTERN, ModelConfig, RopeConfig
 from jaxspec.errors import CheckpointError
 
 # general.architecture -> ModelConfig.model_type
-GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
+                      "gemma3": "gemma3_text"}
 
 # llama.cpp tensor names -> HF names ({i} is the layer index).
 _LAYER_NAMES = {
@@ -42,6 +48,13 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+}
+# Gemma's four norms per layer (`jaxspec.model.DecoderLayer`).
+_GEMMA_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _LAYER = re.compile(r"blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
@@ -76,12 +89,13 @@ def read_metadata(reader) -> dict[str, Any]:
     return out
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
+def hf_tensor_name(gguf_name: str, gemma: bool = False) -> str | None:
     """The HF name of a llama.cpp tensor name (None for a name we do not know)."""
     m = _LAYER.match(gguf_name)
     if m:
         layer, part, kind = m.groups()
-        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}" if part in _LAYER_NAMES else None
+        names = _GEMMA_LAYER_NAMES if gemma else _LAYER_NAMES
+        return f"model.layers.{layer}.{names[part]}.{kind}" if part in names else None
     stem, _, kind = gguf_name.rpartition(".")
     return f"{_GLOBAL_NAMES[stem]}.{kind}" if stem in _GLOBAL_NAMES else None
 
@@ -122,6 +136,18 @@ def config_from_gguf(meta: Mapping[str, Any], tensors: Mapping[str, Any], source
     stops = [eos, meta.get("tokenizer.ggml.eot_token_id"), meta.get("tokenizer.ggml.eom_token_id")]
     eos_ids = tuple(dict.fromkeys(int(t) for t in stops if t is not None))
     bos, pad = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.padding_token_id")
+    gemma: dict[str, Any] = {}
+    if model_type == "gemma3_text":
+        layers = int(need("block_count"))
+        gemma = dict(
+            layer_types=tuple("full_attention" if (i + 1) % GEMMA3_PATTERN == 0 else "sliding_attention"
+                              for i in range(layers)),
+            local_rope=RopeConfig(theta=10000.0),
+            # llama.cpp: 1/sqrt(head_dim), except Gemma 3 27B (62 layers): 1/sqrt(hidden / heads).
+            query_pre_attn_scalar=float(hidden // heads if layers == 62 else head_dim),
+            final_logit_softcapping=meta.get(f"{arch}.final_logit_softcapping"),
+        )
+    sliding = meta.get(f"{arch}.attention.sliding_window") if model_type in ("mistral", "gemma3_text") else None
     return ModelConfig(
         model_type=model_type,
         vocab_size=vocab,
@@ -139,7 +165,8 @@ def config_from_gguf(meta: Mapping[str, Any], tensors: Mapping[str, Any], source
         o_bias=has("attn_output", "bias"),
         mlp_bias=has("ffn_up", "bias"),
         qk_norm=ARCHITECTURES[model_type][1],
-        sliding_window=meta.get(f"{arch}.attention.sliding_window") if model_type == "mistral" else None,
+        sliding_window=None if sliding is None else int(sliding),
+        **gemma,
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=eos_ids,
         pad_token_id=None if pad is None else int(pad),
@@ -222,6 +249,19 @@ class GGUFTensor:
         return np.asarray(self.read(full_index(self.shape)), dtype)
 
 
+class Shifted:
+    """`base + shift` (Gemma's norm weights, stored by llama.cpp as 1 + w)."""
+
+    def __init__(self, base, shift: float):
+        self.base, self.shift, self.shape = base, shift, tuple(base.shape)
+
+    def read(self, index: Index) -> np.ndarray:
+        return self.base.read(index) + np.float32(self.shift)
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.read(full_index(self.shape)), dtype)
+
+
 def _unpermuted_rows(rows: int, heads: int) -> np.ndarray:
     """The row order `_unpermute` gives: row i of the HF tensor is row `order[i]` of llama.cpp's."""
     return _unpermute(np.arange(rows), heads)
@@ -240,7 +280,7 @@ class GGUFTensors(Mapping):
         for t in reader.tensors:
             if t.name in _NOT_WEIGHTS:
                 continue
-            name = hf_tensor_name(t.name)
+            name = hf_tensor_name(t.name, config.gemma)
             if name is None:
                 raise CheckpointError(f"{source}: unexpected GGUF tensor {t.name!r} for a {config.model_type} model")
             if t.tensor_type not in supported:  # fail before dequantizing anything
@@ -252,6 +292,8 @@ class GGUFTensors(Mapping):
 
     def __getitem__(self, name: str):
         tensor = GGUFTensor(self._by_hf[name])
+        if self._config.gemma and name.endswith("norm.weight"):
+            return Shifted(tensor, -1.0)
         if self._permuted and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
             cfg = self._config
             heads = cfg.num_heads if ".q_proj." in name else cfg.num_kv_heads
