@@ -104,6 +104,17 @@ def worker(tmp: Path) -> dict:
     runs["lp4_stream"] = {"pieces": len(pieces), "tokens": [t for p in pieces for t in p],
                           "result": live.result.tokens, "steps": live.result.steps}
 
+    # Gemma 3 (sliding-window layers, prompts longer than the window) split over 4 devices, with
+    # the XLA attention and the Pallas kernel.
+    from test_gemma3 import PROMPTS as GEMMA_PROMPTS, tiny_gemma
+
+    report["gemma"] = {}
+    for attention in ("xla", "pallas"):
+        gemma = tiny_gemma(attention)
+        report["gemma"][f"greedy_{attention}"] = _run(gemma, GEMMA_PROMPTS, 24, False, method="greedy")
+        report["gemma"][f"single_{attention}"] = _run(gemma, GEMMA_PROMPTS, 24, False, **EVEN)
+        report["gemma"][f"lp4_{attention}"] = _run(gemma, GEMMA_PROMPTS, 24, False, lp_devices=4, **EVEN)
+
     try:
         jaxspec.generate(tiny, PROMPTS, max_new_tokens=4, method="lookahead", temperature=1.0, lp_devices=2, **EVEN)
         report["sampling_error"] = None
@@ -171,6 +182,16 @@ def test_streaming_on_four_devices_equals_single_device(lp_report):
     assert live["tokens"] == live["result"] == runs["greedy"]["tokens"][2]
     assert live["steps"] == runs["single"]["steps"][2]
     assert live["pieces"] >= 3  # it did stream: several chunks of at most 3 steps
+
+
+@pytest.mark.parametrize("attention", ["xla", "pallas"])
+def test_gemma3_sliding_window_split_equals_single_device(lp_report, attention):
+    """Gemma 3's windowed layers (prompts longer than the window) on 4 devices."""
+    runs = lp_report[0]["gemma"]
+    lp, single = runs[f"lp4_{attention}"], runs[f"single_{attention}"]
+    assert lp["tokens"] == single["tokens"] == runs[f"greedy_{attention}"]["tokens"] == runs["greedy_xla"]["tokens"]
+    assert lp["steps"] == single["steps"] and lp["hist"] == single["hist"]
+    assert max(single["steps"]) < 24 - 4  # multi-token steps happened
 
 
 def test_stories260k_references_on_four_devices(lp_report):

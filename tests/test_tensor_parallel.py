@@ -120,6 +120,23 @@ def worker() -> dict:
             report["lptp_collectives"] = hlo_collectives(program.as_text())
             report["lp_errors"]["devices"] = _error(lambda: jaxspec.generate(model, PROMPTS, max_new_tokens=2,
                                                                               method="lookahead", lp_devices=4))
+    # Gemma 3 at TP 2 (its 4 heads and 2 KV heads split; sliding-window layers, prompts longer than
+    # the window): every greedy method equals one device's greedy.
+    from test_gemma3 import PROMPTS as GEMMA_PROMPTS, tiny_gemma
+
+    gemma = tiny_gemma()
+    gemma_drafter = copy_drafter(gemma)
+    gemma_tp = shard(gemma, tp_mesh(2, 1))
+    report["gemma"] = {}
+    for name in ("greedy", "lookahead", "prompt-lookup", "jacobi", "speculative", "hybrid"):
+        for label, m in (("single", gemma), ("tp2", gemma_tp)):
+            if label == "single" and name != "greedy":
+                continue
+            method, options, _ = METHODS[name]
+            if method in ("speculative", "hybrid"):
+                options = dict(options, drafter=gemma_drafter)
+            report["gemma"][f"{label}/{name}"] = jaxspec.generate(
+                m, GEMMA_PROMPTS, max_new_tokens=BUDGET, method=method, stop_at_eos=False, **options).tokens
     if CHECKPOINT.exists():  # a real checkpoint through `load(..., tensor_parallel=...)`
         stories = jaxspec.load(str(CHECKPOINT), tensor_parallel=4, data_parallel=2)
         report["stories"] = jaxspec.generate(stories, [c["prompt"] for c in CASES[:2]], max_new_tokens=24,
@@ -154,6 +171,13 @@ def test_memory_estimate_is_one_devices_share(tp_report):
     assert 0.45 < tp2["weights_bytes"] / single["weights_bytes"] < 0.6
     assert tp2["state_bytes"] < single["state_bytes"] and tp2["step_bytes"] == single["step_bytes"] // 2
     assert tp2["compiled"]["argument_bytes"] < single["compiled"]["argument_bytes"]
+
+
+def test_gemma3_every_method_at_tp2_equals_one_device(tp_report):
+    runs = {k: v for k, v in tp_report["gemma"].items() if k != "single/greedy"}
+    assert len(runs) == 6
+    for name, tokens in runs.items():
+        assert tokens == tp_report["gemma"]["single/greedy"], name
 
 
 @needs_stories
