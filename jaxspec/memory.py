@@ -14,8 +14,12 @@ then `estimate`, with the state's exact size:
   the attention scores `b x heads x T x (cache + T)` float32 (twice: scores and weights), the
   MLP's `3 x b x T x intermediate`, the residual stream; the block's K/V for every layer; the
   LM head: `b x T x vocab` float32 when sampling (the verifier reads probabilities), else
-  `b x T x argmax_chunk(vocab)` (`Transformer.head_argmax`); T = the block's tokens (the
-  prompt bucket for the prefill).
+  `b x T x argmax_chunk(vocab)` (`Transformer.head_argmax`) plus the chunk of the head's
+  weight it slices out (`argmax_chunk(vocab) x hidden`: at Gemma 3's 262k vocabulary and hidden
+  640, 42 MB in float32, far more than the chunk's logits); T = the block's tokens (the prompt
+  bucket for the prefill). Sampling adds the warp of one position's distribution per row (top-k /
+  top-p sort keys and ids, cumulative sums, masks): `SAMPLING_BUFFERS x b x vocab` float32, as
+  many as XLA's buffer assignment shows live at once.
 
 Weights are already on the device and are reported, not counted against the free memory.
 The request is refused when state + step exceed the device's free memory (accelerators:
@@ -39,6 +43,7 @@ from jaxspec.errors import MemoryLimitError
 from jaxspec.model import argmax_chunk
 
 F32 = 4
+SAMPLING_BUFFERS = 12
 
 
 def tree_bytes(tree) -> int:
@@ -66,6 +71,8 @@ def forward_bytes(cfg: ModelConfig, dtype_bytes: int, batch: int, tokens: int, k
     residual = 4 * batch * tokens * cfg.hidden_size * F32
     block_kv = 2 * cfg.num_layers * batch * tokens * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
     head = batch * tokens * head_columns * F32
+    if 0 < head_columns < cfg.vocab_size:  # a chunked head copies its slice of the weight
+        head += head_columns * cfg.hidden_size * dtype_bytes
     return attention + mlp + residual + block_kv + head
 
 
@@ -125,6 +132,7 @@ def step_bytes(cfg: ModelConfig, dtype_bytes: int, batch: int, prompt_len: int, 
     """The larger of one step's and the prefill's buffers (see the module docstring)."""
     step = forward_bytes(cfg, dtype_bytes, batch, block, cache_len + block,
                          cfg.vocab_size if sampled else argmax_chunk(cfg.vocab_size))
+    step += SAMPLING_BUFFERS * batch * cfg.vocab_size * F32 if sampled else 0
     prefill = forward_bytes(cfg, dtype_bytes, batch, prompt_len, cache_len + prompt_len, 0) \
         + batch * cfg.vocab_size * F32
     return max(step, prefill)

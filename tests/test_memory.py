@@ -79,7 +79,9 @@ def test_large_vocabulary_step_is_priced_by_the_head():
     batch, block, keys = 8, 120, 300
     greedy = memory.forward_bytes(cfg, 4, batch, block, keys, jaxspec.model.argmax_chunk(cfg.vocab_size))
     sampled = memory.forward_bytes(cfg, 4, batch, block, keys, cfg.vocab_size)
-    assert sampled - greedy == batch * block * (cfg.vocab_size - jaxspec.model.argmax_chunk(cfg.vocab_size)) * 4
+    chunk = jaxspec.model.argmax_chunk(cfg.vocab_size)
+    # sampling: the block's full logits; greedy: one chunk of logits and the chunk of the weight it slices
+    assert sampled - greedy == batch * block * (cfg.vocab_size - chunk) * 4 - chunk * cfg.hidden_size * 4
     assert jaxspec.model.argmax_chunk(cfg.vocab_size) <= jaxspec.model.ARGMAX_CHUNK + 127
 
 
