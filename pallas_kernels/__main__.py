@@ -62,6 +62,9 @@ CASES = (
     ("lookahead (1,3,0) d64 gqa8 fp32", _decode_case(1, 2, 8, 1, 64, 500, jnp.float32, tree=True)),
     ("lookahead (4,3,4) d128 gqa1 fp32 window", _decode_case(1, 16, 4, 4, 128, 700, jnp.float32, window=64,
                                                              tree=True)),
+    # Gemma 3 270M's local layers: head_dim 256, one KV head, window 512, a cache past the window.
+    ("lookahead (7,4,7) gemma3 d256 mqa4 bf16 window", _decode_case(1, 42, 4, 1, 256, 2048, jnp.bfloat16,
+                                                                      window=512, tree=True)),
     ("jacobi W=8 d64 gqa4 bf16", _decode_case(1, 9, 8, 2, 64, 300, jnp.bfloat16, tree=True)),
     ("hybrid (15,5,15)+K=8 d128 gqa4 bf16", _decode_case(2, 128, 32, 8, 128, 2048, jnp.bfloat16, tree=True)),
     ("pard d128 gqa4 bf16", _pard_case(2, 1024, 32, 8, 128, jnp.bfloat16)),

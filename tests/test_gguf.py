@@ -198,3 +198,20 @@ def test_chat_cli_interactive(chat_gguf, monkeypatch, capsys):
                  "--window", "3", "--ngram", "3", "--guesses", "3", "--compare"]) == 0
     err = capsys.readouterr().err
     assert err.count("identical to greedy: yes") == 2  # two turns, each checked against greedy
+
+
+def test_gemma3_export_loads_in_transformers(tmp_path):
+    """A Gemma 3 GGUF exported to an HF folder: norms back to w (llama.cpp's 1 + w undone once),
+    layer types, both RoPE bases and the attention scale in config.json; transformers' model from
+    the folder equals transformers' model from the GGUF, past the sliding window."""
+    config_cls, overrides, quant = CASES["gemma3_q8_0"]
+    source = build_hf(config_cls, {**SMALL, **overrides}, seed=31)
+    path = write_gguf(tmp_path / "g.gguf", source, quant)
+    assert main(["export", "--model", str(path), "--out", str(tmp_path / "hf")]) == 0
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32,
+                                                                  attn_implementation="eager")
+    exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32,
+                                                                 attn_implementation="eager")
+    assert exported.config.layer_types == reference.config.layer_types
+    ids = np.random.default_rng(31).integers(0, SMALL["vocab_size"], (1, 30))
+    np.testing.assert_allclose(hf_logits(exported, ids), hf_logits(reference, ids), atol=1e-5)
