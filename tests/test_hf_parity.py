@@ -428,3 +428,22 @@ def test_tokenizer_json_preferred_over_sentencepiece(tokenizer_folder, tmp_path)
     assert (saved / "tokenizer.json").exists()
     assert jaxspec.load(saved).tokenizer.encode(text) == ids
     assert json.loads((saved / "config.json").read_text())["vocab_size"] == 320
+
+
+def test_gemma3_multimodal_checkpoint_loads_its_language_model(tmp_path):
+    """A `Gemma3ForConditionalGeneration` folder (model_type "gemma3", the text config nested, the
+    language model's tensors under `model.language_model.`, a vision tower beside them): jaxspec
+    loads the language model, whose logits on text equal transformers' multimodal model's."""
+    text = dict(BASE, head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    torch.manual_seed(41)
+    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    hf = randomize(transformers.Gemma3ForConditionalGeneration(config).to(torch.float32), 41)
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    model = jaxspec.load(tmp_path)
+    assert model.config.model_type == "gemma3_text" and model.config.layer_types == tuple(text["layer_types"])
+    tokens = np.random.default_rng(41).integers(3, 160, (1, 30))
+    with torch.no_grad():
+        expected = hf(input_ids=torch.as_tensor(tokens), attention_mask=torch.ones(1, 30, dtype=torch.long)).logits
+    np.testing.assert_allclose(jax_logits(model, tokens), expected.float().numpy(), atol=1e-4, rtol=1e-4)

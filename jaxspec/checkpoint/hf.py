@@ -36,8 +36,32 @@ def read_config(folder: Path) -> ModelConfig:
     return ModelConfig.from_hf(hf)
 
 
+# A multimodal checkpoint (Gemma 3 4B+, `Gemma3ForConditionalGeneration`) nests its language model
+# under one of these prefixes (transformers 5, 4.x); its vision tower and projector are not ours.
+_TEXT_MODEL_PREFIXES = ("model.language_model.", "language_model.model.")
+_NOT_TEXT_MODEL = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.")
+
+
+def text_model_tensors(tensors: dict) -> dict:
+    """The language model's tensors under their text-only names (`model.layers...`, `lm_head`)."""
+    if not any(name.startswith(_TEXT_MODEL_PREFIXES) for name in tensors):
+        return tensors
+    out = {}
+    for name, tensor in tensors.items():
+        if name.startswith(_NOT_TEXT_MODEL):
+            continue
+        for prefix in _TEXT_MODEL_PREFIXES:
+            if name.startswith(prefix):
+                name = "model." + name[len(prefix):]
+        out[name.replace("language_model.lm_head.", "lm_head.")] = tensor
+    return out
+
+
 def read_tensors(folder: Path) -> dict[str, np.ndarray]:
-    folder = Path(folder)
+    return text_model_tensors(_read_all_tensors(Path(folder)))
+
+
+def _read_all_tensors(folder: Path) -> dict[str, np.ndarray]:
     if (folder / INDEX).exists():
         try:
             weight_map = json.loads((folder / INDEX).read_text())["weight_map"]
