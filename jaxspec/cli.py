@@ -485,6 +485,9 @@ def _export(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from jaxspec import compile_cache
+
+    compile_cache.enable()  # a second call with the same shapes loads its programs from disk
     try:
         return {"generate": _generate, "chat": _chat, "train": _train, "export": _export,
                 "train-drafter": _train_drafter}[args.command](args)

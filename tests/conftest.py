@@ -12,6 +12,9 @@ import pytest
 # not in the tests, which must measure for themselves and leave the user's store alone. (Set
 # here, so that the CLI and notebook processes the tests start inherit it.)
 os.environ["JAXSPEC_AUTO_CACHE"] = "off"
+# Likewise the persistent compilation cache (`jaxspec.compile_cache`): tests that exercise it
+# name their own folder.
+os.environ["JAXSPEC_COMPILE_CACHE"] = "off"
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -298,6 +299,33 @@ def test_entry_point_subprocess_json():
     result = json.loads(lines[0])
     assert set(result) == JSON_KEYS
     assert result["tokens"] == case["greedy"][:24]
+
+
+def test_second_process_loads_its_programs_from_the_compile_cache(tmp_path):
+    """`jaxspec.compile_cache`: the first CLI call writes its compiled programs to the folder
+    JAXSPEC_COMPILE_CACHE names, a second call with the same shapes loads them (its compile time
+    drops) and prints the same tokens."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "JAXSPEC_COMPILE_CACHE": str(tmp_path / "xla")}
+    argv = [sys.executable, "-m", "jaxspec", "generate", "--prompt-ids", "1,5,9", "--method", "lookahead",
+            "--max-new-tokens", "16", "--no-compare"]
+    runs = [subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr
+    assert runs[0].stdout == runs[1].stdout
+    first, second = (float(re.search(r"compile ([0-9.]+)s", r.stderr).group(1)) for r in runs)
+    assert any((tmp_path / "xla").iterdir())
+    assert second < 0.6 * first, (first, second)
+
+
+def test_compile_cache_folder_and_off_switch(monkeypatch, tmp_path):
+    from jaxspec import compile_cache
+
+    monkeypatch.setenv("JAXSPEC_COMPILE_CACHE", "off")
+    assert compile_cache.cache_dir() is None and compile_cache.enable() is None
+    monkeypatch.setenv("JAXSPEC_COMPILE_CACHE", "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert compile_cache.cache_dir() == tmp_path / "jaxspec" / "xla"
+    monkeypatch.setenv("JAXSPEC_COMPILE_CACHE", str(tmp_path / "elsewhere"))
+    assert compile_cache.cache_dir() == tmp_path / "elsewhere"
 
 
 @needs_stories
