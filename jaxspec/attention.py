@@ -40,6 +40,7 @@ class AttentionFn(Protocol):
         block_mask: BlockMask,
         q_positions: Int[Array, "b t"],
         sliding_window: int | None,
+        softcap: float | None = None,
     ) -> Float[Array, "b t h d"]: ...
 
 
@@ -53,8 +54,10 @@ def xla_attention(
     block_mask: BlockMask,
     q_positions: Int[Array, "b t"],
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> Float[Array, "b t h d"]:
-    """Reference attention in plain XLA ops: scores and softmax in float32, GQA by grouping."""
+    """Reference attention in plain XLA ops: scores and softmax in float32, GQA by grouping.
+    `softcap`: scores become softcap * tanh(scores / softcap) before the softmax (Gemma 2)."""
     block_mask = dense_block_mask(block_mask, q_positions)
     b, t, h, d = q.shape
     kv = k_cache.shape[2]
@@ -69,6 +72,8 @@ def xla_attention(
     # Two score blocks instead of concatenating K/V: the cache is never copied.
     scores_cache = jnp.einsum("bkqd,bksd->bkqs", qg, kc, preferred_element_type=jnp.float32) * scale
     scores_new = jnp.einsum("bkqd,bksd->bkqs", qg, kn, preferred_element_type=jnp.float32) * scale
+    if softcap is not None:
+        scores_cache, scores_new = (softcap * jnp.tanh(x / softcap) for x in (scores_cache, scores_new))
     cache_visible = jnp.arange(s)[None, None, :] < cache_lengths[:, None, None]  # [b, 1, s]
     new_visible = block_mask  # [b, t, t]
     if sliding_window is not None:

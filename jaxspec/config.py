@@ -20,18 +20,20 @@ ARCHITECTURES: dict[str, tuple[str, bool]] = {
     "mistral": ("MistralForCausalLM", False),
     "qwen2": ("Qwen2ForCausalLM", False),
     "qwen3": ("Qwen3ForCausalLM", True),
+    "gemma2": ("Gemma2ForCausalLM", False),
     "gemma3_text": ("Gemma3ForCausalLM", True),
 }
 # Gemma's differences from the LLaMA layout (`ModelConfig.gemma`): token embeddings scaled by
 # sqrt(hidden), RMSNorm weights applied as (1 + w), a norm after attention and after the MLP
 # besides the ones before, GeGLU (tanh GELU) instead of SwiGLU, attention scaled by
 # query_pre_attn_scalar**-0.5, and a `layer_types` pattern of sliding-window ("local") and
-# full ("global") attention layers, each kind with its own RoPE base.
-GEMMA_TYPES = ("gemma3_text",)
+# full ("global") attention layers, each kind with its own RoPE base (Gemma 3; Gemma 2 has one
+# RoPE, soft-caps attention scores and final logits, and no q/k norms).
+GEMMA_TYPES = ("gemma2", "gemma3_text")
 LAYER_TYPES = ("full_attention", "sliding_attention")
-# Gemma 3's layer pattern where a checkpoint does not list it (GGUF files; older HF configs):
-# every sixth layer global, as llama.cpp and transformers assume.
-GEMMA3_PATTERN = 6
+# The layer pattern where a checkpoint does not list it (GGUF files; older HF configs): every
+# sixth layer global in Gemma 3, every second in Gemma 2, as llama.cpp and transformers assume.
+GEMMA_PATTERNS = {"gemma2": 2, "gemma3_text": 6}
 
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -95,6 +97,7 @@ class ModelConfig:
     local_rope: RopeConfig | None = None  # RoPE of sliding-window layers (None: `rope`)
     query_pre_attn_scalar: float | None = None  # attention scale s**-0.5 (None: head_dim**-0.5)
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    attn_logit_softcapping: float | None = None  # attention scores likewise (Gemma 2)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
@@ -187,8 +190,6 @@ class ModelConfig:
         want_act = "gelu_pytorch_tanh" if gemma else "silu"
         if act != want_act:
             raise ConfigError(f"unsupported activation {act!r} in config.json; {model_type} needs {want_act!r}")
-        if gemma and hf.get("attn_logit_softcapping") is not None:
-            raise ConfigError("attn_logit_softcapping (Gemma 2) is not supported; Gemma 3 configs set it to null")
         if gemma and hf.get("use_bidirectional_attention"):
             raise ConfigError("use_bidirectional_attention (an embedding model) is not supported: jaxspec decodes causally")
 
@@ -211,7 +212,7 @@ class ModelConfig:
         if gemma:
             types = hf.get("layer_types")
             if types is None:
-                pattern = int(hf.get("sliding_window_pattern") or GEMMA3_PATTERN)
+                pattern = int(hf.get("sliding_window_pattern") or GEMMA_PATTERNS[model_type])
                 types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
                          for i in range(need("num_hidden_layers"))]
             layer_types = tuple(types)
@@ -236,12 +237,14 @@ class ModelConfig:
             head_dim=head_dim,
             max_position_embeddings=hf.get("max_position_embeddings", 2048),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            rope=_rope_from_hf(hf, "full_attention" if gemma else None),
-            local_rope=_rope_from_hf(hf, "sliding_attention") if gemma else None,
+            rope=_rope_from_hf(hf, "full_attention" if model_type == "gemma3_text" else None),
+            local_rope=_rope_from_hf(hf, "sliding_attention") if model_type == "gemma3_text" else None,
             layer_types=layer_types,
             query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)) if gemma else None,
             final_logit_softcapping=(None if hf.get("final_logit_softcapping") is None
                                      else float(hf["final_logit_softcapping"])),
+            attn_logit_softcapping=(None if not gemma or hf.get("attn_logit_softcapping") is None
+                                    else float(hf["attn_logit_softcapping"])),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma)),
             qkv_bias=qkv_bias,
             o_bias=o_bias,
@@ -289,18 +292,19 @@ class ModelConfig:
         if self.model_type in ("qwen2", "qwen3"):
             hf["use_sliding_window"] = False
         if self.gemma:
-            local = _rope_to_hf(self.local_rope or self.rope)
             hf.update(
                 hidden_activation="gelu_pytorch_tanh",
                 sliding_window=self.sliding_window,
                 layer_types=list(self.layer_types) or ["full_attention"] * self.num_layers,
                 query_pre_attn_scalar=_int_if_whole(self.query_pre_attn_scalar or self.head_dim),
                 final_logit_softcapping=self.final_logit_softcapping,
-                attn_logit_softcapping=None,
-                rope_parameters={"full_attention": rope, "sliding_attention": local},
-                rope_local_base_freq=local["rope_theta"],  # 4.x
+                attn_logit_softcapping=self.attn_logit_softcapping,
                 attention_bias=False,
             )
+        if self.model_type == "gemma3_text":
+            local = _rope_to_hf(self.local_rope or self.rope)
+            hf.update(rope_parameters={"full_attention": rope, "sliding_attention": local},
+                      rope_local_base_freq=local["rope_theta"])  # (4.x)
         return hf
 
 

@@ -1,4 +1,4 @@
-"""LLaMA-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) and Gemma 3 as Flax NNX modules.
+"""LLaMA-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) and Gemma 2 / 3 as Flax NNX modules.
 
 Parameter names follow Hugging Face's (`layers[i].self_attn.q_proj.kernel` is
 `model.layers.i.self_attn.q_proj.weight` transposed) so checkpoint I/O is one rule.
@@ -83,8 +83,9 @@ class Attention(nnx.Module):
         if cfg.query_pre_attn_scalar is not None and cfg.query_pre_attn_scalar != cfg.head_dim:
             # Every backend scales scores by head_dim**-0.5: fold the rest into q.
             q = q * jnp.asarray(math.sqrt(cfg.head_dim / cfg.query_pre_attn_scalar), q.dtype)
+        capped = {} if cfg.attn_logit_softcapping is None else {"softcap": cfg.attn_logit_softcapping}
         out = attention_fn(q, k_cache, v_cache, cache_lengths, k, v, block_mask, positions,
-                           sliding_window=cfg.layer_window(self.layer))
+                           sliding_window=cfg.layer_window(self.layer), **capped)
         return self.o_proj(out.reshape(b, t, cfg.num_heads * cfg.head_dim)), k, v
 
 

@@ -30,7 +30,7 @@ DISABLED_CHECKS = (jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.tri
 sds = jax.ShapeDtypeStruct
 
 
-def _decode_case(b, t, h, kv, d, s, dtype, window=None, tree: bool = False):
+def _decode_case(b, t, h, kv, d, s, dtype, window=None, tree: bool = False, softcap=None):
     """decode_attention with a dense mask, or with a token tree's relation (`TreeMask`: the
     DFS interval of each of the t tokens) computed in the kernel."""
     args = [sds((b, t, h, d), dtype), sds((b, s, kv, d), dtype), sds((b, s, kv, d), dtype), sds((b,), jnp.int32),
@@ -41,15 +41,15 @@ def _decode_case(b, t, h, kv, d, s, dtype, window=None, tree: bool = False):
     def build(platform):
         def fn(*a):
             mask = TreeMask(pre=a[6], end=a[7]) if tree else a[6]
-            return decode_attention(*a[:6], mask, a[-1], window, interpret=False, platform=platform)
+            return decode_attention(*a[:6], mask, a[-1], window, softcap, interpret=False, platform=platform)
         return fn
     return build, args
 
 
-def _pard_case(b, n, h, kv, d, dtype, window=None):
+def _pard_case(b, n, h, kv, d, dtype, window=None, softcap=None):
     args = [sds((b, n, h, d), dtype), sds((b, n, kv, d), dtype), sds((b, n, kv, d), dtype),
             sds((b, n), jnp.int32), sds((b, n), jnp.int32)]
-    return (lambda platform: functools.partial(pard_attention, sliding_window=window, interpret=False,
+    return (lambda platform: functools.partial(pard_attention, sliding_window=window, softcap=softcap, interpret=False,
                                                platform=platform)), args
 
 
@@ -65,10 +65,14 @@ CASES = (
     # Gemma 3 270M's local layers: head_dim 256, one KV head, window 512, a cache past the window.
     ("lookahead (7,4,7) gemma3 d256 mqa4 bf16 window", _decode_case(1, 42, 4, 1, 256, 2048, jnp.bfloat16,
                                                                       window=512, tree=True)),
+    # Gemma 2's soft-capped attention scores (cap 50), its local layers' window of 4096.
+    ("lookahead (7,4,7) gemma2 d256 gqa2 bf16 window softcap", _decode_case(1, 42, 8, 4, 256, 8192, jnp.bfloat16,
+                                                                             window=4096, tree=True, softcap=50.0)),
     ("jacobi W=8 d64 gqa4 bf16", _decode_case(1, 9, 8, 2, 64, 300, jnp.bfloat16, tree=True)),
     ("hybrid (15,5,15)+K=8 d128 gqa4 bf16", _decode_case(2, 128, 32, 8, 128, 2048, jnp.bfloat16, tree=True)),
     ("pard d128 gqa4 bf16", _pard_case(2, 1024, 32, 8, 128, jnp.bfloat16)),
     ("pard d64 gqa1 fp32 window", _pard_case(1, 300, 4, 4, 64, jnp.float32, window=128)),
+    ("pard d64 gqa2 fp32 softcap", _pard_case(1, 300, 4, 2, 64, jnp.float32, softcap=50.0)),
 )
 
 

@@ -25,9 +25,10 @@ def pallas_attention(
     block_mask: BlockMask,
     q_positions: Int[Array, "b t"],
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> Float[Array, "b t h d"]:
     """`jaxspec.attention.xla_attention`'s signature and results, with Pallas kernels."""
     if isinstance(block_mask, PardMask) and k_cache.shape[1] == 0:
-        return pard_attention(q, k_new, v_new, block_mask.block_ids, q_positions, sliding_window)
+        return pard_attention(q, k_new, v_new, block_mask.block_ids, q_positions, sliding_window, softcap)
     return decode_attention(q, k_cache, v_cache, cache_lengths, k_new, v_new, block_mask, q_positions,
-                            sliding_window)
+                            sliding_window, softcap)

@@ -61,9 +61,11 @@ def round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def qk(q, k, scale):
-    """q [R, d] . k [K, d]^T in float32, scaled after the matmul as the reference does."""
-    return lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
+def qk(q, k, scale, softcap=None):
+    """q [R, d] . k [K, d]^T in float32, scaled after the matmul as the reference does; with
+    `softcap`, soft-capped to softcap * tanh(score / softcap) (Gemma 2)."""
+    scores = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
+    return scores if softcap is None else softcap * jnp.tanh(scores / softcap)
 
 
 def pv(p, v):

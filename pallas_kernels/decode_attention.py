@@ -57,7 +57,7 @@ def _online_update(m, l, acc, scores, visible, v):
 
 
 def _kernel(len_ref, lo_ref, q_ref, kc_ref, vc_ref, kn_ref, vn_ref, qpos_ref, kpos_ref, *refs,
-            block_s: int, scale: float, window: int | None, scalars_whole: bool, tree: bool):
+            block_s: int, scale: float, window: int | None, softcap: float | None, scalars_whole: bool, tree: bool):
     if tree:  # per-row DFS intervals: the query rows' preorder numbers, the keys' intervals
         qpre_ref, kpre_ref, kend_ref, o_ref = refs
     else:
@@ -79,7 +79,7 @@ def _kernel(len_ref, lo_ref, q_ref, kc_ref, vc_ref, kn_ref, vn_ref, qpos_ref, kp
         visible = col < length
         if window is not None:
             visible = visible & (qpos - col < window)
-        return _online_update(m, l, acc, qk(q, k, scale), visible, v)
+        return _online_update(m, l, acc, qk(q, k, scale, softcap), visible, v)
 
     carry = (jnp.full((rows, 1), MASKED, jnp.float32), jnp.zeros((rows, 1), jnp.float32),
              jnp.zeros((rows, d), jnp.float32))
@@ -93,7 +93,7 @@ def _kernel(len_ref, lo_ref, q_ref, kc_ref, vc_ref, kn_ref, vn_ref, qpos_ref, kp
         visible = mask_ref[...] != 0  # [R, T]
     if window is not None:
         visible = visible & (qpos - kpos_ref[...] < window)
-    m, l, acc = _online_update(m, l, acc, qk(q, kn_ref[...], scale), visible, vn_ref[...])
+    m, l, acc = _online_update(m, l, acc, qk(q, kn_ref[...], scale, softcap), visible, vn_ref[...])
     o_ref[...] = (acc / l).astype(o_ref.dtype)
 
 
@@ -107,6 +107,7 @@ def decode_attention(
     block_mask: BlockMask,
     q_positions: Int[Array, "b t"],
     sliding_window: int | None = None,
+    softcap: float | None = None,
     *,
     block_s: int = 128,
     block_rows: int | None = None,
@@ -121,7 +122,8 @@ def decode_attention(
     >= 16) splits each instance's `g*T` query rows into tiles of that many rows, one grid
     step each (each re-reads the cache); default: one tile on TPU and in interpret mode,
     64 rows on GPU, where a Triton program keeps its tile's accumulator in registers.
-    `platform` and `interpret`: see `pallas_kernels.backend`.
+    `platform` and `interpret`: see `pallas_kernels.backend`. `softcap`: scores soft-capped
+    before the softmax (Gemma 2's attention logit soft-capping).
     """
     platform, interpret = resolve(platform, interpret)
     if block_s < 16 or block_s & (block_s - 1):
@@ -194,7 +196,7 @@ def decode_attention(
         mask = jnp.tile(mask.astype(jnp.int32), (1, g, 1))  # row = group * t + i
         args.append(jnp.pad(mask, ((0, 0), (0, rows - g * t), (0, keys - t))))
         in_specs.append(per_row(block_rows, keys))
-    kernel = functools.partial(_kernel, block_s=bs, scale=d ** -0.5, window=sliding_window,
+    kernel = functools.partial(_kernel, block_s=bs, scale=d ** -0.5, window=sliding_window, softcap=softcap,
                                scalars_whole=tpu, tree=tree)
     out = pl.pallas_call(
         kernel,

@@ -72,7 +72,7 @@ def _tile_table(block_ids, positions, block_q: int, block_k: int, width: int):
 
 
 def _kernel(table_ref, qb_ref, qp_ref, q_ref, k_ref, v_ref, kb_ref, kp_ref, o_ref, *,
-            block_k: int, scale: float, window: int | None, num_q_tiles: int, width: int,
+            block_k: int, scale: float, window: int | None, softcap: float | None, num_q_tiles: int, width: int,
             scalars_whole: bool):
     # TPU: the whole table in SMEM, flattened; elsewhere this instance's row of it.
     base = (pl.program_id(0) * num_q_tiles + pl.program_id(2)) * width if scalars_whole else 0
@@ -90,7 +90,7 @@ def _kernel(table_ref, qb_ref, qp_ref, q_ref, k_ref, v_ref, kb_ref, kp_ref, o_re
         visible = pard_relation(qb, qp, kb, kp)
         if window is not None:
             visible = visible & (qp - kp < window)
-        scores = jnp.where(visible, qk(q, k, scale), MASKED)
+        scores = jnp.where(visible, qk(q, k, scale, softcap), MASKED)
         m_new = jnp.maximum(m, jnp.max(scores, axis=1, keepdims=True))
         alpha = jnp.exp(m - m_new)
         p = jnp.where(visible, jnp.exp(scores - m_new), 0.0)  # a row may see nothing yet
@@ -102,7 +102,8 @@ def _kernel(table_ref, qb_ref, qp_ref, q_ref, k_ref, v_ref, kb_ref, kp_ref, o_re
     o_ref[...] = (acc / jnp.where(l > 0, l, 1.0)).astype(o_ref.dtype)
 
 
-def _forward(q, k, v, block_ids, positions, sliding_window, block_q, block_k, interpret, platform):
+def _forward(q, k, v, block_ids, positions, scores, block_q, block_k, interpret, platform):
+    sliding_window, softcap = scores
     platform, interpret = resolve(platform, interpret)
     for name, size in (("block_q", block_q), ("block_k", block_k)):
         if size < 16 or size & (size - 1):
@@ -140,7 +141,7 @@ def _forward(q, k, v, block_ids, positions, sliding_window, block_q, block_k, in
     kv_spec = pl.BlockSpec((None, None, n_pad, d), lambda i, j, qi: (i, lax.div(j, g), 0, 0))
     k_ids = pl.BlockSpec((None, nk, 1, block_k), lambda i, j, qi: (i, 0, 0, 0))
     q_spec = pl.BlockSpec((None, None, block_q, d), lambda i, j, qi: (i, j, qi, 0))
-    kernel = functools.partial(_kernel, block_k=block_k, scale=d ** -0.5, window=sliding_window,
+    kernel = functools.partial(_kernel, block_k=block_k, scale=d ** -0.5, window=sliding_window, softcap=softcap,
                                num_q_tiles=nq, width=width, scalars_whole=tpu)
     out = pl.pallas_call(
         kernel,
@@ -162,6 +163,7 @@ def pard_reference(
     block_ids: Int[Array, "b n"],
     positions: Int[Array, "b n"],
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> Float[Array, "b n h d"]:
     """The XLA path: `xla_attention` with an empty cache under the dense `pard_mask`."""
     from jaxspec.attention import xla_attention
@@ -169,21 +171,22 @@ def pard_reference(
     b, _, _, d = q.shape
     empty = jnp.zeros((b, 0, k.shape[2], d), k.dtype)
     return xla_attention(q, empty, empty, jnp.zeros((b,), jnp.int32), k, v, pard_mask(block_ids, positions),
-                         positions, sliding_window=sliding_window)
+                         positions, sliding_window=sliding_window, softcap=softcap)
 
 
+# `scores`: (sliding_window, softcap), static.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _pard_attention(q, k, v, block_ids, positions, sliding_window, options):
-    return _forward(q, k, v, block_ids, positions, sliding_window, *options)
+def _pard_attention(q, k, v, block_ids, positions, scores, options):
+    return _forward(q, k, v, block_ids, positions, scores, *options)
 
 
-def _pard_fwd(q, k, v, block_ids, positions, sliding_window, options):
-    return _forward(q, k, v, block_ids, positions, sliding_window, *options), (q, k, v, block_ids, positions)
+def _pard_fwd(q, k, v, block_ids, positions, scores, options):
+    return _forward(q, k, v, block_ids, positions, scores, *options), (q, k, v, block_ids, positions)
 
 
-def _pard_bwd(sliding_window, options, residuals, cotangent):
+def _pard_bwd(scores, options, residuals, cotangent):
     q, k, v, block_ids, positions = residuals
-    _, vjp = jax.vjp(lambda q, k, v: pard_reference(q, k, v, block_ids, positions, sliding_window), q, k, v)
+    _, vjp = jax.vjp(lambda q, k, v: pard_reference(q, k, v, block_ids, positions, *scores), q, k, v)
     return (*vjp(cotangent), None, None)
 
 
@@ -197,6 +200,7 @@ def pard_attention(
     block_ids: Int[Array, "b n"],
     positions: Int[Array, "b n"],
     sliding_window: int | None = None,
+    softcap: float | None = None,
     *,
     block_q: int = 128,
     block_k: int = 128,
@@ -210,4 +214,5 @@ def pard_attention(
     Differentiable (see the module docstring). `platform` / `interpret`: see
     `pallas_kernels.backend`.
     """
-    return _pard_attention(q, k, v, block_ids, positions, sliding_window, (block_q, block_k, interpret, platform))
+    return _pard_attention(q, k, v, block_ids, positions, (sliding_window, softcap),
+                           (block_q, block_k, interpret, platform))

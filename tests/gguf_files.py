@@ -67,7 +67,7 @@ def write_gguf(path: Path, hf_model, quant: Q = Q.F32, *, architecture: str | No
     `tensor_types`: per-GGUF-name overrides of the quantization type (raw bytes are written as is)."""
     cfg = hf_model.config
     arch = architecture or {"gemma3_text": "gemma3"}.get(cfg.model_type, cfg.model_type)
-    gemma = arch == "gemma3"
+    gemma = arch in ("gemma2", "gemma3")
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny-{arch}")
     w.add_block_count(cfg.num_hidden_layers)
@@ -79,13 +79,16 @@ def write_gguf(path: Path, hf_model, quant: Q = Q.F32, *, architecture: str | No
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     if arch == "llama":
         w.add_rope_dimension_count(head_dim)
-    if arch in ("qwen3", "gemma3"):
+    if arch in ("qwen3", "gemma2", "gemma3"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     rope = getattr(cfg, "rope_parameters", None) or {}
     if gemma:  # global layers' rope; the file has no local base, layer pattern or attention scale
         w.add_sliding_window(cfg.sliding_window)
         rope = rope.get("full_attention", rope)
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
     w.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)

@@ -34,6 +34,11 @@ TINY = jaxspec.ModelConfig(
     qk_norm=True, sliding_window=WINDOW, layer_types=("sliding_attention", "full_attention", "sliding_attention"),
     rope=jaxspec.config.RopeConfig(theta=1e6), local_rope=jaxspec.config.RopeConfig(theta=1e4),
     query_pre_attn_scalar=12.0, tie_word_embeddings=True)
+# Gemma 2: every other layer windowed, attention scores and final logits soft-capped (caps small
+# enough to bite on these weights), one RoPE, no q/k norms.
+TINY2 = dataclasses.replace(TINY, model_type="gemma2", qk_norm=False, local_rope=None,
+                            layer_types=("sliding_attention", "full_attention", "sliding_attention"),
+                            attn_logit_softcapping=5.0, final_logit_softcapping=10.0)
 WEIGHT_SCALE = 4.0
 PROMPTS = [  # all longer than the window
     [1, 17, 42, 9, 33, 35, 12, 12, 12, 30, 36, 1, 20],
@@ -51,8 +56,8 @@ METHODS = {
 }
 
 
-def tiny_gemma(attention: str = "xla") -> jaxspec.Model:
-    model = jaxspec.Model.from_module(jaxspec.Transformer(TINY, attention=attention, rngs=nnx.Rngs(0)))
+def tiny_gemma(attention: str = "xla", config: jaxspec.ModelConfig = TINY) -> jaxspec.Model:
+    model = jaxspec.Model.from_module(jaxspec.Transformer(config, attention=attention, rngs=nnx.Rngs(0)))
     params = jax.tree.map(lambda x: x * WEIGHT_SCALE if x.ndim == 2 else x, model.params)
     return dataclasses.replace(model, params=params, compiled={})
 
@@ -104,6 +109,24 @@ def test_every_method_equals_greedy(models, greedy, attention, name):
     assert out.tokens == greedy
     # drafts were accepted: the tree relation with the window was really exercised
     assert sum(map(len, out.tokens)) / max(out.steps) > 1.2, out.steps
+
+
+@pytest.mark.parametrize("attention", ["xla", "pallas"])
+def test_gemma2_soft_capping_in_every_branch_equals_greedy(attention):
+    """Gemma 2's soft-capped attention (in the XLA path and both Pallas kernels' scores) and
+    final logits, under lookahead and speculative decoding."""
+    model = tiny_gemma(attention, TINY2)
+    greedy = jaxspec.generate(model, PROMPTS, max_new_tokens=BUDGET, stop_at_eos=False).tokens
+    if attention == "pallas":
+        assert greedy == jaxspec.generate(tiny_gemma("xla", TINY2), PROMPTS, max_new_tokens=BUDGET,
+                                          stop_at_eos=False).tokens
+    for name in ("lookahead", "speculative"):
+        method, options = METHODS[name]
+        if method == "speculative":
+            options = dict(options, drafter=copy_drafter(model))
+        out = jaxspec.generate(model, PROMPTS, max_new_tokens=BUDGET, method=method, stop_at_eos=False, **options)
+        assert out.tokens == greedy, name
+        assert sum(map(len, out.tokens)) / max(out.steps) > 1.2, (name, out.steps)
 
 
 @pytest.mark.parametrize("attention", ["xla", "pallas"])

@@ -41,6 +41,9 @@ CASES = {
     "gemma3_q8_0": (transformers.Gemma3TextConfig, dict(num_hidden_layers=6, num_attention_heads=2,
                                                         num_key_value_heads=1, head_dim=256, sliding_window=8,
                                                         pad_token_id=0), Q.Q8_0),
+    # Gemma 2 (every other layer windowed, the file's soft-capping values: transformers' defaults)
+    "gemma2_q8_0": (transformers.Gemma2Config, dict(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                                    head_dim=256, sliding_window=8, pad_token_id=0), Q.Q8_0),
 }
 
 

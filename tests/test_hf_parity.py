@@ -65,6 +65,11 @@ CASES = {
         rope_parameters={"full_attention": dict(rope_type="linear", rope_theta=1e6, factor=4.0),
                          "sliding_attention": dict(rope_type="default", rope_theta=1e4)},
         pad_token_id=0), 33),
+    # Gemma 2: every other layer windowed, attention and final logit soft-capping (small caps, so
+    # they bite on these random weights), no q/k norms, one RoPE.
+    "gemma2": (transformers.Gemma2Config, dict(
+        head_dim=16, sliding_window=8, query_pre_attn_scalar=24, attn_logit_softcapping=5.0,
+        final_logit_softcapping=10.0, num_hidden_layers=3, pad_token_id=0), 33),
 }
 
 
@@ -158,13 +163,14 @@ def test_config_matches_hf(case):
     assert cfg.num_params == sum(p.numel() for p in case.hf.parameters())
     # Rotary frequencies equal HF's (float32 there, float64 here); Gemma 3 has one per layer type.
     rotary = case.hf.model.rotary_emb
-    if cfg.layer_types:
+    if cfg.layer_types and hasattr(rotary, "sliding_attention_inv_freq"):  # Gemma 3: one RoPE per layer type
         assert list(cfg.layer_types) == hc.layer_types
         for i, kind in enumerate(hc.layer_types):
             np.testing.assert_allclose(cfg.layer_rope(i).inverse_frequencies(cfg.head_dim),
                                        getattr(rotary, f"{kind}_inv_freq").numpy(), rtol=1e-6)
             assert cfg.layer_window(i) == (hc.sliding_window if kind == "sliding_attention" else None)
     else:
+        assert list(cfg.layer_types) == list(getattr(hc, "layer_types", None) or [])
         np.testing.assert_allclose(cfg.rope.inverse_frequencies(cfg.head_dim), rotary.inv_freq.numpy(), rtol=1e-6)
 
 
@@ -184,7 +190,7 @@ def test_padded_row_logits_match_hf(case):
     np.testing.assert_allclose(got[0], hf_logits(case.hf, tokens[:1])[0], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("case", ["mistral", "gemma3"], indirect=True)
+@pytest.mark.parametrize("case", ["mistral", "gemma3"], indirect=True)  # (Gemma 2 has no sdpa path)
 def test_sdpa_sliding_window_matches(case):
     """HF's sdpa path (not just eager) agrees on the sliding-window mask; prompt > window."""
     assert case.model.config.sliding_window == 8

@@ -38,10 +38,10 @@ from stories import CASES as STORIES_CASES, CHECKPOINT, needs_stories
 from test_speculative import copy_drafter
 from trees import StepLayout
 
-_pallas = jax.jit(decode_attention, static_argnames=("sliding_window", "block_s", "block_rows"))
-_xla = jax.jit(xla_attention, static_argnames=("sliding_window",))
-_pard = jax.jit(pard_attention, static_argnames=("sliding_window", "block_q", "block_k"))
-_pard_ref = jax.jit(pard_reference, static_argnames=("sliding_window",))
+_pallas = jax.jit(decode_attention, static_argnames=("sliding_window", "softcap", "block_s", "block_rows"))
+_xla = jax.jit(xla_attention, static_argnames=("sliding_window", "softcap"))
+_pard = jax.jit(pard_attention, static_argnames=("sliding_window", "softcap", "block_q", "block_k"))
+_pard_ref = jax.jit(pard_reference, static_argnames=("sliding_window", "softcap"))
 
 
 def _inputs(seed, b, t, h, kv, d, s, dtype, lengths, mask=None):
@@ -159,6 +159,24 @@ def test_sliding_window_matches_xla_attention():
     for window in (5, 40):
         got, want = _pallas(**args, sliding_window=window, block_s=16), _xla(**args, sliding_window=window)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+
+
+def test_softcap_matches_xla_attention():
+    """Gemma 2's attention soft-capping in both kernels: the same capped scores as the XLA path,
+    and a cap small enough to change the result (so the test would see it ignored)."""
+    layout = _layout(4, 3, 2)
+    t = layout.size
+    args = _inputs(60 + t, 2, t, 4, 2, 64, 60, jnp.float32, [17, 59], mask=layout.definition())
+    args["q_positions"] = args["cache_lengths"][:, None] + jnp.asarray(layout.position_offsets())[None]
+    want = _xla(**args, sliding_window=20, softcap=0.5)
+    assert np.abs(np.asarray(want) - np.asarray(_xla(**args, sliding_window=20))).max() > 1e-2
+    args["block_mask"] = layout.tree.mask(2)
+    _close(_pallas(**args, sliding_window=20, softcap=0.5, block_s=16), want, jnp.float32)
+    full = tuple(np.asarray(x) for x in pard_layout(17, 4))
+    q, k, v, block_ids, positions = _pard_inputs(17, [full], 4, 2, 64, jnp.float32)
+    got = _pard(q, k, v, block_ids, positions, softcap=0.5, block_q=16, block_k=16)
+    want = _pard_ref(q, k, v, block_ids, positions, softcap=0.5)
+    _close(got, jnp.where((block_ids >= 0)[:, :, None, None], want, 0), jnp.float32)
 
 
 def test_blocks_outside_the_cache_length_and_window_are_never_read():

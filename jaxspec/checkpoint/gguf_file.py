@@ -12,10 +12,10 @@ rotary embedding pairs adjacent features, HF's pairs the two halves); `_unpermut
 it as transformers' GGUF loader does (applied lazily as a row order, `RowPermuted`, so a
 slice of heads reads only those heads' rows). qwen2/qwen3 files are written unpermuted.
 
-Gemma 3 files (`gemma3`) differ: llama.cpp's converter stores every RMSNorm weight as 1 + w
+Gemma 2 and 3 files (`gemma2`, `gemma3`) differ: llama.cpp's converter stores every RMSNorm weight as 1 + w
 (its norm multiplies by the weight alone), so one is subtracted back (`Shifted`), as
-transformers' loader does; the layer pattern (every sixth layer global) and the local layers'
-RoPE base (10000) are not in the file: llama.cpp's own constants for the architecture are used.
+transformers' loader does; the layer pattern (every sixth layer global in Gemma 3, every second in Gemma 2) and Gemma 3's
+local RoPE base (10000) are not in the file: llama.cpp's own constants for the architecture are used.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from typing import Any
 import numpy as np
 
 from jaxspec.checkpoint.params import Index, RowPermuted, full_index
-from jaxspec.config import ARCHITECTURES, GEMMA3_PATTERN, ModelConfig, RopeConfig
+from jaxspec.config import ARCHITECTURES, GEMMA_PATTERNS, ModelConfig, RopeConfig
 from jaxspec.errors import CheckpointError
 
 # general.architecture -> ModelConfig.model_type
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
-                      "gemma3": "gemma3_text"}
+                      "gemma2": "gemma2", "gemma3": "gemma3_text"}
 
 # llama.cpp tensor names -> HF names ({i} is the layer index).
 _LAYER_NAMES = {
@@ -137,17 +137,21 @@ def config_from_gguf(meta: Mapping[str, Any], tensors: Mapping[str, Any], source
     eos_ids = tuple(dict.fromkeys(int(t) for t in stops if t is not None))
     bos, pad = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.padding_token_id")
     gemma: dict[str, Any] = {}
-    if model_type == "gemma3_text":
-        layers = int(need("block_count"))
+    if model_type in GEMMA_PATTERNS:
+        layers, pattern = int(need("block_count")), GEMMA_PATTERNS[model_type]
+        caps = {key: None if meta.get(f"{arch}.{key}") is None else float(meta[f"{arch}.{key}"])
+                for key in ("final_logit_softcapping", "attn_logit_softcapping")}
         gemma = dict(
-            layer_types=tuple("full_attention" if (i + 1) % GEMMA3_PATTERN == 0 else "sliding_attention"
+            layer_types=tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
                               for i in range(layers)),
-            local_rope=RopeConfig(theta=10000.0),
-            # llama.cpp: 1/sqrt(head_dim), except Gemma 3 27B (62 layers): 1/sqrt(hidden / heads).
-            query_pre_attn_scalar=float(hidden // heads if layers == 62 else head_dim),
-            final_logit_softcapping=meta.get(f"{arch}.final_logit_softcapping"),
+            # llama.cpp: 1/sqrt(head_dim), except the 27B models (Gemma 2: 46 layers, Gemma 3: 62):
+            # 1/sqrt(hidden / heads).
+            query_pre_attn_scalar=float(hidden // heads if layers in (46, 62) else head_dim),
+            **caps,
         )
-    sliding = meta.get(f"{arch}.attention.sliding_window") if model_type in ("mistral", "gemma3_text") else None
+        if model_type == "gemma3_text":
+            gemma["local_rope"] = RopeConfig(theta=10000.0)
+    sliding = meta.get(f"{arch}.attention.sliding_window") if model_type in ("mistral", *GEMMA_PATTERNS) else None
     return ModelConfig(
         model_type=model_type,
         vocab_size=vocab,
