@@ -86,8 +86,8 @@ def _lade_rows(r: dict, names: list[str], categories: list[str]) -> tuple[list[s
     if not path.exists() or r.get("eos_stop"):
         return [], {}
     lade = json.loads(path.read_text())
-    if lade.get("max_new_tokens") != r["new_tokens"]:
-        return [], {}
+    if lade.get("max_new_tokens") != r["new_tokens"] or r.get("prompt_format", "chat template") != "chat template":
+        return [], {}  # (another length, or a base model on plain text: lade ran SmolLM2 on chats)
     rows, totals = [], {}
     for config in lade["configs"]:
         picked = [r for r in config["rows"] if r["name"] in names]
