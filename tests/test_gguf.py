@@ -65,8 +65,9 @@ def test_config_matches_transformers(case):
     assert (cfg.model_type, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads) == (
         rc.model_type, rc.num_hidden_layers, rc.num_attention_heads, rc.num_key_value_heads)
     assert cfg.tie_word_embeddings == bool(rc.tie_word_embeddings)
-    assert list(cfg.layer_types) == list(getattr(rc, "layer_types", None) or [])
-    assert cfg.sliding_window == getattr(rc, "sliding_window", None)
+    types = getattr(rc, "layer_types", None) or ["full_attention"] * rc.num_hidden_layers
+    assert [cfg.layer_window(i) for i in range(cfg.num_layers)] == [
+        rc.sliding_window if t == "sliding_attention" else None for t in types]
     assert cfg.qkv_bias == (ref.model.layers[0].self_attn.q_proj.bias is not None)
     assert cfg.num_params == sum(p.numel() for p in ref.parameters())
 

@@ -163,6 +163,9 @@ def test_config_matches_hf(case):
     assert cfg.num_params == sum(p.numel() for p in case.hf.parameters())
     # Rotary frequencies equal HF's (float32 there, float64 here); Gemma 3 has one per layer type.
     rotary = case.hf.model.rotary_emb
+    if cfg.model_type.startswith("gemma"):  # every layer's window as transformers' layer_types say
+        assert [cfg.layer_window(i) for i in range(cfg.num_layers)] == [
+            hc.sliding_window if t == "sliding_attention" else None for t in hc.layer_types]
     if cfg.layer_types and hasattr(rotary, "sliding_attention_inv_freq"):  # Gemma 3: one RoPE per layer type
         assert list(cfg.layer_types) == hc.layer_types
         for i, kind in enumerate(hc.layer_types):
@@ -170,7 +173,6 @@ def test_config_matches_hf(case):
                                        getattr(rotary, f"{kind}_inv_freq").numpy(), rtol=1e-6)
             assert cfg.layer_window(i) == (hc.sliding_window if kind == "sliding_attention" else None)
     else:
-        assert list(cfg.layer_types) == list(getattr(hc, "layer_types", None) or [])
         np.testing.assert_allclose(cfg.rope.inverse_frequencies(cfg.head_dim), rotary.inv_freq.numpy(), rtol=1e-6)
 
 
