@@ -117,6 +117,20 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     e.add_argument("--force", action="store_true",
                    help="replace a non-empty --out: the export is written beside it, then swapped in")
+
+    v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching (docs/serving.md)")
+    v.add_argument("--model", default=None, help="as for generate; default: pycode-5M")
+    v.add_argument("--served-model-name", help="the model id clients pass (default: --model as given)")
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--port", type=int, default=8000, help="0: a free port (the address is printed)")
+    v.add_argument("--slots", type=int, default=8, help="requests decoded at once (the compiled batch)")
+    v.add_argument("--context", type=int, help="prompt + output tokens per request (default: min(model's, 2048))")
+    v.add_argument("--chunk-steps", type=int, default=4, help="decoding steps between two host syncs")
+    v.add_argument("--max-groups", type=int, default=4,
+                   help="slot groups kept compiled at once (one per method / greedy-or-sampled / ignore_eos)")
+    v.add_argument("--drain-seconds", type=float, default=600.0,
+                   help="on SIGTERM, how long requests in flight may take to finish")
+    _add_decoding_options(v)
     return parser
 
 
@@ -483,6 +497,39 @@ def _export(args) -> int:
     return 0
 
 
+def _serve(args) -> int:
+    import jaxspec
+    from jaxspec.errors import GenerationError
+
+    method_options = _method_options(args)
+    fixed = [flag for flag, given in (("--top-k", args.top_k != 0), ("--top-p", args.top_p != 1.0),
+                                      ("--seed", args.seed != 0), ("--tensor-parallel", args.tensor_parallel != 1),
+                                      ("--data-parallel", args.data_parallel != 1),
+                                      ("--lp-devices", "lp_devices" in method_options)) if given]
+    if fixed:
+        raise GenerationError(f"{', '.join(fixed)}: not a server setting (top_k, top_p and seed are set per request; "
+                              "serve decodes on one device)")
+    if not 0 <= args.port < 65536:
+        raise GenerationError(f"--port must be in [0, 65535], got {args.port}")
+    try:
+        from jaxspec.serving import app, make_server
+    except ImportError as e:
+        raise GenerationError(str(e)) from None
+    name = args.model or jaxspec.loading.DEFAULT_MODEL
+    model = jaxspec.load(name, dtype=args.dtype, attention=args.attention)
+    server = make_server(model, args.served_model_name or name, method=args.method, method_options=method_options,
+                         slots=args.slots, context=args.context, chunk_steps=args.chunk_steps,
+                         temperature=args.temperature, max_groups=args.max_groups)
+    if server.auto_reason:
+        print(f"jaxspec: --method auto chose {server.settings.method} "
+              f"{dict(server.settings.method_options) or ''}: {server.auto_reason}", file=sys.stderr)
+    try:
+        app.run(server, args.host, args.port, drain_seconds=args.drain_seconds)
+    except OSError as e:
+        raise GenerationError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from jaxspec import compile_cache
@@ -490,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     compile_cache.enable()  # a second call with the same shapes loads its programs from disk
     try:
         return {"generate": _generate, "chat": _chat, "train": _train, "export": _export,
-                "train-drafter": _train_drafter}[args.command](args)
+                "train-drafter": _train_drafter, "serve": _serve}[args.command](args)
     except JaxspecError as e:
         print(f"jaxspec: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -1,0 +1,67 @@
+"""Serving: an OpenAI-compatible server whose decode slots batch continuously (`jaxspec serve`).
+
+`slots` (fixed-shape continuous batching), `scheduler` (the loop that fills and drains the
+slots), `requests` (OpenAI bodies -> checked jobs), `app` (HTTP routes, streaming). `make_server`
+builds a `Server` for a loaded model; `app.run` serves it.
+"""
+
+from __future__ import annotations
+
+from jaxspec import auto
+from jaxspec.chat import chat_prompt, stop_ids
+from jaxspec.errors import GenerationError
+from jaxspec.serving.requests import ServeSettings
+
+# The prompt `method="auto"` measures at start-up (a chat request where the model has a template).
+AUTO_PROBE = "Write a Python function that returns the n-th Fibonacci number, and explain it."
+
+
+def eos_ids(model) -> tuple[int, ...]:
+    """What ends a reply: the model's EOS ids and its tokenizer's end-of-turn ids."""
+    if model.tokenizer is None:
+        return tuple(model.config.eos_token_ids)
+    return tuple(dict.fromkeys(tuple(model.config.eos_token_ids) + stop_ids(model)))
+
+
+def resolve_auto(model, slots: int, context: int) -> tuple[str, dict, str]:
+    """`auto` for a server: the method and options `jaxspec.auto` measures fastest for `slots`
+    rows of a typical request; with the reason."""
+    if model.tokenizer is not None and model.tokenizer.chat_template is not None:
+        prompt = chat_prompt(model, [{"role": "user", "content": AUTO_PROBE}])
+    elif model.tokenizer is not None:
+        prompt = model.tokenizer.encode(AUTO_PROBE)
+    else:
+        prompt = [model.config.bos_token_id or 0]
+    new = min(128, context - len(prompt))
+    choice = auto.choose(model, [prompt] * slots, slots, len(prompt), new)
+    return choice.method, dict(choice.options), choice.reason
+
+
+def make_server(model, model_id: str, *, method: str = "auto", method_options: dict | None = None, slots: int = 8,
+                context: int | None = None, chunk_steps: int = 4, temperature: float = 0.0, max_groups: int = 4,
+                warm: bool = True):
+    """A `Server` for `model` (checked settings; the default plan compiled when `warm`)."""
+    from jaxspec.serving.app import Server
+
+    limit = model.config.max_position_embeddings
+    context = min(limit, 2048) if context is None else context
+    for name, value, low, high in (("slots", slots, 1, 4096), ("context", context, 2, limit),
+                                   ("chunk_steps", chunk_steps, 1, 1 << 20), ("max_groups", max_groups, 1, 64)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise GenerationError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    if not 0 <= temperature <= 2:
+        raise GenerationError(f"temperature must be in [0, 2], got {temperature}")
+    options = dict(method_options or {})
+    reason = None
+    if method == "auto":
+        if options:
+            raise GenerationError("method 'auto' chooses the method and its options; it takes none")
+        method, options, reason = resolve_auto(model, slots, context)
+    settings = ServeSettings(model_id=model_id, slots=slots, context=context, chunk_steps=chunk_steps, method=method,
+                             method_options=tuple(sorted(options.items())), temperature=temperature,
+                             max_groups=max_groups)
+    server = Server(model, settings, eos_ids(model))
+    server.auto_reason = reason
+    if warm:
+        server.warm()
+    return server

@@ -1,0 +1,250 @@
+"""`jaxspec serve`: an OpenAI-compatible HTTP server (Starlette on uvicorn) over the scheduler.
+
+Routes: `POST /v1/chat/completions`, `POST /v1/completions` (both with `stream: true` as
+server-sent events in OpenAI's chunk format, ending in `data: [DONE]`), `GET /v1/models`,
+`GET /health`. Every response carries a `jaxspec` object beside OpenAI's fields: the method,
+the model steps, S (tokens per step), the token ids, the seed, the time to the first token.
+
+A client that disconnects cancels its job (its slot is freed at the next chunk); SIGTERM
+stops accepting connections, lets the requests in flight finish (uvicorn's graceful
+shutdown), then stops the scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import signal
+import socket
+import sys
+import time
+
+from jaxspec.serving.requests import ApiError, Parsed, Requests, ServeSettings
+from jaxspec.serving.scheduler import Delta, Failure, Finish, Job, Scheduler
+
+try:
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+except ImportError as e:  # pragma: no cover  (the CLI turns this into one line)
+    raise ImportError("jaxspec serve needs starlette and uvicorn: pip install 'jaxspec[serve]'") from e
+
+DISCONNECT_POLL_S = 0.25
+
+
+def _error(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+class Server:
+    """The served model, its request parser and its scheduler."""
+
+    def __init__(self, model, settings: ServeSettings, eos_ids: tuple[int, ...]):
+        self.model, self.settings = model, settings
+        self.requests = Requests(model, settings, eos_ids)
+        self.scheduler = Scheduler(model, slots=settings.slots, context=settings.context,
+                                   chunk_steps=settings.chunk_steps, max_groups=settings.max_groups)
+        self.started = int(time.time())
+        self.auto_reason: str | None = None  # why `auto` chose the default method, when it did
+
+    def warm(self) -> None:
+        """Build the default plan's slot group (greedy, or sampled when the default temperature
+        is not 0) before the first request, so it does not wait for compilation."""
+        plan = self.requests.plan(self.settings.method, dict(self.settings.method_options),
+                                  self.settings.temperature == 0, False)
+        self.scheduler.group(plan).warm(buckets=(32, 64))
+
+    # ----------------------------------------------------------------------------- routes
+    async def health(self, request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "model": self.settings.model_id, **self.scheduler.status()})
+
+    async def models(self, request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.settings.model_id, "object": "model", "created": self.started, "owned_by": "jaxspec",
+             "max_model_len": self.settings.context}]})
+
+    async def chat_completions(self, request: Request):
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: Request):
+        return await self._complete(request, chat=False)
+
+    async def _complete(self, request: Request, chat: bool):
+        try:
+            raw = await request.body()
+            try:
+                body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+            parsed = self.requests.parse(body, chat)
+        except ApiError as e:
+            return _error(e)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        job = Job(prompt=parsed.prompt, limit=parsed.limit, seed=parsed.seed, sampling=parsed.sampling,
+                  plan=parsed.plan, deliver=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
+                  stop_strings=parsed.stop_strings, stop_ids=parsed.stop_ids)
+        try:
+            self.scheduler.submit(job)
+        except RuntimeError as e:
+            return _error(ApiError(503, str(e), kind="server_error", code="shutting_down"))
+        ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+        if parsed.stream:
+            return StreamingResponse(self._stream(job, parsed, events, ident), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await self._whole(request, job, parsed, events, ident)
+
+    # ----------------------------------------------------------------------------- answers
+    def _extension(self, job: Job, parsed: Parsed, finish: Finish) -> dict:
+        return {"method": parsed.plan.name, "options": _plain(parsed.plan.options.as_dict()), "seed": parsed.seed,
+                "token_ids": finish.token_ids, "steps": finish.stats["steps"],
+                "compression": finish.stats["compression"],
+                "time_to_first_token": round(finish.stats["time_to_first_token"], 6),
+                "seconds": round(finish.stats["seconds"], 6)}
+
+    def _usage(self, parsed: Parsed, finish: Finish) -> dict:
+        n = len(finish.token_ids)
+        return {"prompt_tokens": len(parsed.prompt), "completion_tokens": n, "total_tokens": len(parsed.prompt) + n}
+
+    def _head(self, ident: str, chat: bool, chunk: bool) -> dict:
+        kind = ("chat.completion" if chat else "text_completion") + (".chunk" if chunk and chat else "")
+        return {"id": ident, "object": kind, "created": int(time.time()), "model": self.settings.model_id}
+
+    async def _whole(self, request: Request, job: Job, parsed: Parsed, events: asyncio.Queue, ident: str):
+        while True:
+            try:
+                event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    self.scheduler.cancel(job)
+                    return JSONResponse({}, status_code=499)
+                continue
+            if isinstance(event, Failure):
+                return _error(ApiError(500, event.message, kind="server_error"))
+            if isinstance(event, Finish):
+                break
+        choice = {"index": 0, "finish_reason": event.reason, "logprobs": None}
+        if parsed.chat:
+            choice["message"] = {"role": "assistant", "content": event.text}
+        else:
+            choice["text"] = event.text
+        return JSONResponse({**self._head(ident, parsed.chat, False), "choices": [choice],
+                             "usage": self._usage(parsed, event), "jaxspec": self._extension(job, parsed, event)})
+
+    async def _stream(self, job: Job, parsed: Parsed, events: asyncio.Queue, ident: str):
+        def chunk(text: str | None, reason: str | None = None, role: bool = False, **extra) -> str:
+            if parsed.chat:
+                delta = {} if text is None else {"content": text}
+                if role:
+                    delta = {"role": "assistant", **delta}
+                choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+            else:
+                choice = {"index": 0, "text": text or "", "finish_reason": reason, "logprobs": None}
+            return _sse({**self._head(ident, parsed.chat, True), "choices": [choice], **extra})
+
+        finished = False
+        try:
+            if parsed.chat:
+                yield chunk("", role=True)  # the role first, as OpenAI does
+            while True:
+                event = await events.get()
+                if isinstance(event, Delta):
+                    if event.text:
+                        yield chunk(event.text)
+                    continue
+                finished = True
+                if isinstance(event, Finish):
+                    yield chunk(None, event.reason, jaxspec=self._extension(job, parsed, event))
+                    if parsed.include_usage:
+                        yield _sse({**self._head(ident, parsed.chat, True), "choices": [],
+                                    "usage": self._usage(parsed, event)})
+                else:
+                    yield _sse(ApiError(500, event.message, kind="server_error").body())
+                yield "data: [DONE]\n\n"
+                return
+        finally:
+            if not finished:  # the client went away (the response was cancelled or closed)
+                self.scheduler.cancel(job)
+
+    # ----------------------------------------------------------------------------- app
+    def app(self) -> "Starlette":
+        async def not_found(request: Request, exc: HTTPException):
+            return _error(ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                                   code="not_found" if exc.status_code == 404 else None))
+
+        async def internal(request: Request, exc: Exception):
+            return _error(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error"))
+
+        routes = [Route("/health", self.health), Route("/v1/models", self.models),
+                  Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                  Route("/v1/completions", self.completions, methods=["POST"])]
+        @contextlib.asynccontextmanager
+        async def lifespan(app):
+            yield
+            self.scheduler.stop()  # after uvicorn's drain: nothing is in flight any more
+
+        return Starlette(routes=routes, exception_handlers={HTTPException: not_found, Exception: internal},
+                         lifespan=lifespan)
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def _plain(options: dict) -> dict:
+    """Method options as JSON values (a loaded drafter is named by its folder)."""
+    return {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v) for k, v in options.items()}
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket (port 0: a free one), bound before uvicorn starts so the address is known."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+@contextlib.contextmanager
+def background(server: Server, host: str = "127.0.0.1", port: int = 0):
+    """Serve in a background thread (a notebook, a test): yields the base URL (`.../v1`); on
+    exit the server drains and stops."""
+    import threading
+
+    import uvicorn
+
+    sock = listen(host, port)
+    bound = sock.getsockname()
+    server.scheduler.start()
+    uv = uvicorn.Server(uvicorn.Config(server.app(), log_level="warning"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, name="jaxspec-http", daemon=True)
+    thread.start()
+    while not uv.started and thread.is_alive():
+        time.sleep(0.02)
+    try:
+        yield f"http://{bound[0]}:{bound[1]}/v1"
+    finally:
+        uv.should_exit = True
+        thread.join()
+        server.scheduler.stop()
+
+
+def run(server: Server, host: str, port: int, drain_seconds: float = 600.0) -> None:
+    import uvicorn
+
+    sock = listen(host, port)
+    bound = sock.getsockname()
+    app = server.app()
+    server.scheduler.start()
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=drain_seconds)
+    print(f"jaxspec: serving {server.settings.model_id} at http://{bound[0]}:{bound[1]}/v1 "
+          f"({server.settings.slots} slots, context {server.settings.context})", file=sys.stderr, flush=True)
+    # uvicorn drains on SIGINT / SIGTERM, then re-raises the signal: a drained stop exits 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    uvicorn.Server(config).run(sockets=[sock])
+    print(f"jaxspec: stopped after {server.scheduler.counters['completed']} completed requests", file=sys.stderr)

@@ -1,0 +1,258 @@
+"""OpenAI request bodies -> validated jobs, and bad input -> OpenAI's error shape.
+
+Every check a request can fail raises `ApiError` (an HTTP status and OpenAI's
+`{"error": {"message", "type", "param", "code"}}`); nothing a client sends reaches the
+scheduler unchecked. Fields OpenAI defines that jaxspec does not implement are accepted at
+their neutral value (`n = 1`, penalties 0, no logprobs) and refused otherwise; unknown fields
+are refused, as OpenAI's API does.
+
+Extensions (beside OpenAI's fields): `top_k`, `stop_token_ids`, `ignore_eos`, and `method` +
+`method_options` (a decoding method for this request, otherwise the server's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from jaxspec import memory
+from jaxspec.chat import chat_prompt
+from jaxspec.errors import GenerationError, JaxspecError, MemoryLimitError
+from jaxspec.inputs import normalize_prompts
+from jaxspec.methods import ALIASES, METHODS, bind, resolve_method
+from jaxspec.sampling import SamplingParams
+from jaxspec.serving.scheduler import Plan, random_seed
+
+COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "n",
+                 "stream", "stream_options", "user", "presence_penalty", "frequency_penalty", "logprobs",
+                 "logit_bias", "ignore_eos", "method", "method_options"}
+CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
+                               "tool_choice", "parallel_tool_calls"}
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "best_of", "suffix"}
+MAX_STOPS = 4  # as OpenAI
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param, code)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeSettings:
+    """What the server was started with (`jaxspec serve` flags)."""
+
+    model_id: str
+    slots: int = 8
+    context: int = 2048
+    chunk_steps: int = 4
+    method: str = "autoregressive"  # "auto" is resolved at start-up into a method + options
+    method_options: tuple = ()  # ((name, value), ...)
+    temperature: float = 0.0  # for requests that give none (0 = greedy: lossless against greedy)
+    max_groups: int = 4
+
+
+@dataclasses.dataclass
+class Parsed:
+    """A checked request: what the scheduler needs, and how to answer."""
+
+    prompt: list[int]
+    limit: int
+    seed: int
+    sampling: SamplingParams
+    plan: Plan
+    stop_strings: tuple[str, ...]
+    stop_ids: frozenset
+    stream: bool
+    include_usage: bool
+    chat: bool
+
+
+def _typed(body: dict, name: str, kinds, what: str, default=None):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+        raise bad(f"{name} must be {what}, got a boolean", name)
+    if not isinstance(value, kinds):
+        raise bad(f"{name} must be {what}, got {type(value).__name__}", name)
+    return value
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float, what: str) -> float:
+    value = _typed(body, name, (int, float), what, default)
+    if not (math.isfinite(value) and low <= value <= high):
+        raise bad(f"{name} must be {what}, got {value}", name)
+    return float(value)
+
+
+def _integer(body: dict, name: str, default, low: int, high: int, what: str):
+    value = _typed(body, name, int, what, default)
+    if value is not None and not low <= value <= high:
+        raise bad(f"{name} must be {what}, got {value}", name)
+    return value
+
+
+def _neutral(body: dict, name: str, neutral, why: str) -> None:
+    value = body.get(name)
+    if value is not None and value != neutral and not (neutral == 0 and value == 0.0):
+        raise bad(f"{name}={value!r} is not supported: {why}", name, "unsupported_parameter")
+
+
+def _messages(value) -> list[dict]:
+    """OpenAI messages (content as a str or a list of text parts) as the chat template takes them."""
+    if not isinstance(value, list) or not value:
+        raise bad("messages must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict):
+            raise bad(f"messages[{i}] must be an object with role and content", "messages")
+        content = m.get("content")
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            parts = []
+            for part in content:
+                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                    raise bad(f"messages[{i}].content: only text parts are supported", "messages")
+                parts.append(part["text"])
+            content = "".join(parts)
+        if not isinstance(m.get("role"), str) or not isinstance(content, str):
+            raise bad(f"messages[{i}] needs a str role and a str (or text parts) content", "messages")
+        out.append({**{k: v for k, v in m.items() if k not in ("content", "name")}, "content": content})
+    return out
+
+
+class Requests:
+    """Turns request bodies into `Parsed` jobs for one served model."""
+
+    def __init__(self, model, settings: ServeSettings, eos_ids: tuple[int, ...]):
+        self.model, self.settings, self.eos_ids = model, settings, eos_ids
+        self._plans: dict[tuple, Plan] = {}
+
+    def plan(self, method: str, options: dict, greedy: bool, ignore_eos: bool) -> Plan:
+        """The decoding plan (engine, weights), checked against the memory guard once per plan."""
+        key = (method, tuple(sorted(options.items())), greedy, ignore_eos)
+        if key not in self._plans:
+            model, s = self.model, self.settings
+            name, spec, resolved = resolve_method(method, model.config, options, model.drafters, model)
+            if getattr(resolved, "lp_devices", 1) > 1:
+                raise GenerationError("lp_devices: jaxspec serve decodes on one device (no lookahead parallelism)")
+            engine = spec.engine(resolved, greedy)
+            what = f"{memory.describe(name, resolved, s.slots, s.context)} (the server's slots x context)"
+            memory.guard_options(model, engine, what, s.slots, s.context, s.context)
+            graphdef, params = bind(model, engine, resolved)
+            self._plans[key] = Plan(name=name, options=resolved, engine=engine, graphdef=graphdef, params=params,
+                                    eos_ids=() if ignore_eos else self.eos_ids)
+        return self._plans[key]
+
+    def parse(self, body: Any, chat: bool) -> Parsed:
+        if not isinstance(body, dict):
+            raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
+        allowed = CHAT_FIELDS if chat else COMPLETION_FIELDS
+        unknown = sorted(set(body) - allowed)
+        if unknown:
+            raise bad(f"unrecognized request argument supplied: {unknown[0]}", unknown[0], "unknown_parameter")
+        s, model = self.settings, self.model
+        name = _typed(body, "model", str, "a str")
+        if name is None:
+            raise bad("you must provide a model parameter", "model")
+        if name != s.model_id:
+            raise ApiError(404, f"the model {name!r} does not exist; this server serves {s.model_id!r}", "model",
+                           "model_not_found")
+        _integer(body, "n", 1, 1, 1, "1 (one choice per request)")
+        for field, neutral, why in (("presence_penalty", 0, "penalties change the distribution"),
+                                    ("frequency_penalty", 0, "penalties change the distribution"),
+                                    ("logprobs", False if chat else 0, "log-probabilities are not returned"),
+                                    ("top_logprobs", 0, "log-probabilities are not returned"),
+                                    ("echo", False, "the prompt is not echoed"), ("best_of", 1, "one candidate"),
+                                    ("suffix", "", "no insertion"), ("logit_bias", {}, "logits are not biased"),
+                                    ("tools", [], "no tool calls"), ("tool_choice", "none", "no tool calls")):
+            _neutral(body, field, neutral, why)
+        response_format = body.get("response_format")
+        if response_format is not None and response_format != {"type": "text"}:
+            raise bad("response_format: only {'type': 'text'} is supported", "response_format",
+                      "unsupported_parameter")
+        stream = _typed(body, "stream", bool, "true or false", False)
+        options = _typed(body, "stream_options", dict, "an object", {})
+        if set(options) - {"include_usage"} or not isinstance(options.get("include_usage", False), bool):
+            raise bad("stream_options takes only include_usage (true or false)", "stream_options")
+        if options and not stream:
+            raise bad("stream_options is only allowed with stream: true", "stream_options")
+        _typed(body, "user", str, "a str")
+
+        try:
+            if chat:
+                prompt = chat_prompt(model, _messages(body.get("messages")))
+            else:
+                prompt = self._prompt(body.get("prompt"))
+        except JaxspecError as e:
+            raise bad(str(e), "messages" if chat else "prompt") from None
+
+        room = s.context - len(prompt)
+        if room < 1:
+            raise bad(f"the prompt has {len(prompt)} tokens; this server's context is {s.context} tokens "
+                      "(prompt + output)", "messages" if chat else "prompt", "context_length_exceeded")
+        limit_field = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None \
+            else "max_tokens"
+        limit = _integer(body, limit_field, room if chat else min(16, room), 1, 2**31, "an integer >= 1")
+        if limit > room:
+            raise bad(f"{limit_field}={limit} does not fit: the prompt has {len(prompt)} tokens and the context "
+                      f"is {s.context} (at most {room} new tokens)", limit_field, "context_length_exceeded")
+
+        temperature = _number(body, "temperature", s.temperature, 0, 2, "a number in [0, 2]")
+        top_p = _number(body, "top_p", 1.0, 1e-9, 1, "a number in (0, 1]")
+        top_k = _integer(body, "top_k", 0, 0, 2**31, "an integer >= 0 (0 = off)")
+        seed = _integer(body, "seed", None, 0, 2**32 - 1, "an integer in [0, 2**32)")
+        seed = random_seed() if seed is None else seed
+        stops = body.get("stop")
+        stops = [stops] if isinstance(stops, str) else (stops or [])
+        if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(x, str) and x for x in stops):
+            raise bad(f"stop must be a non-empty str or a list of up to {MAX_STOPS} of them", "stop")
+        stop_ids = _typed(body, "stop_token_ids", list, "a list of token ids", [])
+        vocab = model.config.vocab_size
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in stop_ids):
+            raise bad(f"stop_token_ids must be token ids in [0, {vocab})", "stop_token_ids")
+        ignore_eos = _typed(body, "ignore_eos", bool, "true or false", False)
+
+        method = _typed(body, "method", str, "a method name", None)
+        method_options = _typed(body, "method_options", dict, "an object of method options", {})
+        if method == "auto" and method_options:
+            raise bad("method 'auto' takes no method_options (it is the server's measured choice)", "method_options")
+        if method is None or method == "auto":
+            method = s.method
+            method_options = {**dict(s.method_options), **method_options}
+        try:
+            plan = self.plan(method, method_options, temperature == 0, ignore_eos)
+            sampling = SamplingParams.create(temperature, top_k, top_p)
+        except MemoryLimitError as e:
+            raise bad(f"not enough memory for this method on this server: {e}", "method",
+                      "insufficient_memory") from None
+        except JaxspecError as e:
+            known = ALIASES.get(method, method) in METHODS
+            raise bad(str(e), "method_options" if known else "method") from None
+        return Parsed(prompt=prompt, limit=limit, seed=seed, sampling=sampling, plan=plan,
+                      stop_strings=tuple(stops), stop_ids=frozenset(stop_ids), stream=stream,
+                      include_usage=bool(options.get("include_usage", False)), chat=chat)
+
+    def _prompt(self, prompt) -> list[int]:
+        """A completion prompt: a str, a list of token ids, or a one-item list of either."""
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if prompt is None:
+            raise bad("you must provide a prompt", "prompt")
+        if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+            raise bad("one prompt per request (send several requests: they are batched)", "prompt")
+        if isinstance(prompt, list) and any(isinstance(t, bool) or not isinstance(t, int) for t in prompt):
+            raise bad("prompt must be a str or a list of token ids", "prompt")
+        if not isinstance(prompt, (str, list)):
+            raise bad(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}", "prompt")
+        rows, _ = normalize_prompts(self.model, prompt)
+        return rows[0]

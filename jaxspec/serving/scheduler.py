@@ -1,0 +1,280 @@
+"""The serving loop: requests wait in a queue, enter free decode slots, leave when done.
+
+One thread owns the device work. Each turn it admits waiting jobs into free slots (prefill +
+insert, `jaxspec.serving.slots`), then advances every busy slot group by one chunk of steps
+and hands each job the tokens its row produced: text, stop strings and stop ids are checked on
+the host, and a job that is finished, stopped or cancelled (its client went away) frees its
+slot at once. Jobs that decode with different engines (method, greedy or sampled, stop at EOS
+or not) live in different slot groups, each one compiled program; idle groups make room for
+new ones when there are more than `max_groups`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+import numpy as np
+
+from jaxspec.decoding.engine import Engine
+from jaxspec.sampling import SamplingParams
+from jaxspec.serving.slots import SlotGroup
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How a job decodes: the method (name, options, engine) and the program's weights."""
+
+    name: str
+    options: Any
+    engine: Engine
+    graphdef: Any
+    params: Any
+    eos_ids: tuple[int, ...]
+
+    @property
+    def key(self) -> tuple:
+        return (self.engine, self.eos_ids)
+
+
+@dataclasses.dataclass
+class Delta:
+    text: str
+    token_ids: list[int]
+
+
+@dataclasses.dataclass
+class Finish:
+    reason: str  # "stop" (end of turn, EOS, a stop string or id) | "length"
+    text: str
+    token_ids: list[int]
+    stats: dict
+
+
+@dataclasses.dataclass
+class Failure:
+    message: str
+
+
+@dataclasses.dataclass(eq=False)
+class Job:
+    """One request in the scheduler. `deliver` is called from the scheduler thread with
+    `Delta`s, then one `Finish` or `Failure` (it must be thread-safe)."""
+
+    prompt: list[int]
+    limit: int  # max new tokens
+    seed: int
+    sampling: SamplingParams
+    plan: Plan
+    deliver: Callable[[Any], None]
+    stop_strings: tuple[str, ...] = ()
+    stop_ids: frozenset = frozenset()
+    cancelled: bool = False  # set by the client's side: the job is dropped or its slot freed
+    created: float = dataclasses.field(default_factory=time.perf_counter)
+    # host-side progress
+    first_token_at: float | None = None
+    sent_text: int = 0
+    sent_tokens: int = 0
+    finished: bool = False
+
+
+class Detokenizer:
+    """Text of a job's tokens so far, cut at its stops; what may be sent without a later token
+    changing it (no half character, no possible start of a stop string)."""
+
+    def __init__(self, tokenizer, eos_ids: tuple[int, ...]):
+        self.tokenizer, self.eos_ids = tokenizer, frozenset(eos_ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return "" if self.tokenizer is None else self.tokenizer.decode(ids)
+
+    def progress(self, job: Job, ids: list[int], done: bool) -> tuple[list[int], str, str | None]:
+        """(token ids kept, text that may be sent, finish reason or None while going on)."""
+        reason = None
+        for i, t in enumerate(ids):
+            if t in job.stop_ids:
+                ids, reason = ids[:i + 1], "stop"
+                break
+        if reason is None and done:
+            reason = "stop" if ids and ids[-1] in self.eos_ids else "length"
+        body = ids[:-1] if ids and (ids[-1] in self.eos_ids or ids[-1] in job.stop_ids) and reason == "stop" else ids
+        text = self.decode(body)
+        hit = min(((text.find(s), s) for s in job.stop_strings if s in text), default=None)
+        if hit is not None:
+            cut = hit[0]
+            text, reason = text[:cut], "stop"
+            # the tokens up to the one that completed the stop string
+            n = next(k for k in range(1, len(body) + 1) if hit[1] in self.decode(body[:k]))
+            ids = body[:n]
+        if reason is None:
+            held = text.rstrip("\ufffd")
+            keep = len(held)
+            for s in job.stop_strings:  # a suffix that may grow into a stop string waits
+                for k in range(min(len(s) - 1, len(held)), 0, -1):
+                    if held.endswith(s[:k]):
+                        keep = min(keep, len(held) - k)
+                        break
+            text = held[:keep]
+        return ids, text, reason
+
+
+class Scheduler:
+    def __init__(self, model, *, slots: int, context: int, chunk_steps: int, max_groups: int = 4):
+        self.model, self.slots, self.context, self.chunk_steps = model, slots, context, chunk_steps
+        self.max_groups = max_groups
+        self.groups: collections.OrderedDict[tuple, SlotGroup] = collections.OrderedDict()
+        self.jobs: dict[tuple, list[Job | None]] = {}  # per group: the job in each slot
+        self.waiting: collections.deque[Job] = collections.deque()
+        self.cond = threading.Condition()
+        self.stopping = False
+        self.detokenizers: dict[tuple, Detokenizer] = {}
+        self.counters = collections.Counter()
+        self.thread = threading.Thread(target=self._run, name="jaxspec-scheduler", daemon=True)
+
+    # ----------------------------------------------------------------------------- client side
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        with self.cond:
+            if self.stopping:
+                raise RuntimeError("the server is shutting down")
+            self.waiting.append(job)
+            self.counters["submitted"] += 1
+            self.cond.notify()
+
+    def cancel(self, job: Job) -> None:
+        job.cancelled = True
+        with self.cond:
+            self.cond.notify()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish what is waiting and in flight, then end the thread."""
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+        self.thread.join(timeout)
+
+    def status(self) -> dict:
+        with self.cond:
+            busy = sum(j is not None for jobs in self.jobs.values() for j in jobs)
+            return {"waiting": len(self.waiting), "running": busy, "slots": self.slots, "groups": len(self.groups),
+                    **self.counters}
+
+    def group(self, plan: Plan) -> SlotGroup:
+        """The plan's slot group, built (compiled) on first use; idle groups beyond `max_groups` go."""
+        if plan.key in self.groups:
+            self.groups.move_to_end(plan.key)
+            return self.groups[plan.key]
+        idle = [k for k, jobs in self.jobs.items() if all(j is None for j in jobs)]
+        while len(self.groups) >= self.max_groups and idle:
+            key = idle.pop(0)
+            del self.groups[key], self.jobs[key]
+        if len(self.groups) >= self.max_groups:
+            return None
+        group = SlotGroup(self.model, plan.engine, plan.graphdef, plan.params, slots=self.slots,
+                          context=self.context, eos_ids=plan.eos_ids, chunk_steps=self.chunk_steps)
+        group.warm()
+        self.groups[plan.key], self.jobs[plan.key] = group, [None] * self.slots
+        self.detokenizers[plan.key] = Detokenizer(self.model.tokenizer, plan.eos_ids)
+        return group
+
+    # ----------------------------------------------------------------------------- scheduler thread
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not (self.waiting or self._busy() or self.stopping):
+                    self.cond.wait()
+                if self.stopping and not self.waiting and not self._busy():
+                    return
+                waiting = list(self.waiting)
+            self._admit(waiting)
+            for key in [k for k in self.groups if any(j is not None for j in self.jobs[k])]:
+                self._guarded(key, lambda g=self.groups[key], k=key: self._advance(k, g))
+
+    def _busy(self) -> bool:
+        return any(j is not None for jobs in self.jobs.values() for j in jobs)
+
+    def _guarded(self, key, work) -> None:
+        """Run group work; a failure fails that group's jobs and drops the group, the server goes on."""
+        try:
+            work()
+        except Exception as e:  # noqa: BLE001  (a bug must not take the server down)
+            traceback.print_exc(file=sys.stderr)
+            for job in self.jobs.pop(key, []):
+                if job is not None and not job.finished:
+                    job.finished = True
+                    job.deliver(Failure(f"decoding failed: {type(e).__name__}: {e}"))
+            self.groups.pop(key, None)
+            self.counters["failed"] += 1
+
+    def _admit(self, waiting: list[Job]) -> None:
+        for job in waiting:
+            admitted = job.cancelled
+            if not job.cancelled:
+                try:
+                    group = self.group(job.plan)
+                except Exception as e:  # noqa: BLE001
+                    traceback.print_exc(file=sys.stderr)
+                    job.finished = admitted = True
+                    job.deliver(Failure(f"could not build the decoding program: {type(e).__name__}: {e}"))
+                    group = None
+                if group is not None and not admitted:
+                    jobs = self.jobs[job.plan.key]
+                    if None in jobs:
+                        slot = jobs.index(None)
+                        jobs[slot] = job
+                        admitted = True
+                        self._guarded(job.plan.key, lambda: self._insert(group, slot, job))
+            if admitted:
+                with self.cond:
+                    self.waiting.remove(job)
+                if job.cancelled:
+                    self.counters["cancelled"] += 1
+
+    def _insert(self, group: SlotGroup, slot: int, job: Job) -> None:
+        group.insert(slot, job.prompt, job.limit, job.seed, job.sampling)
+        self.counters["admitted"] += 1
+        self._progress(job.plan.key, group, group.read())
+
+    def _advance(self, key, group: SlotGroup) -> None:
+        self._progress(key, group, group.advance())
+
+    def _progress(self, key, group: SlotGroup, views) -> None:
+        detok = self.detokenizers[key]
+        jobs = self.jobs[key]
+        for slot, job in enumerate(jobs):
+            if job is None:
+                continue
+            if job.cancelled:
+                jobs[slot] = None
+                group.release(slot)
+                self.counters["cancelled"] += 1
+                continue
+            view = views[slot]
+            ids, text, reason = detok.progress(job, view.tokens.tolist(), view.done)
+            if ids and job.first_token_at is None:
+                job.first_token_at = time.perf_counter()
+            if reason is not None:
+                jobs[slot] = None
+                group.release(slot)
+                job.finished = True
+                self.counters["completed"] += 1
+                stats = {"steps": view.steps, "compression": round(len(ids) / max(view.steps, 1), 4),
+                         "seconds": time.perf_counter() - job.created,
+                         "time_to_first_token": (job.first_token_at or time.perf_counter()) - job.created}
+                if len(text) > job.sent_text or len(ids) > job.sent_tokens:
+                    job.deliver(Delta(text[job.sent_text:], ids[job.sent_tokens:]))
+                job.deliver(Finish(reason=reason, text=text, token_ids=ids, stats=stats))
+            elif len(text) > job.sent_text:
+                job.deliver(Delta(text[job.sent_text:], ids[job.sent_tokens:]))
+                job.sent_text, job.sent_tokens = len(text), len(ids)
+
+
+def random_seed() -> int:
+    return int(np.random.default_rng().integers(0, 2**32))
