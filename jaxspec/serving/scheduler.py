@@ -177,9 +177,9 @@ class Scheduler:
             del self.groups[key], self.jobs[key]
         if len(self.groups) >= self.max_groups:
             return None
+        # (its programs compile on first use; `Server.warm` compiles the default group's at start-up)
         group = SlotGroup(self.model, plan.engine, plan.graphdef, plan.params, slots=self.slots,
                           context=self.context, eos_ids=plan.eos_ids, chunk_steps=self.chunk_steps)
-        group.warm()
         self.groups[plan.key], self.jobs[plan.key] = group, [None] * self.slots
         self.detokenizers[plan.key] = Detokenizer(self.model.tokenizer, plan.eos_ids)
         return group
@@ -244,6 +244,18 @@ class Scheduler:
 
     def _advance(self, key, group: SlotGroup) -> None:
         self._progress(key, group, group.advance())
+        self._compact(key, group)
+
+    def _compact(self, key, group: SlotGroup) -> None:
+        """Busy slots first: the last busy one moves into the first free one (so `advance` runs
+        the smallest tier of rows)."""
+        jobs = self.jobs[key]
+        while None in jobs:
+            hole, last = jobs.index(None), max((i for i, j in enumerate(jobs) if j is not None), default=-1)
+            if last < hole:
+                return
+            group.move(last, hole)
+            jobs[hole], jobs[last] = jobs[last], None
 
     def _progress(self, key, group: SlotGroup, views) -> None:
         detok = self.detokenizers[key]

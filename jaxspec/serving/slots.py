@@ -1,20 +1,26 @@
 """Continuous batching in fixed shapes: B decode slots of one engine in one compiled program.
 
-Each slot holds the whole loop state of ONE request, exactly as `jaxspec.generate` builds it
-for that request alone (batch 1): the slots' state is those single-request states stacked on
-a leading axis, and a step is the engine's step under `jax.vmap`. So every row computes what
-the request computes alone (its own random key, its own sampling knobs, its own tree), which
-is what makes serving lossless per request whatever else is in flight.
+Each slot holds the loop state of ONE request, built exactly as `jaxspec.generate` builds it
+for that request alone (batch 1), so every row computes what the request computes alone:
 
-Three programs, none recompiled while serving:
+* greedy engines (every draft verified by argmax) keep the slots as the engine's own batch:
+  rows of a batched state are independent, and a step is the engine's batched step;
+* sampled engines need each row's own random key and sampling knobs, which a batched state
+  shares: their slots are single-request states stacked on a leading axis, and a step is the
+  engine's step under `jax.vmap` (slower per row on a CPU, but the same draws as alone).
+
+Four programs, none recompiled while serving:
 
 * `start` (one per prompt bucket): prefill + first token + sources' state of one request
   (`jaxspec.methods.begin`, batch 1), with buffers sized by the prompt (the n-gram pool's copy
   of the text) padded to the slots' shapes;
-* `insert`: writes that state into one slot row (the stacked state is donated: in place);
-* `advance`: up to `chunk_steps` vmapped engine steps, until every slot is done. A row stops
-  at EOS (static, the group's `eos_ids`) or at its own token limit (an argument); a free slot
-  has limit 0, so it is done and its row's updates are masked, as a finished row's are.
+* `insert`: writes that state into one slot's row (the slots' state is donated: in place);
+* `advance`: up to `chunk_steps` engine steps, until every busy slot is done. A row stops at
+  EOS (static, the group's `eos_ids`) or at its own token limit (an argument); a free slot
+  has limit 0, so it is done and its row's updates are masked, as a finished row's are. It
+  is compiled per tier of rows (1, 2, 4, ... slots) and steps the first rows only; the
+  scheduler keeps the busy slots first (`move`), so one request in flight costs one row;
+* `move`: copies a slot's row into a free slot.
 """
 
 from __future__ import annotations
@@ -56,33 +62,72 @@ def _start(graphdef, params, prompts, lengths, rng, sampling, *, engine: Engine,
     return jax.tree.map(_pad_to, state, shapes)
 
 
+def _differing_axis(a, b):
+    """Per leaf, the first axis where the shapes of `a` and `b` differ (-1: none)."""
+    return jax.tree.map(lambda x, y: next((i for i, (m, n) in enumerate(zip(x.shape, y.shape)) if m != n), -1), a, b)
+
+
 def _fields(sampling: SamplingParams):
     return [(f.name, getattr(sampling, f.name)) for f in dataclasses.fields(sampling)]
 
 
-def _insert(slots: EngineState, one: EngineState, slot) -> EngineState:
-    return jax.tree.map(lambda rows, row: rows.at[slot].set(row), slots, one)
+# Slot layouts: each leaf's row axis (-1: a leaf without one, e.g. a batched state's one key).
+def _rows(x, axis: int, start, n: int):
+    return x if axis < 0 else jax.lax.dynamic_slice_in_dim(x, start, n, axis)
+
+
+def _set_rows(x, part, axis: int, start):
+    return part if axis < 0 else jax.lax.dynamic_update_slice_in_dim(x, part, start, axis)
+
+
+def _insert(slots: EngineState, one: EngineState, slot, *, axes, per_row: bool) -> EngineState:
+    def put(rows, row, axis):
+        if axis < 0:  # (a batched state's shared key: greedy engines never draw from it)
+            return rows
+        return _set_rows(rows, row[None] if per_row else row, axis, slot)
+
+    return jax.tree.map(put, slots, one, axes)
+
+
+def _move(slots: EngineState, src, dst, *, axes) -> EngineState:
+    return jax.tree.map(lambda x, a: _set_rows(x, _rows(x, a, src, 1), a, dst), slots, axes)
+
+
+def _corner(x, row_axis: int, rows: int, length_axis: int, length: int):
+    """The leading block of a leaf: its first `rows` rows and `length` cache positions."""
+    limit = list(x.shape)
+    if row_axis >= 0:
+        limit[row_axis] = rows
+    if length_axis >= 0:
+        limit[length_axis] = length
+    return jax.lax.slice(x, (0,) * x.ndim, tuple(limit))
 
 
 def _advance(graphdef, params, slots: EngineState, sampling: SamplingParams, limit, *, engine: Engine,
-             eos_ids: tuple[int, ...], chunk_steps: int) -> EngineState:
+             eos_ids: tuple[int, ...], chunk_steps: int, rows: int, length: int, axes, length_axes,
+             per_row: bool) -> EngineState:
+    """Steps of the first `rows` slots over the first `length` cache positions (the busy rows'
+    caches end before it): attention costs the cache it reads, not the context's."""
     model, weights = engine.load(graphdef, params)
     block = engine_lib.LocalBlock()
 
-    def one(state: EngineState, knobs: SamplingParams, row_limit) -> EngineState:
+    def limited(state: EngineState, knobs: SamplingParams, row_limit) -> EngineState:
         state = engine_lib.step(engine, model, weights, block, state, knobs, eos_ids)
         d = state.decode
         return state.replace(decode=d.replace(done=d.done | (d.num_generated >= row_limit)))
 
-    step = jax.vmap(one)
+    step = jax.vmap(limited) if per_row else limited
+    part = jax.tree.map(lambda x, a, la: _corner(x, a, rows, la, length), slots, axes, length_axes)
+    # A free slot (limit 0) is done before the first step: its row is masked, never decoded.
+    free = (limit <= 0).reshape(part.decode.done.shape)
+    part = part.replace(decode=part.decode.replace(done=part.decode.done | free))
 
     def cond(carry):
         i, state = carry
         return (i < chunk_steps) & jnp.any(~state.decode.done)
 
-    # A free slot (limit 0) is done before the first step: its row is masked, never decoded.
-    slots = slots.replace(decode=slots.decode.replace(done=slots.decode.done | (limit[:, None] <= 0)))
-    return jax.lax.while_loop(cond, lambda c: (c[0] + 1, step(c[1], sampling, limit)), (jnp.int32(0), slots))[1]
+    part = jax.lax.while_loop(cond, lambda c: (c[0] + 1, step(c[1], sampling, limit)), (jnp.int32(0), part))[1]
+    return jax.tree.map(lambda x, y: jax.lax.dynamic_update_slice(x, y, (0,) * x.ndim), slots, part)
 
 
 @dataclasses.dataclass
@@ -109,15 +154,39 @@ class SlotGroup:
         self.compile_seconds = 0.0
         self._programs: dict[Any, Any] = {}
         self._sampling0 = SamplingParams.create()
-        widest = self._start_args(np.zeros(prompt_bucket(context), np.int32), 1, 0, self._sampling0)
-        shapes = jax.eval_shape(lambda *a: begin(*a, **self._begin_statics()), *widest)
-        self.row_shapes = shapes
+        # Greedy verification reads no randomness: the engine's own batch is exact per row.
+        self.per_row = engine.verifier.sampled
+        self.row_shapes = self._shapes(1, self.cache_len)
+        # Each leaf's row axis (where its shape at batch 2 differs from batch 1) and cache
+        # axis (where it differs at another cache length); -1 where it has none.
+        self.length_axes = _differing_axis(self.row_shapes, self._shapes(1, self.cache_len + 64))
+        if self.per_row:  # (stacked: every leaf gains a leading row axis)
+            self.axes = jax.tree.map(lambda _: 0, self.row_shapes)
+            self.length_axes = jax.tree.map(lambda a: a + 1 if a >= 0 else a, self.length_axes)
+        else:
+            self.axes = _differing_axis(self.row_shapes, self._shapes(2, self.cache_len))
+        self.used = np.zeros(slots, np.int32)  # cache positions each slot's request may reach by the next read
         empty = self._start_program(prompt_bucket(1))(*self._start_args(np.zeros(prompt_bucket(1), np.int32), 1, 0,
                                                                            self._sampling0))
-        stacked = jax.tree.map(lambda x: jnp.broadcast_to(x, (slots, *x.shape)), empty)
-        self.state = stacked.replace(decode=stacked.decode.replace(done=jnp.ones((slots, 1), bool)))
+
+        def tile(x, axis):
+            if self.per_row:
+                return jnp.broadcast_to(x, (slots, *x.shape))
+            return x if axis < 0 else jnp.repeat(x, slots, axis)
+
+        state = jax.tree.map(tile, empty, self.axes)
+        self.state = state.replace(decode=state.decode.replace(done=jnp.ones_like(state.decode.done)))
         self.limit = np.zeros(slots, np.int32)
+        self.prompt_len = np.zeros(slots, np.int32)
         self.sampling = {k: np.zeros(slots, v.dtype) for k, v in _fields(self._sampling0)}
+
+    def _shapes(self, batch: int, cache_len: int):
+        """The loop state's shapes for `batch` rows at the widest prompt bucket."""
+        bucket = prompt_bucket(self.context)
+        args = (self.graphdef, self.params, jax.ShapeDtypeStruct((batch, bucket), jnp.int32),
+                jax.ShapeDtypeStruct((batch,), jnp.int32), jax.random.key(0), self._sampling0)
+        statics = {**self._begin_statics(), "cache_len": cache_len}
+        return jax.eval_shape(lambda *a: begin(*a, **statics), *args)
 
     # ----------------------------------------------------------------------------- programs
     def _begin_statics(self) -> dict:
@@ -146,19 +215,47 @@ class SlotGroup:
         """Compile the slot programs (and the prefills of `buckets`) before the first request."""
         for b in buckets:
             self._start_program(b)
-        self._insert_program(self.row_shapes)
-        self._advance_program()
+        self._insert_program(self.row_shapes)  # (shapes stand for the arrays when lowering)
+        self._move_program()
+        for rows in self.tiers:
+            for length in self.lengths:
+                self._advance_program(rows, length)
 
+    # (the slot axes are a pytree, not hashable: bound with partial, not static)
     def _insert_program(self, one: EngineState):
-        return self._compile(("insert",), _insert, (self.state, one, jnp.int32(0)), {}, donate_argnums=(0,))
+        fn = functools.partial(_insert, axes=self.axes, per_row=self.per_row)
+        return self._compile(("insert",), fn, (self.state, one, jnp.int32(0)), {}, donate_argnums=(0,))
 
-    def _advance_program(self):
-        statics = dict(engine=self.engine, eos_ids=self.eos_ids, chunk_steps=self.chunk_steps)
-        args = (self.graphdef, self.params, self.state, self._sampling_arrays(), jnp.asarray(self.limit))
-        return self._compile(("advance",), _advance, args, statics, donate_argnums=(2,))
+    def _advance_program(self, rows: int, length: int):
+        statics = dict(engine=self.engine, eos_ids=self.eos_ids, chunk_steps=self.chunk_steps, rows=rows,
+                       length=length)
+        args = (self.graphdef, self.params, self.state, self._sampling_arrays(rows), jnp.asarray(self.limit[:rows]))
+        fn = functools.partial(_advance, axes=self.axes, length_axes=self.length_axes, per_row=self.per_row)
+        return self._compile(("advance", rows, length), fn, args, statics, donate_argnums=(2,))
 
-    def _sampling_arrays(self) -> SamplingParams:
-        return SamplingParams(**{k: jnp.asarray(v) for k, v in self.sampling.items()})
+    def _move_program(self):
+        fn = functools.partial(_move, axes=self.axes)
+        return self._compile(("move",), fn, (self.state, jnp.int32(0), jnp.int32(0)), {}, donate_argnums=(0,))
+
+    @property
+    def tiers(self) -> list[int]:
+        """The row counts `advance` is compiled for: powers of two, then all slots."""
+        return sorted({min(1 << k, self.slots) for k in range(self.slots.bit_length() + 1)})
+
+    @property
+    def lengths(self) -> list[int]:
+        """The cache lengths `advance` is compiled for: 256, 512, ... then the whole cache."""
+        return sorted({min(256 << k, self.cache_len) for k in range(max(self.cache_len // 256, 1).bit_length() + 1)})
+
+    def _reach(self, prompt_len: int, generated: int) -> int:
+        """Cache positions a request may use by the end of the next chunk (each step commits at
+        most `max_commit`; one step's more for the sources' look-ahead)."""
+        return prompt_len + generated + (self.chunk_steps + 1) * self.engine.max_commit
+
+    def _sampling_arrays(self, rows: int) -> SamplingParams:
+        if not self.per_row:  # (greedy: the knobs are not read)
+            return self._sampling0
+        return SamplingParams(**{k: jnp.asarray(v[:rows]) for k, v in self.sampling.items()})
 
     # ----------------------------------------------------------------------------- serving
     def insert(self, slot: int, prompt: list[int], limit: int, seed: int, sampling: SamplingParams) -> None:
@@ -172,6 +269,8 @@ class SlotGroup:
         one = self._start_program(bucket)(*self._start_args(padded, len(prompt), seed, sampling))
         self.state = self._insert_program(one)(self.state, one, jnp.int32(slot))
         self.limit[slot] = limit
+        self.prompt_len[slot] = len(prompt)
+        self.used[slot] = self._reach(len(prompt), 1)
         for k, v in _fields(sampling):
             self.sampling[k][slot] = np.asarray(v)
 
@@ -183,18 +282,35 @@ class SlotGroup:
     def busy(self) -> bool:
         return bool((self.limit > 0).any())
 
+    def move(self, src: int, dst: int) -> None:
+        """Move the request in slot `src` to the free slot `dst` (to keep busy slots first)."""
+        self.state = self._move_program()(self.state, jnp.int32(src), jnp.int32(dst))
+        self.limit[dst], self.limit[src] = self.limit[src], 0
+        self.used[dst], self.prompt_len[dst] = self.used[src], self.prompt_len[src]
+        for v in self.sampling.values():
+            v[dst] = v[src]
+
     def advance(self) -> list[SlotView]:
-        """Up to `chunk_steps` steps of every busy slot; each slot's row afterwards (one host sync)."""
-        self.state = self._advance_program()(self.graphdef, self.params, self.state, self._sampling_arrays(),
-                                             jnp.asarray(self.limit))
+        """Up to `chunk_steps` steps of the busy slots (the smallest tier holding the last busy
+        slot); each slot's row afterwards (one host sync)."""
+        busy = self.limit > 0
+        last = int(np.flatnonzero(busy)[-1]) + 1 if busy.any() else 1
+        rows = next(t for t in self.tiers if t >= last)
+        reach = int(self.used[busy].max()) if busy.any() else 1
+        length = next(n for n in self.lengths if n >= min(reach, self.cache_len))
+        program = self._advance_program(rows, length)
+        self.state = program(self.graphdef, self.params, self.state, self._sampling_arrays(rows),
+                             jnp.asarray(self.limit[:rows]))
         return self.read()
 
     def read(self) -> list[SlotView]:
         d = self.state.decode
-        tokens, num, done, steps = jax.device_get((d.tokens, d.num_generated, d.done, d.steps))
+        tokens, num, done, steps = (np.asarray(x).reshape(self.slots, -1)
+                                    for x in jax.device_get((d.tokens, d.num_generated, d.done, d.steps)))
         views = []
         for i in range(self.slots):
             n = min(int(num[i, 0]), int(self.limit[i]))
-            views.append(SlotView(tokens=np.array(tokens[i, 0, :n]), done=bool(done[i, 0]) or n >= self.limit[i],
+            self.used[i] = self._reach(int(self.prompt_len[i]), int(num[i, 0]))
+            views.append(SlotView(tokens=np.array(tokens[i, :n]), done=bool(done[i, 0]) or n >= self.limit[i],
                                   steps=int(steps[i, 0])))
         return views

@@ -1,0 +1,321 @@
+"""`jaxspec serve` under load: N concurrent clients against the same requests served one at a time.
+
+One server process (`jaxspec serve --slots S`) serves every method (each request names its
+method); this process loads the same model and decodes every request alone with
+`jaxspec.generate` first: those outputs are the references every served response must equal,
+and their decode time is the one-at-a-time baseline. Then, for N = 1, 4, 16, 32 closed-loop
+clients (each sends its next request when the previous one ends; N rotates forward then
+backward through the methods), all requests are streamed: requests/s, output tokens/s, time
+to first token and time per output token (p50 / p99). Finally a soak: >= 500 requests from 16
+clients with random disconnects and bad requests mixed in; every good response is checked,
+every bad one must get a 4xx, and afterwards the server must be idle and still answer.
+
+    python benchmarks/serve_bench.py                    # pycode-5M, 32 requests, soak 500
+    python benchmarks/serve_bench.py --smoke            # seconds: the machinery only
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import jaxspec  # noqa: E402
+from jaxspec import compile_cache  # noqa: E402
+from machine import ROOT, machine_info  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+LABELS = {"autoregressive": "greedy", "lookahead": "lookahead", "speculative": "speculative",
+          "prompt-lookup": "prompt lookup", "hybrid": "hybrid"}
+
+
+def build_requests(model_name: str, count: int, budgets: tuple[int, ...], seed: int = 0) -> list[dict]:
+    """Mixed requests: held-out code prompts for the default model (chat questions for a chat
+    model), each with a budget drawn from `budgets`."""
+    rng = random.Random(seed)
+    if model_name == "pycode-5M":
+        from code_prompts import code_prompts
+
+        texts = [p["text"] for p in code_prompts(count)]
+    else:
+        from jaxspec.real_prompts import bench_prompts
+
+        texts = [p["messages"][-1]["content"] for p in bench_prompts()][:count]
+    return [{"prompt": t, "max_tokens": rng.choice(budgets)} for t in texts]
+
+
+def references(model, requests: list[dict], method: str, stop_ids: tuple[int, ...]) -> tuple[list, float, int]:
+    """Each request decoded alone: (tokens per request, decode seconds, tokens)."""
+    tokens, seconds = [], 0.0
+    for r in requests:
+        out = jaxspec.generate(model, r["prompt"], max_new_tokens=r["max_tokens"], method=method, stop_ids=stop_ids)
+        tokens.append(out.tokens)
+        seconds += out.seconds
+    return tokens, seconds, sum(len(t) for t in tokens)
+
+
+def start_server(model_name: str, slots: int, context: int, chunk_steps: int) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "jaxspec", "serve", "--model", model_name, "--port", "0",
+                             "--slots", str(slots), "--context", str(context), "--chunk-steps", str(chunk_steps),
+                             "--method", "greedy"], stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        print(line, end="", file=sys.stderr)
+        if " serving " in line:
+            return proc, line.split(" at ")[1].split()[0]
+    raise SystemExit(f"the server did not start (exit {proc.wait()})")
+
+
+async def stream_one(client: httpx.AsyncClient, url: str, body: dict, hang_up_after: float | None = None) -> dict:
+    """One streamed completion: timings, token ids, or how it ended."""
+    t0 = time.perf_counter()
+    first = None
+    final = None
+    async with client.stream("POST", url + "/completions", json={**body, "stream": True}) as r:
+        if r.status_code != 200:
+            await r.aread()
+            return {"status": r.status_code, "error": r.json().get("error", {})}
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                return {"status": 500, "error": chunk["error"]}
+            if first is None and chunk["choices"] and chunk["choices"][0]["text"]:
+                first = time.perf_counter()
+            if hang_up_after is not None and time.perf_counter() - t0 >= hang_up_after:
+                return {"status": 200, "hung_up": True}
+            if "jaxspec" in chunk:
+                final = chunk
+    end = time.perf_counter()
+    ids = final["jaxspec"]["token_ids"]
+    first = first or end
+    return {"status": 200, "token_ids": ids, "ttft": first - t0, "seconds": end - t0,
+            "tpot": (end - first) / max(len(ids) - 1, 1), "steps": final["jaxspec"]["steps"]}
+
+
+async def closed_loop(url: str, model_id: str, requests: list[dict], method: str, clients: int) -> tuple[list, float]:
+    queue = list(enumerate(requests))
+    results: list = [None] * len(requests)
+
+    async def worker(client):
+        while queue:
+            i, r = queue.pop(0)
+            body = {"model": model_id, "prompt": r["prompt"], "max_tokens": r["max_tokens"], "temperature": 0,
+                    "method": method}
+            results[i] = await stream_one(client, url, body)
+
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient(timeout=600) as client:
+        await asyncio.gather(*(worker(client) for _ in range(clients)))
+    return results, time.perf_counter() - t0
+
+
+def pct(values, q) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def summarize(results: list, wall: float, refs: list) -> dict:
+    ok = [r for r in results if r and r.get("status") == 200 and "token_ids" in r]
+    tokens = sum(len(r["token_ids"]) for r in ok)
+    wrong = sum(r["token_ids"] != ref for r, ref in zip(results, refs) if r in ok)
+    return {"requests": len(results), "completed": len(ok), "lost": len(results) - len(ok), "wrong": wrong,
+            "seconds": round(wall, 3), "requests_per_second": round(len(ok) / wall, 3),
+            "output_tokens_per_second": round(tokens / wall, 2),
+            "ttft_p50_ms": round(1e3 * pct([r["ttft"] for r in ok], 50), 1),
+            "ttft_p99_ms": round(1e3 * pct([r["ttft"] for r in ok], 99), 1),
+            "tpot_p50_ms": round(1e3 * pct([r["tpot"] for r in ok], 50), 2),
+            "tpot_p99_ms": round(1e3 * pct([r["tpot"] for r in ok], 99), 2),
+            "compression": round(tokens / max(sum(r["steps"] for r in ok), 1), 3)}
+
+
+BAD_BODIES = [b"{oops", b'{"model": 3}', {"model": "nope", "prompt": "x"}, {"prompt": "x"},
+              {"prompt": "x", "max_tokens": -2}, {"prompt": "x", "temperature": "hot"},
+              {"prompt": "x", "method": "telepathy"}, {"prompt": "x", "n": 3}, {"prompt": "x " * 5000},
+              {"prompt": "x", "method": "lookahead", "method_options": {"window": 0}}]
+
+
+async def soak(url: str, model_id: str, requests: list[dict], refs: dict, methods: list[str], total: int,
+               clients: int, seed: int = 1) -> dict:
+    rng = random.Random(seed)
+    plan = []
+    for _ in range(total):
+        u = rng.random()
+        kind = "bad" if u < 0.1 else "disconnect" if u < 0.2 else "good"
+        plan.append((kind, rng.randrange(len(requests)), rng.choice(methods), rng.random()))
+    counts = {"good": 0, "good_ok": 0, "wrong": 0, "lost": 0, "bad": 0, "bad_4xx": 0, "disconnect": 0,
+              "other": []}
+
+    async def worker(client):
+        while plan:
+            kind, i, method, u = plan.pop()
+            counts[kind] += 1
+            r = requests[i]
+            if kind == "bad":
+                body = BAD_BODIES[int(u * len(BAD_BODIES))]
+                if isinstance(body, dict) and "model" not in body and body is not BAD_BODIES[3]:
+                    body = {"model": model_id, **body}
+                content = body if isinstance(body, bytes) else json.dumps(body).encode()
+                resp = await client.post(url + "/completions", content=content,
+                                         headers={"Content-Type": "application/json"})
+                counts["bad_4xx"] += 400 <= resp.status_code < 500 and "error" in resp.json()
+                continue
+            body = {"model": model_id, "prompt": r["prompt"], "max_tokens": r["max_tokens"], "temperature": 0,
+                    "method": method}
+            try:
+                out = await stream_one(client, url, body, hang_up_after=u * 0.5 if kind == "disconnect" else None)
+            except httpx.HTTPError as e:
+                counts["other"].append(repr(e))
+                continue
+            if kind == "good":
+                if out.get("token_ids") is None:
+                    counts["lost"] += 1
+                elif out["token_ids"] == refs[method][i]:
+                    counts["good_ok"] += 1
+                else:
+                    counts["wrong"] += 1
+
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient(timeout=600) as client:
+        await asyncio.gather(*(worker(client) for _ in range(clients)))
+        wall = time.perf_counter() - t0
+        await asyncio.sleep(1.0)  # hung-up requests are freed at the next chunk
+        health = (await client.get(url.removesuffix("/v1") + "/health")).json()
+        body = {"model": model_id, "prompt": requests[0]["prompt"], "max_tokens": requests[0]["max_tokens"],
+                "temperature": 0, "method": methods[0]}
+        after = await stream_one(client, url, body)
+    counts["other"] = counts["other"][:5]
+    return {"requests": total, "clients": clients, "seconds": round(wall, 2), **counts, "health_after": health,
+            "answers_after": after.get("token_ids") == refs[methods[0]][0]}
+
+
+def write(result: dict, name: str) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = [f"# {result['model']}: {result['slots']} slots, {len(result['requests'])} requests", "",
+             "| method | clients | req/s | out tok/s | x one at a time | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
+             "| S | lost | wrong |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for m, base in result["one_at_a_time"].items():
+        lines.append(f"| {LABELS[m]} | generate, one at a time | {base['requests_per_second']:.2f} | "
+                     f"{base['output_tokens_per_second']:.1f} | 1.00 | | | | 0 | 0 |")
+        for row in [r for r in result["runs"] if r["method"] == m]:
+            x = row["output_tokens_per_second"] / base["output_tokens_per_second"]
+            lines.append(f"| {LABELS[m]} | {row['clients']} | {row['requests_per_second']:.2f} | "
+                         f"{row['output_tokens_per_second']:.1f} | {x:.2f} | {row['ttft_p50_ms']:.0f} / "
+                         f"{row['ttft_p99_ms']:.0f} | {row['tpot_p50_ms']:.1f} / {row['tpot_p99_ms']:.1f} | "
+                         f"{row['compression']:.2f} | {row['lost']} | {row['wrong']} |")
+    s = result.get("soak")
+    if s:
+        lines += ["", f"Soak: {s['requests']} requests from {s['clients']} clients in {s['seconds']} s: "
+                  f"{s['good']} good ({s['good_ok']} identical to generate alone, {s['wrong']} wrong, {s['lost']} "
+                  f"lost), {s['disconnect']} hung up mid-stream, {s['bad']} bad ({s['bad_4xx']} answered 4xx); "
+                  f"afterwards running {s['health_after']['running']}, waiting {s['health_after']['waiting']}, "
+                  f"a new request answered correctly: {s['answers_after']}."]
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    plot(result, RESULTS / f"{name}.png")
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, (m, base) in enumerate(result["one_at_a_time"].items()):
+        rows = [r for r in result["runs"] if r["method"] == m]
+        line, = ax.plot([r["clients"] for r in rows], [r["output_tokens_per_second"] for r in rows], "o-",
+                        label=f"{LABELS[m]} (server)")
+        ax.axhline(base["output_tokens_per_second"], color=line.get_color(), ls=":", lw=1,
+                   label=f"{LABELS[m]} one at a time")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent clients")
+    ax.set_ylabel("output tokens / s")
+    ax.set_title(f"jaxspec serve, {result['model']}, {result['slots']} slots")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="pycode-5M")
+    p.add_argument("--methods", default="autoregressive,lookahead,speculative")
+    p.add_argument("--concurrency", default="1,4,16,32")
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--budgets", default="32,64,128", help="max_tokens values the requests draw from")
+    p.add_argument("--slots", type=int, default=16)
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--chunk-steps", type=int, default=4)
+    p.add_argument("--soak", type=int, default=500, help="requests in the soak (0: none)")
+    p.add_argument("--smoke", action="store_true", help="a few requests, N = 1 and 4, a 40-request soak")
+    p.add_argument("--name", default=None)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.requests, args.concurrency, args.soak, args.budgets = 4, "1,4", 40, "16,24"
+        args.methods = "autoregressive,lookahead"
+    name = args.name or ("serve_bench_smoke" if args.smoke else "serve_bench")
+    methods = args.methods.split(",")
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    compile_cache.enable()  # (the server process uses the same folder: `jaxspec serve` enables it too)
+
+    model = jaxspec.load(args.model)
+    from jaxspec.serving import eos_ids
+
+    stops = eos_ids(model)
+    requests = build_requests(args.model, args.requests, tuple(int(b) for b in args.budgets.split(",")))
+    refs, base = {}, {}
+    for m in methods:
+        references(model, requests[:2], m, stops)  # compile the common shapes outside the timing
+        tokens, seconds, n = references(model, requests, m, stops)
+        refs[m] = tokens
+        base[m] = {"seconds": round(seconds, 3), "output_tokens": n,
+                   "requests_per_second": round(len(requests) / seconds, 3),
+                   "output_tokens_per_second": round(n / seconds, 2)}
+        print(f"{m}: one at a time {base[m]['output_tokens_per_second']} tok/s", file=sys.stderr)
+
+    proc, url = start_server(args.model, args.slots, args.context, args.chunk_steps)
+    model_id = args.model
+    runs = []
+    try:
+        for m in methods:  # warm-up: every method's group and prefill buckets compiled, outputs checked
+            results, wall = asyncio.run(closed_loop(url, model_id, requests, m, args.slots))
+            warm = summarize(results, wall, refs[m])
+            print(f"warm-up {m}: {warm['completed']} done, {warm['wrong']} wrong", file=sys.stderr)
+        for k, n in enumerate(concurrency):
+            order = methods if k % 2 == 0 else methods[::-1]  # forward, then backward: no method always first
+            for m in order:
+                results, wall = asyncio.run(closed_loop(url, model_id, requests, m, n))
+                row = {"method": m, "clients": n, **summarize(results, wall, refs[m])}
+                runs.append(row)
+                print(f"{m} N={n}: {row['output_tokens_per_second']} tok/s, wrong {row['wrong']}, "
+                      f"lost {row['lost']}", file=sys.stderr)
+        soak_result = asyncio.run(soak(url, model_id, requests, refs, methods, args.soak, 16)) if args.soak else None
+        if soak_result:
+            print(f"soak: {json.dumps({k: v for k, v in soak_result.items() if k != 'health_after'})}",
+                  file=sys.stderr)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        exit_code = proc.wait(120)
+    result = {"benchmark": "serve_bench", "command": "python benchmarks/serve_bench.py " + " ".join(argv or sys.argv[1:]),
+              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(),
+              "load_average": os.getloadavg(), "model": args.model, "slots": args.slots, "context": args.context,
+              "chunk_steps": args.chunk_steps, "requests": requests, "one_at_a_time": base, "runs": runs,
+              "soak": soak_result, "server_exit_code": exit_code}
+    write(result, name)
+    print((RESULTS / f"{name}.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
