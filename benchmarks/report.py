@@ -393,6 +393,40 @@ def device_suite(r: dict) -> list[str]:
     return lines
 
 
+LABELS = {"autoregressive": "greedy", "prompt-lookup": "prompt lookup"}
+
+
+def serve_bench(r: dict) -> list[str]:
+    """Also `benchmarks/serve_bench.py`'s own markdown."""
+    lines = [f"{r['model']}, `jaxspec serve --slots {r['slots']} --context {r['context']} --chunk-steps "
+             f"{r['chunk_steps']}`, {len(r['requests'])} requests (max_tokens drawn from "
+             f"{sorted({q['max_tokens'] for q in r['requests']})}), streamed by N closed-loop clients; \"x one at a "
+             "time\": output tokens/s against the same requests decoded one after another by `jaxspec.generate` "
+             "(decode time only). TTFT: time to the first text; TPOT: time per output token after it. \"wrong\": "
+             "responses whose tokens differ from generate alone.", "",
+             "| method | clients | req/s | out tok/s | x one at a time | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
+             "| S | lost | wrong |", "|---|---|---:|---:|---:|---|---|---:|---:|---:|"]
+    for m, base in r["one_at_a_time"].items():
+        label = LABELS.get(m, m)
+        lines.append(f"| {label} | generate, one at a time | {base['requests_per_second']:.2f} | "
+                     f"{base['output_tokens_per_second']:.1f} | 1.00 | | | | | |")
+        for row in [x for x in r["runs"] if x["method"] == m]:
+            ratio = row["output_tokens_per_second"] / base["output_tokens_per_second"]
+            lines.append(f"| {label} | {row['clients']} | {row['requests_per_second']:.2f} | "
+                         f"{row['output_tokens_per_second']:.1f} | {ratio:.2f} | {row['ttft_p50_ms']:.0f} / "
+                         f"{row['ttft_p99_ms']:.0f} | {row['tpot_p50_ms']:.1f} / {row['tpot_p99_ms']:.1f} | "
+                         f"{row['compression']:.2f} | {row['lost']} | {row['wrong']} |")
+    s = r.get("soak")
+    if s:
+        lines += ["", f"Soak: {s['requests']} requests from {s['clients']} clients in {s['seconds']} s: {s['good']} "
+                  f"good ({s['good_ok']} identical to generate alone, {s['wrong']} wrong, {s['lost']} lost), "
+                  f"{s['disconnect']} hung up mid-stream, {s['bad']} bad ({s['bad_4xx']} answered 4xx); afterwards "
+                  f"running {s['health_after']['running']}, waiting {s['health_after']['waiting']}, a new request "
+                  f"answered correctly: {s['answers_after']}; the server exited with {r['server_exit_code']} on "
+                  "SIGTERM."]
+    return lines
+
+
 def auto_bench(r: dict) -> list[str]:
     """Also `benchmarks/auto_bench.py`'s own markdown."""
     lines = [f"New tokens {r['new_tokens']} per prompt, {r['rounds']} rounds, settings interleaved per prompt (a "
@@ -499,6 +533,11 @@ SECTIONS = [
             "pycode-5M, stories260K and SmolLM2-135M-Instruct decoded with `auto` and with each candidate it "
             "weighs, interleaved: what it chose, its speed against the best fixed setting, what measuring cost.",
             auto_bench),
+    Section("serve_bench", "jaxspec serve: concurrent clients against one request at a time",
+            "python benchmarks/serve_bench.py",
+            "The OpenAI-compatible server (docs/serving.md) under N concurrent streaming clients: throughput, time "
+            "to first token and per-token latency, every response checked against `jaxspec.generate` alone; then "
+            "a soak with disconnects and bad requests mixed in.", serve_bench, variants=("serve_bench_smoke",)),
     Section("tp_bench", "Tensor parallelism and LP x TP: per-device weights and per-step communication",
             "python benchmarks/tp_bench.py",
             "TP 1/2/4/8, TP 4 with the vocabulary replicated, LP 4 and LP 2 x TP 4 on 8 forced CPU devices: "

@@ -36,8 +36,6 @@ from jaxspec import compile_cache  # noqa: E402
 from machine import ROOT, machine_info  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-LABELS = {"autoregressive": "greedy", "lookahead": "lookahead", "speculative": "speculative",
-          "prompt-lookup": "prompt lookup", "hybrid": "hybrid"}
 
 
 def build_requests(model_name: str, count: int, budgets: tuple[int, ...], seed: int = 0) -> list[dict]:
@@ -200,33 +198,17 @@ async def soak(url: str, model_id: str, requests: list[dict], refs: dict, method
 
 
 def write(result: dict, name: str) -> None:
+    from report import serve_bench as table  # one renderer: the report's
+
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    lines = [f"# {result['model']}: {result['slots']} slots, {len(result['requests'])} requests", "",
-             "| method | clients | req/s | out tok/s | x one at a time | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
-             "| S | lost | wrong |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for m, base in result["one_at_a_time"].items():
-        lines.append(f"| {LABELS[m]} | generate, one at a time | {base['requests_per_second']:.2f} | "
-                     f"{base['output_tokens_per_second']:.1f} | 1.00 | | | | 0 | 0 |")
-        for row in [r for r in result["runs"] if r["method"] == m]:
-            x = row["output_tokens_per_second"] / base["output_tokens_per_second"]
-            lines.append(f"| {LABELS[m]} | {row['clients']} | {row['requests_per_second']:.2f} | "
-                         f"{row['output_tokens_per_second']:.1f} | {x:.2f} | {row['ttft_p50_ms']:.0f} / "
-                         f"{row['ttft_p99_ms']:.0f} | {row['tpot_p50_ms']:.1f} / {row['tpot_p99_ms']:.1f} | "
-                         f"{row['compression']:.2f} | {row['lost']} | {row['wrong']} |")
-    s = result.get("soak")
-    if s:
-        lines += ["", f"Soak: {s['requests']} requests from {s['clients']} clients in {s['seconds']} s: "
-                  f"{s['good']} good ({s['good_ok']} identical to generate alone, {s['wrong']} wrong, {s['lost']} "
-                  f"lost), {s['disconnect']} hung up mid-stream, {s['bad']} bad ({s['bad_4xx']} answered 4xx); "
-                  f"afterwards running {s['health_after']['running']}, waiting {s['health_after']['waiting']}, "
-                  f"a new request answered correctly: {s['answers_after']}."]
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{name}.md").write_text("\n".join(table(result)) + "\n")
     plot(result, RESULTS / f"{name}.png")
 
 
 def plot(result: dict, path: Path) -> None:
     import matplotlib
+    from report import LABELS
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -235,9 +217,9 @@ def plot(result: dict, path: Path) -> None:
     for i, (m, base) in enumerate(result["one_at_a_time"].items()):
         rows = [r for r in result["runs"] if r["method"] == m]
         line, = ax.plot([r["clients"] for r in rows], [r["output_tokens_per_second"] for r in rows], "o-",
-                        label=f"{LABELS[m]} (server)")
+                        label=f"{LABELS.get(m, m)} (server)")
         ax.axhline(base["output_tokens_per_second"], color=line.get_color(), ls=":", lw=1,
-                   label=f"{LABELS[m]} one at a time")
+                   label=f"{LABELS.get(m, m)} one at a time")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrent clients")
     ax.set_ylabel("output tokens / s")
