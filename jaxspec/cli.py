@@ -521,8 +521,9 @@ def _serve(args) -> int:
                          slots=args.slots, context=args.context, chunk_steps=args.chunk_steps,
                          temperature=args.temperature, max_groups=args.max_groups)
     if server.auto_reason:
-        print(f"jaxspec: --method auto chose {server.settings.method} "
-              f"{dict(server.settings.method_options) or ''}: {server.auto_reason}", file=sys.stderr)
+        options = ", ".join(f"{k}={v}" for k, v in server.settings.method_options)
+        print(f"jaxspec: --method auto chose {server.settings.method}" + (f" ({options})" if options else "")
+              + f" for requests that name no method: {server.auto_reason}", file=sys.stderr)
     try:
         app.run(server, args.host, args.port, drain_seconds=args.drain_seconds)
     except OSError as e:
