@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import gc
 import os
+import tempfile
 
 import jax
 import pytest
+
+from jaxspec import compile_cache
 
 # `method="auto"` keeps its measurements on disk for later processes (`jaxspec.auto_store`):
 # not in the tests, which must measure for themselves and leave the user's store alone. (Set
 # here, so that the CLI and notebook processes the tests start inherit it.)
 os.environ["JAXSPEC_AUTO_CACHE"] = "off"
-# Likewise the persistent compilation cache (`jaxspec.compile_cache`): tests that exercise it
-# name their own folder.
-os.environ["JAXSPEC_COMPILE_CACHE"] = "off"
+# The persistent compilation cache (`jaxspec.compile_cache`): one folder for this test session,
+# shared by this process and every CLI, worker and notebook process the tests start, so a
+# program compiled once (the default model's greedy loop, say) is loaded, not compiled, by the
+# next module or process; never the user's folder. Tests of the cache itself name their own.
+# (pytest-xdist's workers inherit the folder from the process that started them.)
+if "JAXSPEC_TEST_COMPILE_CACHE" not in os.environ:
+    _SESSION_CACHE = tempfile.TemporaryDirectory(prefix="jaxspec-test-xla-")
+    os.environ["JAXSPEC_TEST_COMPILE_CACHE"] = _SESSION_CACHE.name
+os.environ["JAXSPEC_COMPILE_CACHE"] = os.environ["JAXSPEC_TEST_COMPILE_CACHE"]
+compile_cache.enable()
 
 
 @pytest.fixture(autouse=True, scope="module")
