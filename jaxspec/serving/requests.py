@@ -224,6 +224,10 @@ class Requests:
 
         method = _typed(body, "method", str, "a method name", None)
         method_options = _typed(body, "method_options", dict, "an object of method options", {})
+        bad_value = next((k for k, v in method_options.items()
+                          if v is not None and not isinstance(v, (str, int, float, bool))), None)
+        if bad_value is not None:
+            raise bad(f"method_options.{bad_value} must be a number, a str or true/false", "method_options")
         if method == "auto" and method_options:
             raise bad("method 'auto' takes no method_options (it is the server's measured choice)", "method_options")
         if method is None or method == "auto":

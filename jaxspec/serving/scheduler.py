@@ -166,15 +166,16 @@ class Scheduler:
             return {"waiting": len(self.waiting), "running": busy, "slots": self.slots, "groups": len(self.groups),
                     **self.counters}
 
-    def group(self, plan: Plan) -> SlotGroup:
-        """The plan's slot group, built (compiled) on first use; idle groups beyond `max_groups` go."""
+    def group(self, plan: Plan) -> SlotGroup | None:
+        """The plan's slot group, built on first use; idle groups beyond `max_groups` go. None
+        while `max_groups` groups are all busy (the job waits)."""
         if plan.key in self.groups:
             self.groups.move_to_end(plan.key)
             return self.groups[plan.key]
         idle = [k for k, jobs in self.jobs.items() if all(j is None for j in jobs)]
         while len(self.groups) >= self.max_groups and idle:
             key = idle.pop(0)
-            del self.groups[key], self.jobs[key]
+            del self.groups[key], self.jobs[key], self.detokenizers[key]
         if len(self.groups) >= self.max_groups:
             return None
         # (its programs compile on first use; `Server.warm` compiles the default group's at start-up)
