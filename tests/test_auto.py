@@ -23,8 +23,8 @@ def pycode():
 
 
 def test_auto_toml_is_what_the_fit_writes(tmp_path, monkeypatch):
-    """configs/auto.toml is `benchmarks/fit_auto.py`'s output on the committed results, not edited."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    """configs/auto.toml is `tools/fit_auto.py`'s output on the committed results, not edited."""
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
     import fit_auto
 
     fit_auto.main(["--out", str(tmp_path / "auto.toml")])

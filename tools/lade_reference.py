@@ -11,11 +11,11 @@ Commands run from the repository root; the venv and the exported model sit besid
 
 and export the model once with jaxspec's environment:
 
-    python benchmarks/make_smollm2_references.py --export ../smollm2_hf
+    python tools/make_smollm2_references.py --export ../smollm2_hf
 
 Then:
 
-    ../lade_venv/bin/python benchmarks/lade_reference.py --split quick|bench|heldout \
+    ../lade_venv/bin/python tools/lade_reference.py --split quick|bench|heldout \
         [--max-new-tokens 128] [--configs 15,5,15 7,4,7]
 
 The PyPI release (`pip install lade==0.0.2 transformers==4.34.1` plus the CPU torch, in another
@@ -270,7 +270,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="only the first N prompts of the split")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--data-path", nargs="*", default=[], help="extra site-packages holding the prompt data")
-    parser.add_argument("--out-dir", default=str(HERE / "results"))
+    parser.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--no-reference-check", action="store_true")
     parser.add_argument("--tag", default="", help="suffix for the output file names")
     args = parser.parse_args()
@@ -395,7 +395,7 @@ def main() -> None:
         "max_new_tokens": args.max_new_tokens,
         "seed": args.seed if github else "10 (set by lade itself)",
         "versions": versions,
-        "command": f"{recorded_path(sys.executable)} benchmarks/lade_reference.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "command": f"{recorded_path(sys.executable)} tools/lade_reference.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "total_wall_s": None,
         "reference_check": reference_check,
         "prompts": prompts,

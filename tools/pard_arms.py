@@ -2,7 +2,7 @@
 `--set` overrides, all at the same step count and seed (the shipped drafter's recipe differs
 from these only in its longer training: [train] steps).
 
-    python benchmarks/pard_arms.py --out runs/pard-arms [--steps 200] [--only NAME ...]
+    python tools/pard_arms.py --out runs/pard-arms [--steps 200] [--only NAME ...]
 
 Each arm trains into OUT/NAME (a finished arm, one with an export, is skipped; a killed one
 resumes). Generated target continuations are cached in OUT/distill-cache, shared by the arms

@@ -1,0 +1,83 @@
+"""Writing a result: the JSON with the machine's facts, when and how it ran, and its rendering.
+
+Every benchmark ends in `write_result`: results/<name>.json, then report.py's markdown (and its
+PNG, where it has a plot for the benchmark) from that JSON alone, so a table in the docs and the
+file beside the JSON never differ. `main_decode` is the whole command line of a decode benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Callable
+
+from harness.machine import RESULTS, machine_info
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def command_line(script: str, argv) -> str:
+    args = sys.argv[1:] if argv is None else list(argv)
+    return " ".join(["python", f"benchmarks/{Path(script).name}", *map(shlex.quote, args)])
+
+
+def write_result(result: dict, out: Path, name: str | None = None, quiet: bool = False) -> Path:
+    """results -> OUT/NAME.json, .md (and .png): the machine's facts and the date added if missing."""
+    import report
+
+    result.setdefault("machine", machine_info())
+    result.setdefault("date", now())
+    name = name or result["benchmark"]
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    lines = report.standalone(result)
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    report.plot(result, out / f"{name}.png")
+    if not quiet:
+        print("\n".join(lines))
+    return path
+
+
+def decode_arguments(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
+    p.add_argument("--name", help="result files' name (default: the benchmark's)")
+    p.add_argument("--rounds", type=int, help="repeat the whole grid this many times (default: the benchmark's)")
+    p.add_argument("--fresh", action="store_true", help="discard the runs of an interrupted run instead of resuming")
+    return p
+
+
+def main_decode(script: str, doc: str, arguments: Callable[[argparse.ArgumentParser], None],
+                declare: Callable, argv=None) -> int:
+    """The command line of a decode benchmark: `arguments(parser)` adds its options, `declare(args)`
+    returns its DecodeBench. Exits 1 when a setting's tokens differ from the reference's."""
+    import dataclasses
+
+    from harness.decode import run_decode
+
+    p = decode_arguments(doc)
+    arguments(p)
+    args = p.parse_args(argv)
+    bench = declare(args)
+    if args.rounds:
+        bench = dataclasses.replace(bench, rounds=args.rounds)
+    name = args.name or bench.name
+    bench = dataclasses.replace(bench, name=name)
+    journal = args.out / f".{name}.runs.jsonl"
+    result = run_decode(bench, journal, fresh=args.fresh)
+    result["command"] = command_line(script, argv)
+    write_result(result, args.out, name)
+    journal.unlink()
+    wrong = [n for n, s in result["summary"].items()
+             if s["identical_to_reference"] != s["cases"] or not s["same_every_round"]]
+    if wrong:
+        print(f"outputs differ from {bench.reference}: {', '.join(wrong)}", file=sys.stderr)
+        return 1
+    return 0
