@@ -2,7 +2,7 @@
 
 Cases: `--prompts` held-out function starts (benchmarks/harness/cases.py; files the model never
 saw), each cut to its last `--prompt-tokens` tokens so every case shares one compiled program per
-setting. Settings: greedy, lookahead at the model's defaults, prompt lookup, and the shipped PARD-2
+setting. Settings: greedy, lookahead at the model's defaults and at (7, 4, 7), prompt lookup, and the shipped PARD-2
 drafter (jaxspec/assets/pycode-5M-pard2 or `--drafter`): speculative target-dependent (TD, with
 the target's features) and target-independent (TI) at each `--draft-len`, TD with the drafter
 seeing only target-verified tokens, and hybrid (the drafter as one more lookahead branch).
@@ -40,6 +40,7 @@ def declare(args) -> DecodeBench:
     la = lookahead_defaults(model.config)
     la_opts = {"window": la.window, "ngram": la.ngram, "guesses": la.guesses}
     settings = [Setting("greedy"), Setting(f"lookahead ({la.window},{la.ngram},{la.guesses})", "lookahead", la_opts),
+                Setting("lookahead (7,4,7)", "lookahead", {"window": 7, "ngram": 4, "guesses": 7}),
                 Setting("prompt lookup (N=4,G=8)", "prompt-lookup", {"ngram": 4, "guesses": 8})]
     if td.projection is not None:  # a drafter trained with the target's features
         settings += [Setting(f"speculative TD (K={k})", "speculative", {"drafter": td, "draft_len": k}) for k in ks]

@@ -1,40 +1,24 @@
-"""The accelerator suite: step cost c(T), wall-clock speed-ups of every lossless method, attention kernels.
+"""The accelerator suite, for a short loan of one GPU (or TPU) chip: one result, DIR/device_suite.{json,md}.
 
-One command, made for a short loan of one GPU (or TPU) chip, that writes one result file:
+    python benchmarks/device_suite.py --out DIR            # ~7 minutes on one H200
+    python benchmarks/device_suite.py --smoke --out DIR    # tiny shapes on CPU, same layout (~1 minute)
 
-    python benchmarks/device_suite.py --out DIR      # ~7 minutes on one H200; DIR/device_suite.{json,md}
-    python benchmarks/device_suite.py --smoke --out DIR   # tiny shapes on CPU, same layout (~1 minute)
+Parts (--parts): 1. `step_cost`: c(T) = seconds of one decode-step forward of T chained block
+tokens (greedy head, batch 1, a filled KV cache) / the same at T = 1, on random-weight bfloat16
+Llama-3.2-1B / Llama-3.1-8B shapes, attention "xla" and "pallas"; a program runs `inner` forwards,
+a cell's programs are timed interleaved (`harness.time_programs`, min and median of `repeats`).
+2. `decoding`: greedy, lookahead (15,5,15) and (7,4,7), prompt lookup and speculative decoding (the
+shipped PARD-2 drafter) on pycode-5M's held-out code prompts (frozen in device_suite_prompts.json),
+and greedy / lookahead / prompt lookup (xla and pallas) on the 1B shape with prompts repeating a
+segment: a `harness.DecodeBench` per model, `run_decode` one round at a time; an output unlike
+greedy's is reported with its logit gap and whether it is a near-tie. 3. `attention`:
+`attention_bench`'s groups.
 
-Parts (each can be chosen with --parts):
-
-1. `step_cost`: c(T) = seconds of one decode-step forward of T block tokens (a chain under a
-   `TreeMask`, the greedy head) at batch 1 over a filled KV cache / the same for T = 1, for
-   T in {1, 8, 16, 32, 64, 128, 256}, on random-weight bfloat16 Llama-3.2-1B- and
-   Llama-3.1-8B-shaped models (`step_cost.synthetic_model`, built on the device), with the
-   "xla" and the "pallas" attention backends. Each program runs the forward `inner` times
-   over different tokens (so dispatch does not count); min and median over `repeats` calls,
-   compile and warm-up excluded.
-2. `decoding`: greedy vs lookahead (15,5,15) and (7,4,7) vs prompt lookup vs speculative
-   decoding (the shipped PARD-2 drafter) on pycode-5M and its held-out code prompts
-   (frozen in benchmarks/device_suite_prompts.json, so another Python's stdlib changes
-   nothing), and greedy / lookahead / prompt lookup (xla, and pallas attention) on the 1B-shaped
-   random model with prompts that repeat a segment. Every output is compared with greedy's
-   (a difference is reported with its logit gap and whether it is a near-tie at the dtype's
-   resolution: `jaxspec.exactness.compare`); S, tokens/s and the speed-up over greedy come from
-   runs interleaved per prompt (method order rotated), after one untimed warm-up per program.
-3. `attention`: `attention_bench.decode_rows` / `pard_rows` at their default 7B-like shapes,
-   one cache length at a time.
-
-Time: a global deadline (--deadline, default 420 s from the start of the process) is split
-into cumulative part deadlines (unused time passes to the next part). Before each item
-(one (model, backend, T) forward, one prompt round, one cache length) the suite estimates its
-time from the items before it and skips what does not fit, recording it under `skipped`. A
-watchdog thread writes whatever has been measured and ends the process `--grace` seconds
-after the deadline, whatever is running (a compile that never returns cannot hold the run).
-Each item's exception is recorded under `errors` and the suite goes on.
-
-Exit status: 0 done (skips allowed), 1 an output differs from greedy by more than a near-tie,
-2 an item raised, 3 the watchdog ended the run.
+Time: a deadline (--deadline, default 420 s from the process start) split into cumulative part
+deadlines; an item (a cell, a compile, a decoding round, an attention group) that does not fit is
+recorded under `skipped`, an exception under `errors`; a watchdog writes what was measured and ends
+the process `--grace` s after the deadline, whatever runs. Exit status: 0 done (skips allowed),
+1 an output differs from greedy beyond a near-tie, 2 an item raised, 3 the watchdog.
 """
 
 from __future__ import annotations
@@ -47,21 +31,17 @@ import argparse  # noqa: E402
 import concurrent.futures  # noqa: E402
 import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
-import datetime  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import threading  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "benchmarks"
-for _p in (str(BENCH), str(ROOT)):  # a bare checkout (jaxspec not installed) imports from the tree
+for _p in (str(ROOT / "benchmarks"), str(ROOT)):  # a bare checkout (jaxspec not installed) imports from the tree
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
@@ -70,125 +50,119 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
+import attention_bench  # noqa: E402
 import jaxspec  # noqa: E402
+from harness import RESULTS, command_line, machine_info, now, repo_relative, time_programs, write_result  # noqa: E402
+from harness.decode import Case, DecodeBench, Setting, decode, run_decode, summarize  # noqa: E402
+from jaxspec import Model, ModelConfig, Transformer  # noqa: E402
 from jaxspec.kv_cache import KVCache  # noqa: E402
 from jaxspec.masks import TreeMask  # noqa: E402
 
-import attention_bench  # noqa: E402
-import report  # noqa: E402  (JSON -> markdown, shared with benchmarks/report.py)
-import step_cost  # noqa: E402
-from machine import machine_info, repo_relative  # noqa: E402
-
-RESULTS = BENCH / "results"
-PROMPTS_FILE = BENCH / "device_suite_prompts.json"
+PROMPTS_FILE = ROOT / "benchmarks" / "device_suite_prompts.json"
 PARTS = ("step_cost", "decoding", "attention")
 
-# Synthetic stand-ins for the 1B / 8B slots of the smoke run: 2 layers, hidden 256.
-TINY_1B = dict(hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2,
-               vocab_size=2048, tie_word_embeddings=True)
-TINY_8B = dict(hidden_size=256, intermediate_size=640, num_layers=2, num_heads=8, num_kv_heads=2, vocab_size=4096)
-
 FULL = dict(
-    deadline=420.0,
-    # cumulative part deadlines, as shares of the whole (the step-cost share includes start-up)
-    shares={"step_cost": 0.50, "decoding": 0.36, "attention": 0.14},
-    models={"1b": ("llama3-1b", step_cost.SYNTHETIC["llama3-1b"]),
-            "8b": ("llama3-8b", step_cost.SYNTHETIC["llama3-8b"])},
-    dtype="bfloat16", block_tokens=(1, 64, 256, 16, 128, 8, 32),  # measured in this order (T = 1 first)
+    deadline=420.0, shares={"step_cost": 0.50, "decoding": 0.36, "attention": 0.14},  # of the whole, cumulated
+    models={"1b": ("llama3-1b", dict(hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32,
+                                     num_kv_heads=8, vocab_size=128256, tie_word_embeddings=True)),
+            "8b": ("llama3-8b", dict(hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+                                     num_kv_heads=8, vocab_size=128256))},
+    dtype="bfloat16", block_tokens=(1, 64, 256, 16, 128, 8, 32),  # compiled in this order (T = 1 first)
     cache_len=2048, cache_filled=1792, repeats=10, inner=10,
     pycode=dict(prompts=10, prompt_tokens=64, new_tokens=128, rounds=3, methods=None),  # None: every method
     synthetic=dict(prompts=4, prompt_tokens=64, period=16, new_tokens=128, rounds=3, methods=None),
-    attention=dict(cfg=attention_bench.FULL, repeats=20, inner=10),
+    attention=dict(cfg=attention_bench.FULL, rounds=20, inner=10),
     first_item_estimate=15.0,  # seconds assumed for an item nothing has been measured like yet
     timing_seconds_per_T=1.5,  # (repeats + 1) x inner forwards: ~1 s for the 8B at T = 256
 )
-SMOKE = dict(
+SMOKE = dict(  # stand-ins for the 1B / 8B slots (2 layers, hidden 256); one program per code path
     deadline=240.0, shares=FULL["shares"],
-    models={"1b": ("tiny-1b-slot", TINY_1B), "8b": ("tiny-8b-slot", TINY_8B)},
+    models={"1b": ("tiny-1b-slot", dict(hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4,
+                                        num_kv_heads=2, vocab_size=2048, tie_word_embeddings=True)),
+            "8b": ("tiny-8b-slot", dict(hidden_size=256, intermediate_size=640, num_layers=2, num_heads=8,
+                                        num_kv_heads=2, vocab_size=4096))},
     dtype="float32", block_tokens=(1, 32), cache_len=96, cache_filled=64, repeats=2, inner=2,
-    # one program per code path: each method once (one lookahead config), the pallas backend once
     pycode=dict(prompts=2, prompt_tokens=64, new_tokens=16, rounds=1,
                 methods=("greedy", "lookahead (7,4,7)", "prompt-lookup (N=4,G=8)", "speculative TD")),
     synthetic=dict(prompts=2, prompt_tokens=32, period=8, new_tokens=12, rounds=1,
                    methods=("greedy", "lookahead (7,4,7) [pallas]")),
-    attention=dict(cfg=attention_bench.SMOKE, repeats=1, inner=1),
-    first_item_estimate=3.0, timing_seconds_per_T=0.2,
+    attention=dict(cfg=attention_bench.SMOKE, rounds=1, inner=1), first_item_estimate=3.0, timing_seconds_per_T=0.2,
 )
-
-LOOKAHEAD = {"lookahead (15,5,15)": {"window": 15, "ngram": 5, "guesses": 15},
-             "lookahead (7,4,7)": {"window": 7, "ngram": 4, "guesses": 7}}
-PROMPT_LOOKUP = {"prompt-lookup (N=4,G=8)": {"ngram": 4, "guesses": 8}}
-
-
-# ----------------------------------------------------------------------------- bookkeeping
+DRAFT_FREE = [Setting("greedy"), Setting("lookahead (15,5,15)", "lookahead", {"window": 15, "ngram": 5, "guesses": 15}),
+              Setting("lookahead (7,4,7)", "lookahead", {"window": 7, "ngram": 4, "guesses": 7}),
+              Setting("prompt-lookup (N=4,G=8)", "prompt-lookup", {"ngram": 4, "guesses": 8})]
 
 
 class Suite:
-    """The results being built, the clock, and the files: one lock guards them, so the watchdog
-    can write a consistent snapshot while the main thread measures."""
+    """The results being built, the clock and the files: one lock guards them, so the watchdog can
+    write a consistent snapshot while the main thread measures."""
 
     def __init__(self, args, cfg: dict):
-        self.args, self.cfg = args, cfg
-        self.lock = threading.RLock()
+        self.args, self.cfg, self.lock, self.current, self.models = args, cfg, threading.RLock(), "start-up", {}
         self.deadline = START + cfg["deadline"]
-        shares, total, self.part_end = cfg["shares"], sum(cfg["shares"].values()), {}
-        at = 0.0
-        for part in PARTS:
-            at += shares[part] / total
-            self.part_end[part] = START + at * cfg["deadline"]
-        self.current = "start-up"
-        self.models: dict = {}  # the random-weight models built so far, by slot ("1b" / "8b")
+        shares = np.cumsum([cfg["shares"][p] for p in PARTS]) / sum(cfg["shares"].values())
+        self.part_end = {p: START + float(s) * cfg["deadline"] for p, s in zip(PARTS, shares)}
         self.data = {
-            "benchmark": "device_suite", "smoke": args.smoke,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": "python benchmarks/device_suite.py" + "".join(f" {a}" for a in args.argv),
-            "machine": {}, "deadline_seconds": cfg["deadline"], "grace_seconds": args.grace,
+            "benchmark": "device_suite", "title": "Device suite" + (
+                " (smoke: tiny shapes on CPU; says nothing about speed)" if args.smoke else ""),
+            "smoke": args.smoke, "date": now(), "command": command_line(__file__, args.argv), "machine": {},
+            "deadline_seconds": cfg["deadline"], "grace_seconds": args.grace,
             "part_deadlines_seconds": {p: round(self.part_end[p] - START, 1) for p in PARTS},
             "parts": {p: {"status": "not run", "skipped": [], "errors": []} for p in PARTS},
-            "completed": False, "total_seconds": None,
-        }
+            "completed": False, "total_seconds": None}
 
-    # -- time
     def now(self) -> float:
         return time.monotonic() - START
 
     def left(self, until: float) -> float:
         return min(until, self.deadline) - time.monotonic()
 
-    def fits(self, estimate: float, until: float) -> bool:
-        return self.left(until) >= estimate
-
-    # -- records
-    def part(self, name: str) -> dict:
-        return self.data["parts"][name]
-
-    def skip(self, part: str, item, reason: str) -> None:
-        with self.lock:
-            self.part(part)["skipped"].append({"item": item, "reason": reason, "at_seconds": round(self.now(), 1)})
-        print(f"[{self.now():6.1f}s] SKIP {part} {item}: {reason}", flush=True)
-
-    def error(self, part: str, item, exc: BaseException) -> None:
-        tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
-        with self.lock:
-            self.part(part)["errors"].append({"item": item, "error": f"{type(exc).__name__}: {exc}"[:2000],
-                                              "traceback": "".join(tb)[-4000:]})
-        print(f"[{self.now():6.1f}s] ERROR {part} {item}: {type(exc).__name__}: {exc}", flush=True)
+    def fits(self, part: str, item, estimate: float, until: float) -> bool:
+        """Whether `estimate` seconds are left before `until`; if not, `item` is recorded as skipped."""
+        if self.left(until) >= estimate:
+            return True
+        self.skip(part, item, f"deadline: needs ~{estimate:.0f} s, {max(self.left(until), 0):.0f} s left")
+        return False
 
     def log(self, msg: str) -> None:
         print(f"[{self.now():6.1f}s] {msg}", flush=True)
 
-    def skip_reason(self, estimate: float, until: float) -> str:
-        return f"deadline: needs ~{estimate:.0f} s, {max(self.left(until), 0):.0f} s left"
+    def skip(self, part: str, item, reason: str) -> None:
+        with self.lock:
+            self.data["parts"][part]["skipped"].append({"item": item, "reason": reason,
+                                                        "at_seconds": round(self.now(), 1)})
+        self.log(f"SKIP {part} {item}: {reason}")
 
-    # -- files
+    def error(self, part: str, item, exc: BaseException) -> None:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        with self.lock:
+            self.data["parts"][part]["errors"].append({"item": item, "error": f"{type(exc).__name__}: {exc}"[:2000],
+                                                       "traceback": tb[-4000:]})
+        self.log(f"ERROR {part} {item}: {type(exc).__name__}: {exc}")
+
+    def part(self, name: str) -> dict:
+        return self.data["parts"][name]
+
     def write(self) -> None:
         with self.lock:  # (the watchdog and the main thread never write at once)
-            snapshot = json.loads(json.dumps(self.data, default=str))
-            out = self.args.out
-            out.mkdir(parents=True, exist_ok=True)
             stem = "device_suite_smoke" if self.args.smoke and self.args.out == RESULTS else "device_suite"
-            (out / f"{stem}.json").write_text(json.dumps(snapshot, indent=1) + "\n")
-            (out / f"{stem}.md").write_text(markdown(snapshot))
+            write_result(json.loads(json.dumps(self.data, default=str)), self.args.out, stem, quiet=True)
+
+    def compile_all(self, part: str, jobs: dict, until: float) -> dict:
+        """{name: (item, fn)} run on `--compile-threads` threads (XLA compiles release the GIL) ->
+        {name: fn()} of those that finished before `until`; the others recorded as skipped / errors."""
+        pool = concurrent.futures.ThreadPoolExecutor(max(1, self.args.compile_threads))
+        futures, done = {name: pool.submit(fn) for name, (_, fn) in jobs.items()}, {}
+        for name, future in futures.items():
+            self.current = f"{part}: compiling {jobs[name][0]}"
+            try:
+                done[name] = future.result(timeout=max(self.left(until), 0.1))
+            except concurrent.futures.TimeoutError:
+                self.skip(part, jobs[name][0], "deadline: its compile had not finished")
+            except Exception as e:  # noqa: BLE001
+                self.error(part, jobs[name][0], e)
+        pool.shutdown(wait=False, cancel_futures=True)
+        return done
 
 
 def watchdog(suite: Suite, at: float) -> None:
@@ -196,10 +170,9 @@ def watchdog(suite: Suite, at: float) -> None:
         time.sleep(0.25)
     got = suite.lock.acquire(timeout=10)
     try:
-        suite.data["completed"] = False
-        suite.data["interrupted"] = {"at_seconds": round(suite.now(), 1), "while": suite.current,
-                                     "why": f"the watchdog ended the run {suite.args.grace:g} s after the deadline"}
-        suite.data["total_seconds"] = round(suite.now(), 1)
+        suite.data.update(completed=False, total_seconds=round(suite.now(), 1), interrupted={
+            "at_seconds": round(suite.now(), 1), "while": suite.current,
+            "why": f"the watchdog ended the run {suite.args.grace:g} s after the deadline"})
         for p in PARTS:
             if suite.part(p)["status"] == "running":
                 suite.part(p)["status"] = "interrupted"
@@ -208,7 +181,7 @@ def watchdog(suite: Suite, at: float) -> None:
             suite.lock.release()
     try:
         suite.write()
-        print(f"[{suite.now():6.1f}s] WATCHDOG: wrote partial results to {suite.args.out}; exiting", flush=True)
+        suite.log(f"WATCHDOG: wrote partial results to {suite.args.out}; exiting")
     finally:
         os._exit(3)
 
@@ -216,30 +189,19 @@ def watchdog(suite: Suite, at: float) -> None:
 def device_info() -> dict:
     dev = jax.devices()[0]
     info = {**machine_info(), "device_kind": dev.device_kind, "device_count": jax.device_count(),
-            "device_platform": dev.platform}
-    try:
-        import jaxlib
-        info["jaxlib"] = jaxlib.__version__
-    except Exception:  # noqa: BLE001
-        pass
-    try:
-        stats = dev.memory_stats() or {}
-        if "bytes_limit" in stats:
-            info["device_memory_bytes"] = int(stats["bytes_limit"])
-    except Exception:  # noqa: BLE001
-        pass
-    if dev.platform == "gpu" and shutil.which("nvidia-smi"):
-        try:
+            "device_platform": dev.platform, "xla_flags": os.environ.get("XLA_FLAGS", "")}
+    with contextlib.suppress(Exception):
+        info["jaxlib"] = __import__("jaxlib").__version__
+        info["device_memory_bytes"] = int((dev.memory_stats() or {})["bytes_limit"])
+    if dev.platform == "gpu":
+        with contextlib.suppress(Exception):
             info["nvidia_smi"] = subprocess.run(
                 ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem",
                  "--format=csv,noheader"], capture_output=True, text=True, timeout=15).stdout.strip()
-        except Exception as e:  # noqa: BLE001
-            info["nvidia_smi"] = f"failed: {e}"
-    info["xla_flags"] = os.environ.get("XLA_FLAGS", "")
     return info
 
 
-def with_attention(model: jaxspec.Model, attention: str) -> jaxspec.Model:
+def with_attention(model: Model, attention: str) -> Model:
     """The same weights (no copy) with another attention backend, and its own compiled programs."""
     if model.attention == attention:
         return model
@@ -250,20 +212,36 @@ def with_attention(model: jaxspec.Model, attention: str) -> jaxspec.Model:
                                drafters={}, memory_estimates={}, lp_layouts={})
 
 
+def build_synthetic(suite: Suite, slot: str, part: str) -> Model | None:
+    """The random-weight model of a slot ("1b" / "8b"), built once and kept for the other parts."""
+    if slot in suite.models:
+        return suite.models[slot]
+    name, shape = suite.cfg["models"][slot]
+    suite.current, t0, suite.models[slot] = f"building {name}", time.perf_counter(), None
+    try:  # a random-weight Llama of this shape, built on the device by one compiled init
+        cfg = ModelConfig(model_type="llama", head_dim=shape["hidden_size"] // shape["num_heads"],
+                          max_position_embeddings=4096, bos_token_id=1, eos_token_ids=(2,), **shape)
+        dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[suite.cfg["dtype"]]
+        module = nnx.jit(lambda: Transformer(cfg, dtype=dtype, rngs=nnx.Rngs(0)))()
+        model = Model.from_module(module, dtype=suite.cfg["dtype"], source=f"synthetic-{name}")
+        jax.block_until_ready(model.params)
+    except Exception as e:  # noqa: BLE001
+        suite.error(part, f"build {name}", e)
+        return None
+    suite.log(f"built {name}: {model.config.num_params / 1e9:.3f}B params in {time.perf_counter() - t0:.1f}s")
+    suite.models[slot] = model
+    return model
+
+
 # ----------------------------------------------------------------------------- part 1: c(T)
 
 
-def chain_mask(t: int) -> TreeMask:
-    """T block tokens in a chain (each sees itself and every earlier one), as a step's `TreeMask`."""
-    return TreeMask(pre=np.arange(t, dtype=np.int32)[None], end=np.full((1, t), t - 1, np.int32))
-
-
-def forward_program(model: jaxspec.Model, t: int, cache_filled: int, inner: int):
-    """A jitted program running `inner` decode-step forwards of T tokens over a cache holding
+def forward_program(model: Model, t: int, cache_filled: int, inner: int):
+    """A jitted program running `inner` decode-step forwards of T chained tokens over a cache holding
     `cache_filled` tokens (the greedy head: argmax only, as greedy verification runs it); the
     tokens change with the iteration so no forward can be hoisted out of the loop."""
     graphdef, vocab = model.graphdef, model.config.vocab_size
-    mask = chain_mask(t)
+    mask = TreeMask(pre=np.arange(t, dtype=np.int32)[None], end=np.full((1, t), t - 1, np.int32))
     positions = cache_filled + jnp.arange(t, dtype=jnp.int32)[None]
 
     def run(params, cache, tokens):
@@ -278,129 +256,62 @@ def forward_program(model: jaxspec.Model, t: int, cache_filled: int, inner: int)
     return jax.jit(run)
 
 
-def time_program(compiled, args: tuple, repeats: int) -> list[float]:
-    jax.block_until_ready(compiled(*args))  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - t0)
-    return times
-
-
-def build_synthetic(suite: Suite, slot: str, part: str) -> jaxspec.Model | None:
-    """The random-weight model of a slot ("1b" / "8b"), built once and kept for the other parts."""
-    cache = suite.models
-    if slot in cache:
-        return cache[slot]
-    name, shape = suite.cfg["models"][slot]
-    suite.current = f"building {name}"
-    t0 = time.perf_counter()
-    try:
-        model = step_cost.synthetic_model(shape, suite.cfg["dtype"], name=name)
-        jax.block_until_ready(model.params)
-    except Exception as e:  # noqa: BLE001
-        suite.error(part, f"build {name}", e)
-        cache[slot] = None
-        return None
-    seconds = time.perf_counter() - t0
-    with suite.lock:
-        suite.data.setdefault("models", {})[slot] = {
-            "name": name, "shape": {k: v for k, v in shape.items()}, "params": model.config.num_params,
-            "dtype": suite.cfg["dtype"], "build_seconds": round(seconds, 2)}
-    suite.log(f"built {name}: {model.config.num_params / 1e9:.3f}B params in {seconds:.1f}s")
-    cache[slot] = model
-    return model
-
-
 def part_step_cost(suite: Suite) -> None:
     cfg, part = suite.cfg, "step_cost"
     rec = suite.part(part)
     rec.update(config={"block_tokens": sorted(cfg["block_tokens"]), "cache_len": cfg["cache_len"],
                        "cache_filled": cfg["cache_filled"], "repeats": cfg["repeats"], "inner": cfg["inner"],
-                       "dtype": cfg["dtype"], "batch": 1, "mask": "chain TreeMask", "head": "argmax"},
-               rows=[])
-    end = suite.part_end[part]
+                       "dtype": cfg["dtype"], "batch": 1, "mask": "chain TreeMask", "head": "argmax"}, rows=[])
     cells = [(slot, backend) for backend in ("xla", "pallas") for slot in ("1b", "8b")]
-    part_start = time.monotonic()
     for n, (slot, backend) in enumerate(cells):
-        # each (model, backend) cell ends by its share of what is left of the part
-        cell_end = part_start + (n + 1) * (end - part_start) / len(cells)
-        cell_end = max(cell_end, time.monotonic() + (end - time.monotonic()) / (len(cells) - n))
+        cell_end = time.monotonic() + suite.left(suite.part_end[part]) / (len(cells) - n)  # its share of what is left
         name = cfg["models"][slot][0]
-        if not suite.fits(cfg["first_item_estimate"], cell_end) and slot not in suite.models:
-            for t in cfg["block_tokens"]:
-                suite.skip(part, {"model": name, "attention": backend, "T": t}, suite.skip_reason(
-                    cfg["first_item_estimate"], cell_end))
-            continue
-        model = build_synthetic(suite, slot, part)
-        if model is None:
-            continue
-        step_cost_cell(suite, with_attention(model, backend), name, backend, cell_end)
-    rows = rec["rows"]
-    for slot, backend in cells:
-        name = cfg["models"][slot][0]
-        base = next((r for r in rows if r["model"] == name and r["attention"] == backend and r["T"] == 1), None)
-        for r in rows:
-            if r["model"] == name and r["attention"] == backend and base is not None:
-                r["c_min"] = r["seconds_min"] / base["seconds_min"]
-                r["c_median"] = r["seconds_median"] / base["seconds_median"]
-    rows.sort(key=lambda r: (r["attention"] != "xla", r["params"], r["T"]))
+        if slot in suite.models or suite.fits(part, {"model": name, "attention": backend},
+                                              cfg["first_item_estimate"], cell_end):
+            model = build_synthetic(suite, slot, part)
+            if model is not None:
+                step_cost_cell(suite, with_attention(model, backend), name, backend, cell_end)
+    for r in rec["rows"]:
+        base = [b for b in rec["rows"] if (b["model"], b["attention"], b["T"]) == (r["model"], r["attention"], 1)]
+        if base:
+            r["c_min"], r["c_median"] = r["seconds_min"] / base[0]["seconds_min"], r["seconds_median"] / base[0][
+                "seconds_median"]
+    rec["rows"].sort(key=lambda r: (r["attention"] != "xla", r["params"], r["T"]))
     suite.models.pop("8b", None)  # 16 GB the other parts do not use
 
 
-def step_cost_cell(suite: Suite, model: jaxspec.Model, name: str, backend: str, until: float) -> None:
-    """c(T) rows of one (model, backend): trace every T here, compile them on a few threads (XLA
-    compiles release the GIL), then time them one by one once every compile is done (or abandoned
-    at the deadline), so no compile's autotuning runs on the chip while a forward is timed."""
-    cfg, part = suite.cfg, "step_cost"
-    c = model.config
+def step_cost_cell(suite: Suite, model: Model, name: str, backend: str, until: float) -> None:
+    """c(T) rows of one (model, backend): every T traced, compiled on a few threads, then what
+    compiled in time is timed interleaved (no compile's autotuning runs on the chip meanwhile)."""
+    cfg, part, c = suite.cfg, "step_cost", model.config
     cache = KVCache.zeros(c.num_layers, 1, cfg["cache_len"], c.num_kv_heads, c.head_dim,
                           model.module.embed_tokens.embedding.dtype)
     cache = dataclasses.replace(cache, lengths=jnp.full((1,), cfg["cache_filled"], jnp.int32))
-    rng = np.random.default_rng(0)
-    pool = concurrent.futures.ThreadPoolExecutor(max(1, suite.args.compile_threads))
-    futures, args_of, compiled = {}, {}, {}
-    t_cell = time.perf_counter()
+    rng, args, jobs, t0 = np.random.default_rng(0), {}, {}, time.perf_counter()
     for t in cfg["block_tokens"]:
         item = {"model": name, "attention": backend, "T": t}
-        if not suite.fits(1.0, until):
-            suite.skip(part, item, "deadline: not traced")
-            continue
+        suite.current = f"step_cost: tracing {item}"
         try:
-            tokens = jnp.asarray(rng.integers(3, c.vocab_size, size=(1, t)), jnp.int32)
-            args_of[t] = (model.params, cache, tokens)
-            suite.current = f"step_cost: tracing {name} {backend} T={t}"
-            lowered = forward_program(model, t, cfg["cache_filled"], cfg["inner"]).lower(*args_of[t])
-            futures[t] = pool.submit(lowered.compile)
+            args[t] = (model.params, cache, jnp.asarray(rng.integers(3, c.vocab_size, size=(1, t)), jnp.int32))
+            jobs[t] = (item, forward_program(model, t, cfg["cache_filled"], cfg["inner"]).lower(*args[t]).compile)
         except Exception as e:  # noqa: BLE001
             suite.error(part, item, e)
-    compiles_until = until - cfg["timing_seconds_per_T"] * len(futures)  # time left to time what compiled
-    for t, future in futures.items():
-        item = {"model": name, "attention": backend, "T": t}
-        suite.current = f"step_cost: compiling {name} {backend} T={t}"
-        try:
-            compiled[t] = future.result(timeout=max(suite.left(compiles_until), 0.1))
-        except concurrent.futures.TimeoutError:
-            suite.skip(part, item, "deadline: its compile had not finished")
-        except Exception as e:  # noqa: BLE001
-            suite.error(part, item, e)
-    pool.shutdown(wait=False, cancel_futures=True)
-    compile_seconds = time.perf_counter() - t_cell
+    compiled = suite.compile_all(part, jobs, until - cfg["timing_seconds_per_T"] * len(jobs))  # time left to time
+    compile_seconds = time.perf_counter() - t0
     suite.log(f"step_cost {name} {backend}: {len(compiled)} programs traced and compiled in {compile_seconds:.1f}s")
-    for t, program in compiled.items():
-        item = {"model": name, "attention": backend, "T": t}
-        if not suite.fits(0.0, suite.part_end[part]):  # (a cell may overrun its share, not the part)
-            suite.skip(part, item, "deadline: compiled, not timed")
-            continue
-        suite.current = f"step_cost: timing {name} {backend} T={t}"
-        try:
-            times = [x / cfg["inner"] for x in time_program(program, args_of[t], cfg["repeats"])]
-        except Exception as e:  # noqa: BLE001
-            suite.error(part, item, e)
-            continue
-        row = {"model": name, "attention": backend, "params": model.config.num_params, "T": t,
-               "seconds_min": min(times), "seconds_median": statistics.median(times), "repeats": len(times),
+    if not compiled:
+        return
+    suite.current = f"step_cost: timing {name} {backend}"
+    try:  # (a cell may overrun its share, not the part; one round at least)
+        times = time_programs({t: (program, args[t]) for t, program in compiled.items()}, cfg["repeats"],
+                              deadline=time.perf_counter() + suite.left(suite.part_end[part]))
+    except Exception as e:  # noqa: BLE001
+        suite.error(part, {"model": name, "attention": backend}, e)
+        return
+    for t in sorted(times):
+        seconds = [x / cfg["inner"] for x in times[t]]
+        row = {"model": name, "attention": backend, "params": c.num_params, "T": t, "seconds_min": min(seconds),
+               "seconds_median": float(np.median(seconds)), "repeats": len(seconds),
                "cell_compile_seconds": round(compile_seconds, 2)}
         with suite.lock:
             suite.part(part)["rows"].append(row)
@@ -411,309 +322,175 @@ def step_cost_cell(suite: Suite, model: jaxspec.Model, name: str, backend: str, 
 # ----------------------------------------------------------------------------- part 2: decoding
 
 
-def frozen_prompts() -> list[dict]:
-    if PROMPTS_FILE.exists():
-        return json.loads(PROMPTS_FILE.read_text())["prompts"]
-    from code_prompts import code_prompts  # this interpreter's stdlib: other prompts on another Python
-    return code_prompts(48)
-
-
 def freeze_prompts(count: int = 12, length: int = 64) -> None:
     """Rewrite benchmarks/device_suite_prompts.json from this interpreter's held-out stdlib files."""
-    from code_prompts import code_prompts
+    from harness.cases import code_prompts
 
     tokenizer = jaxspec.load(jaxspec.loading.DEFAULT_MODEL).tokenizer
-    out = []
-    for p in code_prompts(4 * count):
-        n = len(tokenizer.encode(p["text"]))
-        if n >= length:
-            out.append({"file": p["file"], "line": p["line"], "tokens": n, "text": p["text"]})
-        if len(out) == count:
-            break
+    out = [{**p, "tokens": len(tokenizer.encode(p["text"]))} for p in code_prompts(4 * count)]
     PROMPTS_FILE.write_text(json.dumps({
-        "about": "Held-out pycode-5M prompts (benchmarks/code_prompts.py: function starts of the standard-library "
+        "about": "Held-out pycode-5M prompts (benchmarks/harness/cases.py: function starts of the standard-library "
                  "files configs/pycode.toml holds out), frozen so that a machine with another Python (another "
                  "stdlib) decodes the same prompts. Regenerate: python benchmarks/device_suite.py --freeze-prompts.",
-        "python": platform.python_version(), "stdlib": "python" + platform.python_version(), "prompts": out},
+        "python": sys.version.split()[0], "prompts": [p for p in out if p["tokens"] >= length][:count]},
         indent=1) + "\n")
 
 
-def pycode_setup(suite: Suite):
-    """pycode-5M, its methods (the shipped drafter for speculative decoding) and its prompts."""
+def pycode_bench(suite: Suite) -> DecodeBench:
+    """pycode-5M on its frozen prompts: the draft-free methods and the shipped drafter."""
     from jaxspec.drafter import load_drafter
     from jaxspec.methods import DEFAULT_DRAFTER
 
+    c = suite.cfg["pycode"]
     model = jaxspec.load(jaxspec.loading.DEFAULT_MODEL)
-    n, length = suite.cfg["pycode"]["prompts"], suite.cfg["pycode"]["prompt_tokens"]
-    prompts = []
-    for p in frozen_prompts():
-        ids = model.tokenizer.encode(p["text"])
-        if len(ids) >= length:
-            prompts.append({"file": p["file"], "line": p["line"], "ids": ids[-length:]})
-        if len(prompts) == n:
-            break
-    methods = {"greedy": ("autoregressive", {}, model)}
-    methods.update({k: ("lookahead", v, model) for k, v in LOOKAHEAD.items()})
-    methods.update({k: ("prompt-lookup", v, model) for k, v in PROMPT_LOOKUP.items()})
-    shipped = jaxspec.loading.ASSETS / DEFAULT_DRAFTER
-    info = {"model": jaxspec.loading.DEFAULT_MODEL, "dtype": model.dtype, "attention": model.attention,
-            "params": model.config.num_params}
+    cases = [Case(f"{p['file']}:{p['line']}", tuple(ids[-c["prompt_tokens"]:]))
+             for p in json.loads(PROMPTS_FILE.read_text())["prompts"]
+             if len(ids := model.tokenizer.encode(p["text"])) >= c["prompt_tokens"]][:c["prompts"]]
+    settings, shipped = list(DRAFT_FREE), jaxspec.loading.ASSETS / DEFAULT_DRAFTER
+    facts = {"dtype": model.dtype, "params": model.config.num_params, "matmul_precision": "highest"}
     if shipped.exists():
         drafter = load_drafter(shipped)
-        k = drafter.draft_len
-        methods[f"speculative TD (K={k})"] = ("speculative", {"drafter": drafter, "draft_len": k,
-                                                              "target_features": drafter.projection is not None}, model)
-        info["drafter"] = repo_relative(shipped)
+        settings.append(Setting(f"speculative TD (K={drafter.draft_len})", "speculative", {
+            "drafter": drafter, "draft_len": drafter.draft_len, "target_features": drafter.projection is not None}))
+        facts["drafter"] = repo_relative(shipped)
     else:
         suite.skip("decoding", "pycode-5M speculative", f"no shipped drafter at {repo_relative(shipped)}")
-    return model, methods, prompts, info
+    return DecodeBench("pycode-5M", f"{jaxspec.loading.DEFAULT_MODEL}, held-out code, attention {model.attention}",
+                       model, cases, settings, c["new_tokens"], facts=facts)
 
 
-def synthetic_setup(suite: Suite):
+def synthetic_bench(suite: Suite) -> DecodeBench | None:
+    """The 1B-shaped random model on prompts repeating a random segment (prompt lookup and the
+    n-gram pool find it); the [pallas] settings decode the same weights with pallas attention."""
     model = build_synthetic(suite, "1b", "decoding")
     if model is None:
         return None
-    c = suite.cfg["synthetic"]
-    vocab = model.config.vocab_size
-    prompts = []
-    for i in range(c["prompts"]):  # a random segment repeated: prompt lookup and the n-gram pool find it
-        seg = np.random.default_rng(100 + i).integers(3, vocab, size=c["period"]).tolist()
-        ids = ([1] + seg * (c["prompt_tokens"] // c["period"] + 1))[:c["prompt_tokens"]]
-        prompts.append({"kind": f"segment of {c['period']} random ids repeated", "seed": 100 + i, "ids": ids})
-    pallas = with_attention(model, "pallas")
-    methods = {"greedy": ("autoregressive", {}, model)}
-    methods.update({k: ("lookahead", v, model) for k, v in LOOKAHEAD.items()})
-    methods.update({k: ("prompt-lookup", v, model) for k, v in PROMPT_LOOKUP.items()})
-    methods["greedy [pallas]"] = ("autoregressive", {}, pallas)
-    methods.update({f"{k} [pallas]": ("lookahead", v, pallas) for k, v in LOOKAHEAD.items()})
-    name = suite.cfg["models"]["1b"][0]
-    info = {"model": f"synthetic {name} (random weights)", "dtype": model.dtype,
-            "attention": "xla (pallas where named)", "params": model.config.num_params}
-    return model, methods, prompts, info
+    c, vocab = suite.cfg["synthetic"], model.config.vocab_size
+    segments = [np.random.default_rng(100 + i).integers(3, vocab, size=c["period"]).tolist()
+                for i in range(c["prompts"])]
+    cases = [Case(f"seed {100 + i}", tuple(([1] + seg * (c["prompt_tokens"] // c["period"] + 1))[:c["prompt_tokens"]]))
+             for i, seg in enumerate(segments)]
+    pallas = DecodeBench("pallas", "", with_attention(model, "pallas"), (), (), c["new_tokens"])
+    settings = DRAFT_FREE + [Setting(f"{s.name} [pallas]", s.method, s.options, peer=lambda case, n, s=s:
+                                     decode(pallas, s, case)) for s in DRAFT_FREE[:3]]
+    return DecodeBench("synthetic-1b", f"synthetic {suite.cfg['models']['1b'][0]}, random weights; prompts repeat a "
+                       f"segment of {c['period']} random ids", model, cases, settings, c["new_tokens"],
+                       facts={"dtype": model.dtype, "params": model.config.num_params, "matmul_precision": "default"})
 
 
 def part_decoding(suite: Suite) -> None:
-    part = "decoding"
-    rec = suite.part(part)
-    rec["models"] = {}
-    end = suite.part_end[part]
+    suite.part("decoding")["models"] = {}
+    end = suite.part_end["decoding"]
     first_end = time.monotonic() + 0.4 * (end - time.monotonic())  # pycode-5M's share; the rest: the 1B
-    for key, setup, until, precision in (("pycode-5M", pycode_setup, first_end, "highest"),
-                                          ("synthetic-1b", synthetic_setup, end, None)):
-        if not suite.fits(2 * suite.cfg["first_item_estimate"], until):
-            suite.skip(part, key, suite.skip_reason(2 * suite.cfg["first_item_estimate"], until))
-            continue
-        suite.current = f"decoding: setting up {key}"
-        try:
-            got = setup(suite)
-        except Exception as e:  # noqa: BLE001
-            suite.error(part, f"{key} setup", e)
-            continue
-        if got is None:
-            continue
-        decode_model(suite, key, *got, until=until, precision=precision)
+    for key, setup, until, precision in (("pycode-5M", pycode_bench, first_end, "highest"),
+                                          ("synthetic-1b", synthetic_bench, end, None)):
+        if suite.fits("decoding", key, 2 * suite.cfg["first_item_estimate"], until):
+            suite.current = f"decoding: setting up {key}"
+            try:
+                bench = setup(suite)
+            except Exception as e:  # noqa: BLE001
+                suite.error("decoding", f"{key} setup", e)
+                continue
+            if bench is not None:
+                decode_model(suite, key, bench, until, precision)
 
 
-def decode_model(suite: Suite, key: str, model, methods: dict, prompts: list, info: dict, *, until: float,
-                 precision: str | None) -> None:
+def decode_model(suite: Suite, key: str, bench: DecodeBench, until: float, precision: str | None) -> None:
     from jaxspec.exactness import compare
 
-    part = "decoding"
-    c = suite.cfg["pycode" if key == "pycode-5M" else "synthetic"]
-    if c["methods"] is not None:
-        methods = {n: m for n, m in methods.items() if n == "greedy" or n in c["methods"] or
-                   n.split(" (K=")[0] in c["methods"]}  # (the drafter's K is in the name)
-    elif key != "pycode-5M":  # the full run: one pallas lookahead config is enough
-        methods.pop("lookahead (7,4,7) [pallas]", None)
-    new = c["new_tokens"]
-    entry = {**info, "matmul_precision": precision or "default", "new_tokens": new,
-             "prompt_tokens": c["prompt_tokens"], "batch": 1,
-             "prompts": [{k: v for k, v in p.items() if k != "ids"} for p in prompts],
-             "rounds_planned": c["rounds"], "runs": {}, "methods": {}, "mismatches": []}
+    part, c = "decoding", suite.cfg["pycode" if key == "pycode-5M" else "synthetic"]
+
+    def wanted(name: str) -> bool:  # (the drafter's K is in its name; the full run: one pallas lookahead)
+        if c["methods"] is None:
+            return key == "pycode-5M" or name != "lookahead (7,4,7) [pallas]"
+        return name == "greedy" or name in c["methods"] or name.split(" (K=")[0] in c["methods"]
+
+    def precise():  # float32 as float32: a GPU's default float32 matmul rounds its inputs to TF32
+        return jax.default_matmul_precision(precision) if precision else contextlib.nullcontext()
+
+    def warm(setting):  # one program per setting (the prompts share a length); contexts are per thread
+        with precise():
+            return decode(bench, setting, bench.cases[0])
+
+    jobs = {s.name: ({"model": key, "method": s.name}, lambda s=s: warm(s)) for s in bench.settings if wanted(s.name)}
+    ready = suite.compile_all(part, jobs, until)
+    if "greedy" not in ready:
+        return suite.skip(part, {"model": key}, "greedy did not compile: nothing to compare with")
+    bench = dataclasses.replace(bench, settings=[s for s in bench.settings if s.name in ready])
+    rounds, estimate = [], 0.0
+    for r in range(c["rounds"]):
+        if suite.fits(part, {"model": key, "round": r + 1}, estimate, until):
+            suite.current, t0 = f"decoding {key}: round {r + 1}", time.perf_counter()
+            try:
+                with tempfile.TemporaryDirectory() as tmp, precise():
+                    rounds.append(run_decode(bench, Path(tmp) / "runs.jsonl", fresh=True, progress=False))
+            except Exception as e:  # noqa: BLE001
+                suite.error(part, {"model": key, "round": r + 1}, e)
+            estimate = 1.3 * (time.perf_counter() - t0)
+    if not rounds:
+        return
+    runs = {n: [rnd["runs"][n][0] for rnd in rounds] for n in ready}
+    for rs in runs.values():  # later rounds' tokens are checked against round 0's, not kept
+        for k, rnd in enumerate(rs[1:], 1):
+            for row, first in zip(rnd, rs[0]):
+                row.update(round=k, same_as_round_0=row.pop("tokens") == first["tokens"])
+    bench = dataclasses.replace(bench, rounds=len(rounds))
+    entry = dict(rounds[0], rounds=len(rounds), rounds_planned=c["rounds"], runs=runs, summary=summarize(bench, runs),
+                 mismatches=[])
+    for s, setting in zip(entry["settings"], bench.settings):
+        s["method"] = setting.method  # (a [pallas] setting runs as a peer)
+    for name in ready:
+        for case, row, ref in zip(bench.cases, runs[name][0], runs["greedy"][0]):
+            if row["tokens"] != ref["tokens"]:
+                mm = {"method": name, "case": case.name, "near_tie": False}
+                try:  # where and how far apart: the logits of greedy's model after the common prefix
+                    with precise():
+                        diff = compare(bench.model, list(case.ids), ref["tokens"], row["tokens"])
+                    mm.update(**dataclasses.asdict(diff), near_tie=diff.near_tie,
+                              describe=diff.describe(bench.model.dtype))
+                except Exception as e:  # noqa: BLE001
+                    mm["describe"] = f"differs (the logit comparison failed: {type(e).__name__}: {e})"
+                entry["mismatches"].append(mm)
+                suite.log(f"MISMATCH {key} {name} {case.name}: {mm['describe']}")
     with suite.lock:
         suite.part(part)["models"][key] = entry
-
-    def run(name, ids):
-        method, options, target = methods[name]
-        # float32 as float32: a GPU's default float32 matmul rounds its inputs to TF32 (bf16 is unaffected).
-        # Entered here, in the calling thread: JAX's config contexts are per thread, and the warm-up
-        # compiles (the program every later call reuses) run on pool threads.
-        ctx = jax.default_matmul_precision(precision) if precision else contextlib.nullcontext()
-        t0 = time.perf_counter()
-        with ctx:
-            out = jaxspec.generate(target, ids, max_new_tokens=new, method=method, stop_at_eos=False, **options)
-        return out, time.perf_counter() - t0
-
-    # Warm-up: one program per method (every prompt has the same length), compiled on a few threads.
-    compile_seconds, ready = {}, []
-    pool = concurrent.futures.ThreadPoolExecutor(max(1, suite.args.compile_threads))
-    futures = {name: pool.submit(run, name, prompts[0]["ids"]) for name in methods}
-    for name, future in futures.items():
-        suite.current = f"decoding {key}: compiling {name}"
-        try:
-            out, wall = future.result(timeout=max(suite.left(until), 0.1))
-        except concurrent.futures.TimeoutError:
-            suite.skip(part, {"model": key, "method": name}, "deadline: its compile had not finished")
-            continue
-        except Exception as e:  # noqa: BLE001
-            suite.error(part, {"model": key, "method": name}, e)
-            continue
-        compile_seconds[name] = out.compile_seconds
-        ready.append(name)
-        suite.log(f"decoding {key}: {name} compiled in {out.compile_seconds:.1f}s")
-    pool.shutdown(wait=False, cancel_futures=True)
-    if "greedy" not in ready:
-        suite.skip(part, {"model": key}, "greedy did not compile: nothing to compare with")
-        return
-    runs = {name: [] for name in ready}
-    entry["runs"] = runs
-    greedy_ref: dict[int, list] = {}
-    estimate, done_rounds = None, 0
-    for r in range(c["rounds"]):
-        for i, prompt in enumerate(prompts):
-            # greedy first in every rotation's reference sense: the reference is each prompt's first greedy run
-            need = estimate if estimate is not None else suite.cfg["first_item_estimate"]
-            if not suite.fits(need, until):
-                suite.skip(part, {"model": key, "round": r + 1, "prompt": i}, suite.skip_reason(need, until))
-                continue
-            suite.current = f"decoding {key}: round {r + 1}, prompt {i + 1}/{len(prompts)}"
-            t0 = time.perf_counter()
-            order = ready[(i + r) % len(ready):] + ready[:(i + r) % len(ready)]
-            if i not in greedy_ref:  # the reference must exist before the others compare
-                order.remove("greedy")
-                order.insert(0, "greedy")
-            for name in order:
-                try:
-                    out, wall = run(name, prompt["ids"])
-                except Exception as e:  # noqa: BLE001
-                    suite.error(part, {"model": key, "method": name, "prompt": i, "round": r + 1}, e)
-                    continue
-                if name == "greedy" and i not in greedy_ref:
-                    greedy_ref[i] = out.tokens
-                if i not in greedy_ref:
-                    break  # greedy failed on this prompt (recorded): nothing to compare with
-                identical = out.tokens == greedy_ref[i]
-                run_rec = {"prompt": i, "round": r + 1, "tokens": len(out.tokens), "steps": out.steps,
-                           "seconds": out.seconds, "call_seconds": wall, "identical": identical}
-                if "accepted_tokens" in out.extras and "target_steps" in out.extras:
-                    run_rec["accept_length"] = out.extras["accepted_tokens"] / max(out.extras["target_steps"], 1)
-                if not identical:
-                    mm = {"method": name, "prompt": i, "round": r + 1, "near_tie": False}
-                    try:  # where and how far apart: the logits of greedy's model after the common prefix
-                        with jax.default_matmul_precision(precision) if precision else contextlib.nullcontext():
-                            diff = compare(methods["greedy"][2], prompt["ids"], greedy_ref[i], out.tokens)
-                        mm.update(**dataclasses.asdict(diff), near_tie=diff.near_tie,
-                                  describe=diff.describe(model.dtype))
-                    except Exception as e:  # noqa: BLE001
-                        mm["describe"] = f"differs (the logit comparison failed: {type(e).__name__}: {e})"
-                    with suite.lock:
-                        entry["mismatches"].append(mm)
-                    suite.log(f"MISMATCH {key} {name} prompt {i}: {mm['describe']}")
-                with suite.lock:
-                    runs[name].append(run_rec)
-            estimate = 1.5 * (time.perf_counter() - t0)
-        done_rounds = r + 1
-    entry["rounds_done"] = done_rounds
-    summarize(entry, ready, methods, compile_seconds)
-    for name, s in entry["methods"].items():
+    for name, s in entry["summary"].items():
         suite.log(f"decoding {key}: {name:30s} S {s['S']:.2f}  {s['tokens_per_second']:8.1f} tok/s  "
-                  f"{s['speedup_vs_greedy']:.2f}x  identical {s['identical_to_greedy']}/{s['runs']}")
-
-
-def summarize(entry: dict, names: list, methods: dict, compile_seconds: dict) -> None:
-    runs = entry["runs"]
-    summary = {}
-    for name in names:
-        rs = runs[name]
-        if not rs:
-            continue
-        tokens, steps = sum(x["tokens"] for x in rs), sum(x["steps"] for x in rs)
-        seconds, call = sum(x["seconds"] for x in rs), sum(x["call_seconds"] for x in rs)
-        method, options, _ = methods[name]
-        s = {"method": method, "options": {k: v for k, v in options.items() if k != "drafter"},
-             "S": tokens / steps, "tokens": tokens, "steps": steps, "seconds": seconds, "call_seconds": call,
-             "tokens_per_second": tokens / seconds, "call_tokens_per_second": tokens / call,
-             "ms_per_step": 1e3 * seconds / steps, "compile_seconds": compile_seconds.get(name),
-             "identical_to_greedy": sum(x["identical"] for x in rs), "runs": len(rs)}
-        if any("accept_length" in x for x in rs):
-            s["accept_length"] = statistics.mean(x["accept_length"] for x in rs if "accept_length" in x)
-        summary[name] = s
-    greedy = summary.get("greedy")
-    for s in summary.values():
-        s["speedup_vs_greedy"] = s["tokens_per_second"] / greedy["tokens_per_second"] if greedy else None
-        s["call_speedup_vs_greedy"] = s["call_tokens_per_second"] / greedy["call_tokens_per_second"] if greedy else None
-        s["step_cost_vs_greedy"] = s["ms_per_step"] / greedy["ms_per_step"] if greedy else None
-    entry["methods"] = summary
+                  f"{s['speed_vs_reference']:.2f}x  identical {s['identical_to_reference']}/{s['cases']}")
 
 
 # ----------------------------------------------------------------------------- part 3: attention
 
 
 def part_attention(suite: Suite) -> None:
-    part = "attention"
-    rec = suite.part(part)
-    a = suite.cfg["attention"]
-    cfg = dict(a["cfg"])
+    part, a = "attention", suite.cfg["attention"]
+    rec, end, estimate = suite.part(part), suite.part_end[part], suite.cfg["first_item_estimate"]
     interpret = True if jax.default_backend() == "cpu" else None  # Pallas interpret mode on CPU
-    rec.update(config=cfg, batch=1, repeats=a["repeats"], inner=a["inner"], interpret=bool(interpret), rows=[])
-    end = suite.part_end[part]
-    estimate = suite.cfg["first_item_estimate"]
-    items = [("decode", length) for length in cfg["cache_lengths"]] + [("pard", None)]
-    for kind, length in items:
-        item = {"kind": kind, "cache": length} if length else {"kind": kind, "pard": list(cfg["pard"])}
-        if not suite.fits(estimate, end):
-            suite.skip(part, item, suite.skip_reason(estimate, end))
-            continue
-        suite.current = f"attention: {item}"
-        t0 = time.perf_counter()
-        try:
-            if kind == "decode":
-                rows = attention_bench.decode_rows({**cfg, "cache_lengths": (length,)}, 1, a["repeats"], a["inner"],
-                                                   interpret)
-            else:
-                rows = attention_bench.pard_rows(cfg, 1, a["repeats"], a["inner"], interpret)
-        except Exception as e:  # noqa: BLE001
-            suite.error(part, item, e)
-            continue
-        with suite.lock:
-            rec["rows"] += rows
-        estimate = 1.3 * (time.perf_counter() - t0)
-
-
-# ----------------------------------------------------------------------------- markdown
-
-
-def markdown(r: dict) -> str:
-    m = r.get("machine", {})
-    title = "# Device suite" + (" (smoke: tiny shapes on CPU; says nothing about speed)" if r["smoke"] else "")
-    lines = [title, "", f"{m.get('device_kind', '?')} ({m.get('jax_backend', '?')}), JAX {m.get('jax', '?')}, "
-             f"{r['date']}, `{r['command']}`.", ""]
-    lines += report.device_suite(r)
-    lines += ["", "| machine | |", "|---|---|",
-              f"| device | {m.get('device', '?')} x {m.get('device_count', '?')} ({m.get('device_kind', '?')}) |",
-              f"| host | {m.get('cpu', '?')} ({m.get('cpu_count', '?')} cores), {m.get('platform', '?')} |",
-              f"| python / jax / jaxlib / jaxspec | {m.get('python', '?')} / {m.get('jax', '?')} / "
-              f"{m.get('jaxlib', '?')} / {m.get('jaxspec', '?')} |"]
-    if m.get("nvidia_smi"):
-        lines.append(f"| nvidia-smi | {m['nvidia_smi']} |")
-    lines += [f"| date | {r['date']} |", f"| command | `{r['command']}` |", ""]
-    return "\n".join(lines)
+    rec.update(config=a["cfg"], batch=1, rounds=a["rounds"], inner=a["inner"], interpret=bool(interpret), rows=[])
+    for group in attention_bench.groups(a["cfg"], 1, a["inner"], interpret):
+        item = {k: group[0][k] for k in ("block", "cache")}
+        if suite.fits(part, item, estimate, end):
+            suite.current, t0 = f"attention: {item}", time.perf_counter()
+            try:
+                rows = attention_bench.measure(group, a["rounds"], a["inner"], time.perf_counter() + suite.left(end))
+                with suite.lock:
+                    rec["rows"] += rows
+            except Exception as e:  # noqa: BLE001
+                suite.error(part, item, e)
+            estimate = 1.3 * (time.perf_counter() - t0)
 
 
 # ----------------------------------------------------------------------------- main
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=RESULTS, help="folder for device_suite.{json,md}")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, CPU (Pallas in interpret mode)")
-    p.add_argument("--deadline", type=float, default=None,
-                   help="seconds from the start for the whole suite (default 420; smoke 240)")
-    p.add_argument("--grace", type=float, default=None,
-                   help="seconds past the deadline after which the watchdog writes and exits (default 40)")
+    p.add_argument("--deadline", type=float, help="seconds from the start for the whole suite (default 420; smoke 240)")
+    p.add_argument("--grace", type=float, default=40.0, help="seconds past the deadline before the watchdog exits")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
-    p.add_argument("--compile-threads", type=int, default=None,
-                   help="concurrent compiles (default: 4, or 2 on a CPU backend)")
+    p.add_argument("--compile-threads", type=int, help="concurrent compiles (default: 4, or 1 on a CPU backend)")
     p.add_argument("--freeze-prompts", action="store_true",
                    help="rewrite benchmarks/device_suite_prompts.json from this Python's stdlib, then exit")
     args = p.parse_args(argv)
@@ -724,67 +501,51 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.freeze_prompts:
-        freeze_prompts()
-        print(f"wrote {PROMPTS_FILE}")
-        return 0
+        return freeze_prompts() or 0
     cfg = dict(SMOKE if args.smoke else FULL)
-    if args.deadline is not None:
-        cfg["deadline"] = args.deadline
-    args.grace = 40.0 if args.grace is None else args.grace
+    cfg["deadline"] = args.deadline or cfg["deadline"]
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = set(parts) - set(PARTS)
-    if unknown:
-        sys.exit(f"unknown parts {sorted(unknown)}; choose from {PARTS}")
+    if set(parts) - set(PARTS):
+        sys.exit(f"unknown parts {sorted(set(parts) - set(PARTS))}; choose from {PARTS}")
     if args.smoke and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
         # tiny programs: LLVM's optimizations cost more compile time than they save (read at backend start)
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
     backend = jax.default_backend()
     if backend == "cpu" and not args.smoke:
         sys.exit("no accelerator: the full suite is for a GPU or TPU (1B/8B models); run with --smoke on CPU")
-    if args.compile_threads is None:
-        args.compile_threads = 1 if backend == "cpu" else 4
+    args.compile_threads = args.compile_threads or (1 if backend == "cpu" else 4)
     suite = Suite(args, cfg)
     threading.Thread(target=watchdog, args=(suite, suite.deadline + args.grace), daemon=True).start()
-    suite.data["machine"] = device_info()
-    suite.data["parts_requested"] = parts
-    suite.data["compile_threads"] = args.compile_threads
+    suite.data.update(machine=device_info(), parts_requested=parts, compile_threads=args.compile_threads)
     suite.log(f"{suite.data['machine']['device_kind']} on {backend}, JAX {jax.__version__}; deadline "
               f"{cfg['deadline']:.0f}s (+{args.grace:.0f}s grace), parts {parts}")
     functions = {"step_cost": part_step_cost, "decoding": part_decoding, "attention": part_attention}
     for name in PARTS:
-        rec = suite.part(name)
+        rec, t0 = suite.part(name), time.perf_counter()
+        rec["status"] = "running" if name in parts else "not requested"
         if name not in parts:
-            rec["status"] = "not requested"
             continue
-        rec["status"] = "running"
-        t0 = time.perf_counter()
         try:
             functions[name](suite)
         except Exception as e:  # noqa: BLE001
             suite.error(name, "part", e)
         with suite.lock:
-            rec["seconds"] = round(time.perf_counter() - t0, 1)
-            rec["ended_at_seconds"] = round(suite.now(), 1)
-            rec["status"] = "error" if rec["errors"] and not _measured(rec) else (
-                "partial" if rec["skipped"] or rec["errors"] else "done")
+            measured = rec.get("rows") or rec.get("models")
+            rec.update(seconds=round(time.perf_counter() - t0, 1), ended_at_seconds=round(suite.now(), 1),
+                       status="error" if rec["errors"] and not measured else (
+                           "partial" if rec["skipped"] or rec["errors"] else "done"))
         suite.log(f"part {name}: {rec['status']} in {rec['seconds']:.0f}s "
                   f"({len(rec['skipped'])} skipped, {len(rec['errors'])} errors)")
         suite.write()
     with suite.lock:
         suite.current = "done"
-        suite.data["completed"] = True
-        suite.data["total_seconds"] = round(suite.now(), 1)
         bad = [mm for p in suite.data["parts"].values() for e in p.get("models", {}).values()
                for mm in e["mismatches"] if not mm["near_tie"]]
         errors = sum(len(p["errors"]) for p in suite.data["parts"].values())
-        suite.data["outputs_differ_beyond_near_ties"] = len(bad)
+        suite.data.update(completed=True, total_seconds=round(suite.now(), 1), outputs_differ_beyond_near_ties=len(bad))
     suite.write()
     suite.log(f"wrote {args.out} ({suite.data['total_seconds']:.0f}s)")
     return 1 if bad else 2 if errors else 0
-
-
-def _measured(rec: dict) -> bool:
-    return bool(rec.get("rows")) or any(e.get("methods") for e in rec.get("models", {}).values())
 
 
 if __name__ == "__main__":

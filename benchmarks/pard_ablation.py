@@ -1,27 +1,24 @@
-"""PARD-2 ablation: teacher-forced acceptance of trained drafters on held-out code prompts.
+"""PARD-2 ablation: teacher-forced acceptance of trained drafters on held-out prompts (no timing).
 
-For each of 20 held-out prompts (`code_prompts.py`: files the target never saw) the target
-writes its greedy continuation s. At every position n of the continuation the drafter
-drafts K tokens from `[s_<n, m_1..m_{K-1}]` (one full-layout PARD forward covers all n,
-see `jaxspec.train.acceptance`); greedy verification would accept the matching prefix plus
-one bonus token. Reported per drafter (PARD = uniform CE, CAT, CAT+KD) and mode
-(target-dependent = with the target's features, target-independent = without): the mean
-acceptance length (tokens per step, bonus included) and per-position acceptance rates
-a_k = P(draft k accepted | drafts 1..k-1 accepted).
+For each held-out prompt (code the target never saw, or with `--chat SPLIT` a chat of
+jaxspec.real_prompts) the target writes its greedy continuation s. At every position n of the
+continuation the drafter drafts K tokens from `[s_<n, m_1..m_{K-1}]` (one full-layout PARD forward
+covers all n, see `jaxspec.train.acceptance`); greedy verification would accept the matching
+prefix plus one bonus token. Per drafter and mode (target-dependent = with the target's features,
+target-independent = without): the mean acceptance length (bonus included), the per-position
+rates a_k = P(draft k accepted | drafts 1..k-1 accepted), and 95% bootstrap intervals over prompts.
 
   python benchmarks/pard_ablation.py --drafter PARD=runs/pard2-pard/drafter \\
       --drafter CAT=runs/pard2-cat/drafter --drafter CAT+KD=runs/pard2-catkd/drafter
+  python benchmarks/pard_ablation.py --name pard2_shipped --drafter shipped=jaxspec/assets/pycode-5M-pard2
 
-Writes benchmarks/results/pard_ablation.{json,md,png}.
+Writes benchmarks/results/NAME.{json,md,png} (NAME: pard_ablation unless --name).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -29,15 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import jaxspec  # noqa: E402
-from code_prompts import code_prompts  # noqa: E402
-from jaxspec.drafter import load_drafter  # noqa: E402
-from jaxspec.train.acceptance import acceptance  # noqa: E402
-from jaxspec.train.pard_batch import full_counts, make_batch  # noqa: E402
-from jaxspec.train.pard_objective import aligned_features, drafter_logits, target_outputs  # noqa: E402
-from machine import ROOT, machine_info, repo_relative  # noqa: E402
+import jaxspec
+from harness import RESULTS, chat_cases, code_cases, command_line, repo_relative, write_result
+from jaxspec.drafter import load_drafter
+from jaxspec.train.acceptance import acceptance
+from jaxspec.train.pard_batch import full_counts, make_batch
+from jaxspec.train.pard_objective import aligned_features, drafter_logits, target_outputs
 
 MODES = {"td": "target-dependent", "ti": "target-independent"}
 
@@ -107,7 +101,7 @@ def bootstrap(per_sequence: list, draws: int = 2000, seed: int = 0) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=jaxspec.loading.DEFAULT_MODEL)
     ap.add_argument("--drafter", action="append", required=True, help="NAME=FOLDER (repeatable)")
     ap.add_argument("--prompts", type=int, default=20)
@@ -115,24 +109,14 @@ def main(argv=None) -> int:
                     "(rendered with the target's chat template; --prompts of them)")
     ap.add_argument("--new-tokens", type=int, default=96, help="greedy continuation length per prompt")
     ap.add_argument("--k", type=int, default=None, help="drafts per step (default: each drafter's draft_len)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "pard_ablation"))
+    ap.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
+    ap.add_argument("--name", default="pard_ablation", help="result files' name")
     ap.add_argument("--note", default="", help="what the drafters are (kept in the results and the report)")
     args = ap.parse_args(argv)
 
-    t0 = time.time()
     target = jaxspec.load(args.target)
-    if args.chat:
-        from jaxspec.chat import chat_prompt
-        from jaxspec.real_prompts import chat_prompts
-
-        prompts = chat_prompts(args.chat)[:args.prompts]
-        ids = [chat_prompt(target, p["messages"]) for p in prompts]
-        names = [p["name"] for p in prompts]
-    else:
-        prompts = code_prompts(args.prompts)
-        ids = [target.tokenizer.encode(p["text"]) for p in prompts]
-        names = [f"{p['file']}:{p['line']}" for p in prompts]
-    sequences = greedy_sequences(target, ids, args.new_tokens)
+    cases = chat_cases(target, args.chat, args.prompts) if args.chat else code_cases(target, args.prompts)
+    sequences = greedy_sequences(target, [list(c.ids) for c in cases], args.new_tokens)
     rows = []
     for spec in args.drafter:
         name, folder = spec.split("=", 1)
@@ -144,75 +128,20 @@ def main(argv=None) -> int:
                 continue
             per_sequence = measure(target, drafter, sequences, k, use_features=mode == "td")
             stats = sum(per_sequence[1:], per_sequence[0])
-            rows.append({"drafter": name, "folder": repo_relative(folder), "mode": mode, "k": k, "contexts": stats.contexts,
+            rows.append({"drafter": name, "folder": repo_relative(folder), "mode": mode, "k": k,
+                         "contexts": stats.contexts,
                          "accept_length": round(stats.mean_length, 4),
                          # None where no context got that far (JSON has no NaN)
                          "position_rates": [round(float(x), 4) if x == x else None for x in stats.position_rates()],
                          "accepted_histogram": stats.accepted.tolist(), **bootstrap(per_sequence)})
-            print(f"{name:>8} {MODES[mode]:>18}: {stats.mean_length:.3f} tokens/step, rates "
-                  + " ".join(f"{x:.2f}" for x in stats.position_rates()), file=sys.stderr)
-    result = {"benchmark": "pard_ablation", "target": args.target, "prompts": len(prompts),
-              "prompt_files": names, "new_tokens": args.new_tokens, "prompt_kind": f"chat:{args.chat}" if args.chat else "code",
-              "rows": rows, "seconds": round(time.time() - t0, 1), "machine": machine_info(),
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            print(f"{name:>8} {MODES[mode]:>18}: {stats.mean_length:.3f} tokens/step", file=sys.stderr)
+    result = {"benchmark": "pard_ablation", "title": f"PARD-2 drafters on {args.target}: teacher-forced acceptance",
+              "command": command_line(__file__, argv), "target": args.target, "prompts": len(cases),
+              "prompt_files": [c.name for c in cases], "new_tokens": args.new_tokens,
+              "prompt_kind": f"chat:{args.chat}" if args.chat else "code", "rows": rows,
               **({"note": args.note} if args.note else {})}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
-    plot(rows, out.with_suffix(".png"), args.target)
-    print(markdown(result))
+    write_result(result, args.out, args.name)
     return 0
-
-
-def markdown(result: dict, columns: int = 8) -> str:
-    k = min(max(r["k"] for r in result["rows"]), columns)
-    kind = "held-out code prompts" if result.get("prompt_kind", "code") == "code" else \
-        f"chat prompts ({result['prompt_kind'].split(':')[1]} split)"
-    lines = [f"# PARD-2 ablation on {result['target']}", "",
-             f"{result['prompts']} {kind}, greedy continuation of {result['new_tokens']} tokens; "
-             "teacher-forced acceptance at every continuation position (acceptance length includes the bonus "
-             "token; a_k = P(draft k accepted | drafts 1..k-1 accepted)). Brackets: 95% bootstrap intervals "
-             "over prompts (2000 resamples). Every a_k up to each drafter's K is in the JSON."
-             + (f" {result['note']}" if result.get("note") else ""), "",
-             "| drafter | mode | K | acceptance length | " + " | ".join(f"a_{i}" for i in range(1, k + 1)) + " |",
-             "|---|---|---|---|" + "---|" * k]
-
-    def cell(x, ci):
-        return "-" if x is None else f"{x:.3f}" + ("" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]")
-
-    for r in result["rows"]:
-        rates = [cell(x, ci) for x, ci in zip(r["position_rates"][:k], r["position_rates_ci"][:k])]
-        rates += ["-"] * (k - len(rates))
-        lines.append(f"| {r['drafter']} | {MODES[r['mode']]} | {r['k']} | {cell(r['accept_length'], r['accept_length_ci'])}"
-                     " | " + " | ".join(rates) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def plot(rows: list[dict], png: Path, title: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in rows:
-        rates = np.array([np.nan if x is None else x for x in r["position_rates"]])
-        ci = np.array([[np.nan, np.nan] if c is None else c for c in r.get("position_rates_ci", [None] * len(rates))])
-        ax.errorbar(np.arange(1, len(rates) + 1), rates, yerr=np.abs(ci.T - rates), fmt="o-" if r["mode"] == "td"
-                    else "s--", capsize=2, markersize=3,
-                    label=f"{r['drafter']} ({MODES[r['mode']]}): {r['accept_length']:.2f}")
-    ax.set_xlabel("draft position k")
-    ax.set_ylabel("acceptance rate a_k")
-    ax.set_title(f"PARD-2 drafters for {title}: per-position acceptance")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

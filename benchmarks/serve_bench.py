@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import signal
 import subprocess
@@ -30,12 +29,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import jaxspec  # noqa: E402
-from jaxspec import compile_cache  # noqa: E402
-from machine import ROOT, machine_info  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
+import jaxspec
+from harness import RESULTS, command_line, interleaved, write_result
+from harness.cases import code_prompts
+from jaxspec import compile_cache
 
 
 def build_requests(model_name: str, count: int, budgets: tuple[int, ...], seed: int = 0) -> list[dict]:
@@ -43,8 +40,6 @@ def build_requests(model_name: str, count: int, budgets: tuple[int, ...], seed: 
     model), each with a budget drawn from `budgets`."""
     rng = random.Random(seed)
     if model_name == "pycode-5M":
-        from code_prompts import code_prompts
-
         texts = [p["text"] for p in code_prompts(count)]
     else:
         from jaxspec.real_prompts import bench_prompts
@@ -197,38 +192,6 @@ async def soak(url: str, model_id: str, requests: list[dict], refs: dict, method
             "answers_after": after.get("token_ids") == refs[methods[0]][0]}
 
 
-def write(result: dict, name: str) -> None:
-    from report import serve_bench as table  # one renderer: the report's
-
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (RESULTS / f"{name}.md").write_text("\n".join(table(result)) + "\n")
-    plot(result, RESULTS / f"{name}.png")
-
-
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
-    from report import LABELS
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for i, (m, base) in enumerate(result["one_at_a_time"].items()):
-        rows = [r for r in result["runs"] if r["method"] == m]
-        line, = ax.plot([r["clients"] for r in rows], [r["output_tokens_per_second"] for r in rows], "o-",
-                        label=f"{LABELS.get(m, m)} (server)")
-        ax.axhline(base["output_tokens_per_second"], color=line.get_color(), ls=":", lw=1,
-                   label=f"{LABELS.get(m, m)} one at a time")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrent clients")
-    ax.set_ylabel("output tokens / s")
-    ax.set_title(f"jaxspec serve, {result['model']}, {result['slots']} slots")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="pycode-5M")
@@ -242,6 +205,7 @@ def main(argv=None) -> int:
     p.add_argument("--soak", type=int, default=500, help="requests in the soak (0: none)")
     p.add_argument("--smoke", action="store_true", help="a few requests, N = 1 and 4, a 40-request soak")
     p.add_argument("--name", default=None)
+    p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
     args = p.parse_args(argv)
     if args.smoke:
         args.requests, args.concurrency, args.soak, args.budgets = 4, "1,4", 40, "16,24"
@@ -279,8 +243,7 @@ def main(argv=None) -> int:
                 asyncio.run(closed_loop(url, model_id, requests[:2 * n], m, n))
             print(f"warm-up {m}: {warm['completed']} done, {warm['wrong']} wrong", file=sys.stderr)
         for k, n in enumerate(concurrency):
-            order = methods if k % 2 == 0 else methods[::-1]  # forward, then backward: no method always first
-            for m in order:
+            for m in interleaved(methods, k):  # no method always first
                 results, wall = asyncio.run(closed_loop(url, model_id, requests, m, n))
                 row = {"method": m, "clients": n, **summarize(results, wall, refs[m])}
                 runs.append(row)
@@ -293,13 +256,11 @@ def main(argv=None) -> int:
     finally:
         proc.send_signal(signal.SIGTERM)
         exit_code = proc.wait(120)
-    result = {"benchmark": "serve_bench", "command": "python benchmarks/serve_bench.py " + " ".join(argv or sys.argv[1:]),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(),
-              "load_average": os.getloadavg(), "model": args.model, "slots": args.slots, "context": args.context,
-              "chunk_steps": args.chunk_steps, "requests": requests, "one_at_a_time": base, "runs": runs,
-              "soak": soak_result, "server_exit_code": exit_code}
-    write(result, name)
-    print((RESULTS / f"{name}.md").read_text())
+    result = {"benchmark": "serve_bench", "title": "jaxspec serve under load", "command": command_line(__file__, argv),
+              "model": args.model, "slots": args.slots, "context": args.context, "chunk_steps": args.chunk_steps,
+              "requests": requests, "one_at_a_time": base, "runs": runs, "soak": soak_result,
+              "server_exit_code": exit_code}
+    write_result(result, args.out, name)
     return 0
 
 

@@ -169,7 +169,7 @@ def hlo_collectives(hlo: str) -> list[dict]:
     """Every collective instruction of a compiled program's HLO text: op, dtype, result shape,
     result bytes, its device groups, and whether it sits inside a while loop body (i.e. runs
     every decode step).
-    How LP's tests and `benchmarks/lp_bench.py` measure what a step communicates."""
+    How LP's tests and `benchmarks/parallel_bench.py lp` measure what a step communicates."""
     found = []
     for line in hlo.splitlines():
         match = _COLLECTIVE.search(line)

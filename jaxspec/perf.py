@@ -223,7 +223,7 @@ PROFILES: dict[str, HardwareProfile] = {
 # The paper's stack (Fu et al. 2024: lade on transformers' LLaMA in PyTorch eager, fp16, A100):
 # every aten op is dispatched from Python. transformers' LlamaDecoderLayer with eager attention
 # issues 61 top-level aten ops per layer and 47 outside the layers (counted with torch.profiler,
-# `benchmarks/roofline.py --count-eager`); an eager op costs ~4-7 us of host time (measured on this
+# `tools/performance_tables.py --count-eager`); an eager op costs ~4-7 us of host time (measured on this
 # machine's CPU, `x + 1` on a 4-element tensor, quiet to loaded; 7 us taken: a CUDA launch adds to
 # it). The host cost is added to the GPU's roofline, a bound: an asynchronous stream can overlap
 # part of it.
@@ -549,6 +549,9 @@ class _HeadOnly:
         self.config = types.SimpleNamespace(vocab_size=vocab, tie_word_embeddings=True)
         self.vocab_shards = 1
         self.embed_tokens = types.SimpleNamespace(embedding=table)
+
+    def softcap(self, logits):  # (Gemma's final-logit soft cap: none here)
+        return logits
 
 
 def _steps(seconds_each: float) -> int:

@@ -389,7 +389,8 @@ def test_stories260k_every_method_with_pallas_matches_greedy_reference():
         assert out.tokens == greedy["greedy"][:n], method
 
 
-def test_attention_benchmark_smoke(tmp_path):
+def test_attention_benchmark_smoke(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # (its `harness` and `report`)
     spec = importlib.util.spec_from_file_location("attention_bench", ROOT / "benchmarks" / "attention_bench.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -8,7 +8,7 @@ setting. A model without results gets the smallest slope measured (the conservat
 `auto` must not promise a speed-up it will not deliver) and no prompt-lookup or speculative
 estimate of its own (the smallest measured S).
 
-    python tools/fit_auto.py            # reads benchmarks/results, writes configs/auto.toml
+    python tools/fit_auto.py                # reads benchmarks/results, writes configs/auto.toml
 """
 
 from __future__ import annotations
@@ -37,24 +37,22 @@ def _prompt_lookup(label: str):
     return tuple(int(x) for x in m.groups()) if m else None
 
 
+def _S(entry: dict) -> float:
+    return entry["S"] if "S" in entry else entry["S_total"]  # the harness's layout, or the earlier one
+
+
 def measured() -> dict:
     """Per model: [(label, S)] from the benchmark results (held-out prompts where the benchmark has them)."""
     runs: dict = {}
     bench = json.loads((RESULTS / "lookahead_bench.json").read_text())
     runs["stories260K"] = [(k, v["held_out"]["S_total"]) for k, v in bench["summary"].items()]
-    code = json.loads((RESULTS / "code_bench.json").read_text())
-    runs["pycode-5M"] = [(k, v["S_total"]) for k, v in code["summary"].items()]
-    spec = json.loads((RESULTS / "speculative_bench.json").read_text())
-    runs["pycode-5M"] += [(_speculative_label(k), v["S"]) for k, v in spec["methods"].items()
-                          if _speculative_label(k) != k]
-    real = json.loads((RESULTS / "real_bench.json").read_text())
-    runs["smollm2-135m-instruct"] = [(k, v["S_total"]) for k, v in real["summary"].items()
-                                     if not k.startswith("transformers")]
-    drafter = RESULTS / "real_bench_drafter.json"  # the shipped SmolLM2 drafter's rows (bench split)
-    if drafter.exists():
-        runs["smollm2-135m-instruct"] += [(_speculative_label(k), v["S_total"])
-                                          for k, v in json.loads(drafter.read_text())["summary"].items()
-                                          if _speculative_label(k) != k]
+    code = json.loads((RESULTS / "code_bench.json").read_text())["summary"]
+    runs["pycode-5M"] = [(_speculative_label(k), _S(v)) for k, v in code.items()]
+    for name in ("real_bench", "real_bench_drafter"):  # the second: the shipped SmolLM2 drafter (bench split)
+        summary = json.loads((RESULTS / f"{name}.json").read_text())["summary"]
+        runs.setdefault("smollm2-135m-instruct", []).extend(
+            (_speculative_label(k), _S(v)) for k, v in summary.items()
+            if not k.startswith("transformers") and (name == "real_bench" or _speculative_label(k) != k))
     return runs
 
 
