@@ -1,5 +1,5 @@
 """How often each method's output is identical to greedy's, per dtype, batch and block size,
-and where it is not, how close the disputed logits were (`jaxspec.exactness`).
+and where it is not, how close the disputed logits were (`jaxspec.exactness`). Not timed.
 
 For each model, dtype (float32, bfloat16), method config and batch (1, 4, 8): the same 8
 prompts are decoded in groups of `batch` and each row is compared with greedy decoding of
@@ -11,7 +11,8 @@ greedy itself at batch 4 and 8: batching alone changes the shapes and so the rou
 
 Prompts are fixed by order alone: stories260K's 3 reference prompts, then those prompts
 extended by 8, 16, ... tokens of their reference continuation; pycode-5M's first 8 held-out
-code prompts (`code_prompts`); SmolLM2's first 8 "bench" chats (`real_prompts`).
+code prompts (`code_cases`); SmolLM2's first 8 "bench" chats (`chat_cases`). An interrupted run
+resumes from its journal (results/.exactness.runs.jsonl) unless given --fresh.
 
     python benchmarks/exactness.py                       # all models (SmolLM2 if installed)
     python benchmarks/exactness.py --models stories260K --smoke
@@ -20,8 +21,6 @@ code prompts (`code_prompts`); SmolLM2's first 8 "bench" chats (`real_prompts`).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
 import time
 from pathlib import Path
@@ -29,12 +28,11 @@ from pathlib import Path
 import jax
 
 import jaxspec
+from harness import RESULTS, chat_cases, code_cases, command_line, story_cases, write_result
+from harness.decode import Journal
 from jaxspec import exactness
 from jaxspec.methods import resolve_method
-import report
-from machine import machine_info
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PROMPTS = 8
 BATCHES = (1, 4, 8)
 DTYPES = ("float32", "bfloat16")
@@ -58,70 +56,38 @@ MODELS = {  # name: (new tokens, configs it runs)
 
 def prompts_for(name: str, model) -> list[list[int]]:
     if name == "stories260K":
-        cases = json.loads((jaxspec.loading.shared_dir() / "models" / "stories260K" / "greedy_reference.json")
-                           .read_text())["cases"]
-        out, k = [], 0
+        stories, out, k = story_cases(), [], 0
         while len(out) < PROMPTS:
-            for c in cases:
-                if len(out) < PROMPTS:
-                    out.append(c["prompt"] + c["greedy"][:8 * k])
+            out += [list(c.ids) + list(c.reference[:8 * k]) for c in stories][:PROMPTS - len(out)]
             k += 1
         return out
-    if name == "pycode-5M":
-        from code_prompts import code_prompts
-
-        return [model.tokenizer.encode(p["text"]) for p in code_prompts(PROMPTS)]
-    from jaxspec.chat import chat_prompt
-    from jaxspec.real_prompts import chat_prompts
-
-    return [chat_prompt(model, c["messages"]) for c in chat_prompts("bench")[:PROMPTS]]
+    cases = code_cases(model, PROMPTS) if name == "pycode-5M" else chat_cases(model, "bench", PROMPTS)
+    return [list(c.ids) for c in cases]
 
 
-def run_model(name: str, dtype: str, new_tokens: int, labels: list[str], batches, progress, done: dict
-              ) -> list[dict]:
-    model = jaxspec.load(name, dtype=dtype)
-    prompts = prompts_for(name, model)
-    opts = dict(max_new_tokens=new_tokens, stop_at_eos=False)
-    reference = [jaxspec.generate(model, p, **opts).tokens for p in prompts]
-    rows = []
-    for label, method, options in CONFIGS:
-        if label not in labels:
-            continue
-        for batch in batches:
-            if method == "autoregressive" and batch == 1:
-                continue  # that is the reference
-            if (name, dtype, label, batch) in done:  # --resume: measured by the previous run
-                progress(done[(name, dtype, label, batch)])
-                continue
-            t0 = time.perf_counter()
-            tokens, block = [], None
-            for i in range(0, len(prompts), batch):
-                out = jaxspec.generate(model, prompts[i:i + batch], method=method, **options, **opts)
-                tokens += out.tokens
-            _, spec, resolved = resolve_method(method, model.config, options, model.drafters)
-            block = spec.engine(resolved, True).block_tokens
-            differences = []
-            for i, (p, ref, got) in enumerate(zip(prompts, reference, tokens)):
-                d = exactness.compare(model, p, ref, got)
-                if d is not None:
-                    differences.append(dict(prompt=i, index=d.index, expected=d.expected, got=d.got,
-                                            logit_gap=d.logit_gap, tolerance=d.tolerance, near_tie=d.near_tie))
-            # Drop this config's programs: a process holding every SmolLM2 program runs out of
-            # the memory maps LLVM's JIT needs ("LLVM compilation error: Cannot allocate memory").
-            model.compiled.clear()
-            jax.clear_caches()
-            rows.append(dict(model=name, dtype=dtype, config=label, method=method, options=options, block=block,
-                             batch=batch, prompts=len(prompts), new_tokens=new_tokens,
-                             identical=len(prompts) - len(differences), differences=differences,
-                             seconds=time.perf_counter() - t0))
-            progress(rows[-1])
-    return rows
-
-
-def markdown(result: dict) -> str:
-    return "\n".join(["# Exactness: identical to greedy (batch 1, same dtype), per dtype, batch and block", "",
-                      f"{result['date']}, `{result['command']}`, jax {result['jax']}, {result['device']}.", "",
-                      *report.exactness(result)]) + "\n"
+def measure(model, prompts, reference, config, batch: int, new_tokens: int) -> dict:
+    """One row: every prompt decoded by `config` in groups of `batch`, against greedy alone."""
+    label, method, options = config
+    t0 = time.perf_counter()
+    tokens = []
+    for i in range(0, len(prompts), batch):
+        tokens += jaxspec.generate(model, prompts[i:i + batch], method=method, max_new_tokens=new_tokens,
+                                   stop_at_eos=False, **options).tokens
+    _, spec, resolved = resolve_method(method, model.config, options, model.drafters)
+    differences = []
+    for i, (p, ref, got) in enumerate(zip(prompts, reference, tokens)):
+        d = exactness.compare(model, p, ref, got)
+        if d is not None:
+            differences.append(dict(prompt=i, index=d.index, expected=d.expected, got=d.got,
+                                    logit_gap=d.logit_gap, tolerance=d.tolerance, near_tie=d.near_tie))
+    # Drop this config's programs: a process holding every SmolLM2 program runs out of the
+    # memory maps LLVM's JIT needs ("LLVM compilation error: Cannot allocate memory").
+    model.compiled.clear()
+    jax.clear_caches()
+    return dict(config=label, method=method, options=options,
+                block=spec.engine(resolved, True).block_tokens, batch=batch, prompts=len(prompts),
+                new_tokens=new_tokens, identical=len(prompts) - len(differences), differences=differences,
+                seconds=time.perf_counter() - t0)
 
 
 def main(argv=None) -> int:
@@ -129,43 +95,42 @@ def main(argv=None) -> int:
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     p.add_argument("--smoke", action="store_true", help="8 new tokens, two configs, batches 1 and 4")
-    p.add_argument("--resume", action="store_true",
-                   help="keep the rows the previous run's JSON already has (same model, dtype, config, batch)")
+    p.add_argument("--fresh", action="store_true", help="discard the rows of an interrupted run instead of resuming")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-    argv = sys.argv[1:] if argv is None else argv
-    result = dict(rows=[], prompts_per_model=PROMPTS, near_tie_ulps=exactness.NEAR_TIE_ULPS, machine=machine_info(), device=str(jax.devices()[0]), jax=jax.__version__,
-                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  command="python " + " ".join(["benchmarks/exactness.py", *argv]))
     stem = "exactness_smoke" if args.smoke else "exactness"
-    args.out.mkdir(parents=True, exist_ok=True)
-
-    done = {}
-    if args.resume and (args.out / f"{stem}.json").exists():
-        previous = json.loads((args.out / f"{stem}.json").read_text())
-        done = {(r["model"], r["dtype"], r["config"], r["batch"]): r for r in previous["rows"]}
-        # The report says the rows come from several runs, started at these dates.
-        result["runs"] = previous.get("runs", [previous["date"]]) + [result["date"]]
-
-    def progress(row):
-        print(f"{row['model']} {row['dtype']} {row['config']} batch {row['batch']}: {row['identical']}/{row['prompts']}"
-              f" identical ({row['seconds']:.0f}s)", flush=True)
-        result["rows"].append(row)
-        (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")  # partial results survive
-        (args.out / f"{stem}.md").write_text(markdown(result))
-
+    journal = Journal(args.out / f".{stem}.runs.jsonl", f"{stem} {PROMPTS}", args.fresh)
+    keys = []
     for name in args.models:
-        new_tokens, labels = MODELS[name]
-        batches = BATCHES
-        if args.smoke:
-            new_tokens, labels, batches = 8, labels[:2], (1, 4)
+        new_tokens, labels = (8, MODELS[name][1][:2]) if args.smoke else MODELS[name]
         for dtype in args.dtypes:
+            todo = [(c, b) for c in CONFIGS if c[0] in labels for b in ((1, 4) if args.smoke else BATCHES)
+                    if b > 1 or c[1] != "autoregressive"]  # greedy at batch 1 is the reference
+            group = [(0, f"{name} {dtype}", f"{c[0]} batch {b}") for c, b in todo]
+            keys += group
+            if all(key in journal.done for key in group):
+                continue
             try:
-                run_model(name, dtype, new_tokens, labels, batches, progress, done)
+                model = jaxspec.load(name, dtype=dtype)
             except jaxspec.CheckpointError as e:  # SmolLM2 not installed: say so, go on
                 print(f"skipping {name}: {e}", file=sys.stderr)
+                keys = [k for k in keys if not k[1].startswith(f"{name} ")]
                 break
-    print(markdown(result))
+            prompts = prompts_for(name, model)
+            reference = [jaxspec.generate(model, q, max_new_tokens=new_tokens, stop_at_eos=False).tokens
+                         for q in prompts]
+            for config, batch in todo:
+                key = (0, f"{name} {dtype}", f"{config[0]} batch {batch}")
+                if key not in journal.done:
+                    row = measure(model, prompts, reference, config, batch, new_tokens)
+                    journal.add({"round": 0, "case": key[1], "setting": key[2], "model": name, "dtype": dtype, **row})
+                    print(f"{key[1]} {key[2]}: {row['identical']}/{row['prompts']} identical ({row['seconds']:.0f}s)",
+                          file=sys.stderr, flush=True)
+    rows = [{k: v for k, v in journal.done[key].items() if k not in ("round", "case", "setting")} for key in keys]
+    write_result({"benchmark": "exactness", "title": "Exactness: identical to greedy (batch 1, same dtype), per "
+                  "dtype, batch and block", "prompts_per_model": PROMPTS, "near_tie_ulps": exactness.NEAR_TIE_ULPS,
+                  "rows": rows, "command": command_line(__file__, argv)}, args.out, stem)
+    journal.path.unlink()
     return 0
 
 

@@ -207,8 +207,6 @@ def draft_vocab(r: dict) -> list[str]:
     return lines
 
 
-
-
 PARD_MODES = {"td": "target-dependent", "ti": "target-independent"}
 
 
@@ -253,27 +251,6 @@ def plot_pard_ablation(r: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def lookahead_bench(r: dict) -> list[str]:
-    mismatches = r.get("mismatches", [])
-    real = [m for m in mismatches if not m.get("near_tie")]
-    lines = [f"Model `{r['model']}`. S = new tokens / steps over the 3 reference cases and over "
-             f"{len(r['held_out']['prompts'])} held-out prompts x {r['held_out']['new_tokens']} tokens; tokens/s and "
-             "step-cost ratio (seconds per step / greedy's) over both sets.", "",
-             "| method | W | N | G | block tokens | S reference | S held-out | tokens/s | vs greedy | step-cost ratio |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for s in r["summary"].values():
-        label = s["method"] + ("" if s.get("pool_from_prompt") in (None, True) else " (no prompt pool)")
-        tps = s["all"]["new_tokens"] / s["all"]["seconds"]
-        lines.append(f"| {label} | {_f(s['window'], 'd', '')} | {_f(s['ngram'], 'd', '')} | {_f(s['guesses'], 'd', '')} "
-                     f"| {s['block_tokens']} | {s['reference']['S_total']:.2f} | {s['held_out']['S_total']:.2f} | "
-                     f"{tps:.0f} | {s['speedup_vs_greedy']:.2f}x | {s['step_cost_ratio']:.1f} |")
-    lines += ["", f"Outputs identical to the references / greedy: {_yes(r['identical_tokens'])}"
-              + ("" if r["identical_tokens"] else
-                 f" ({len(mismatches)} differing runs, {len(mismatches) - len(real)} of them at float32 near-ties, "
-                 f"{len(real)} not; see the JSON's `mismatches`)") + "."]
-    return lines
 
 
 def _row(*cells) -> str:
@@ -352,10 +329,7 @@ def attention_bench(r: dict) -> list[str]:
 def exactness(r: dict) -> list[str]:
     lines = [f"{r['prompts_per_model']} prompts per model; each row compares every prompt's output with greedy "
              "decoding of that prompt alone (batch 1) in the same dtype. A near-tie is a first difference whose "
-             f"logit gap is within {r['near_tie_ulps']} ulps of the largest |logit| in the dtype; T = block tokens."
-             + (f" The rows come from {len(r['runs'])} runs started at {', '.join(r['runs'])}: each resumed "
-                "(`--resume`) the one before it, which had stopped, and measured the rows it lacked."
-                if len(r.get("runs", [])) > 1 else ""),
+             f"logit gap is within {r['near_tie_ulps']} ulps of the largest |logit| in the dtype; T = block tokens.",
              "", "| model | dtype | config | T | batch | new tokens | identical | differing: near-ties / not | "
              "largest \\|gap\\| |", "|---|---|---|---:|---:|---:|---:|---|---:|"]
     for row in r["rows"]:
@@ -657,7 +631,7 @@ SECTIONS = [
     Section("lookahead_bench", "Lookahead Decoding over a (W, N, G) grid on stories260K",
             "python benchmarks/lookahead_bench.py",
             "Greedy, Jacobi, prompt lookup and lookahead on stories260K; S against the block size and the cost "
-            "of a step on this machine.", lookahead_bench, variants=("lookahead_bench_quick",)),
+            "of a step on this machine.", decode, variants=("lookahead_bench_quick",)),
     Section("greedy_bench", "Greedy decoding: jaxspec vs transformers on stories260K",
             "python benchmarks/hf_compare.py --stories",
             "Greedy decoding throughput of the two implementations from the same weights, batch 1, float32.",

@@ -45,7 +45,7 @@ def measured() -> dict:
     """Per model: [(label, S)] from the benchmark results (held-out prompts where the benchmark has them)."""
     runs: dict = {}
     bench = json.loads((RESULTS / "lookahead_bench.json").read_text())
-    runs["stories260K"] = [(k, v["held_out"]["S_total"]) for k, v in bench["summary"].items()]
+    runs["stories260K"] = [(k, v["S_per_category"]["held-out"]) for k, v in bench["summary"].items()]
     code = json.loads((RESULTS / "code_bench.json").read_text())["summary"]
     runs["pycode-5M"] = [(_speculative_label(k), _S(v)) for k, v in code.items()]
     for name in ("real_bench", "real_bench_drafter"):  # the second: the shipped SmolLM2 drafter (bench split)

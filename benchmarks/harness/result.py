@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -27,6 +28,13 @@ def command_line(script: str, argv) -> str:
     return " ".join(["python", f"benchmarks/{Path(script).name}", *map(shlex.quote, args)])
 
 
+def dumps(result: dict) -> str:
+    """JSON, one key per line, but a list of numbers (a run's tokens) on one line."""
+    text = json.dumps(result, indent=1)
+    return re.sub(r"\[\n([\s\d.eE+\-,]+?)\n\s*\]", lambda m: "[" + ", ".join(m.group(1).split()).replace(",,", ",")
+                  + "]", text) + "\n"
+
+
 def write_result(result: dict, out: Path, name: str | None = None, quiet: bool = False) -> Path:
     """results -> OUT/NAME.json, .md (and .png): the machine's facts and the date added if missing."""
     import report
@@ -36,7 +44,7 @@ def write_result(result: dict, out: Path, name: str | None = None, quiet: bool =
     name = name or result["benchmark"]
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    path.write_text(dumps(result))
     lines = report.standalone(result)
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     report.plot(result, out / f"{name}.png")
