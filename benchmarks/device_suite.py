@@ -3,22 +3,19 @@
     python benchmarks/device_suite.py --out DIR            # ~7 minutes on one H200
     python benchmarks/device_suite.py --smoke --out DIR    # tiny shapes on CPU, same layout (~1 minute)
 
-Parts (--parts): 1. `step_cost`: c(T) = seconds of one decode-step forward of T chained block
-tokens (greedy head, batch 1, a filled KV cache) / the same at T = 1, on random-weight bfloat16
-Llama-3.2-1B / Llama-3.1-8B shapes, attention "xla" and "pallas"; a program runs `inner` forwards,
-a cell's programs are timed interleaved (`harness.time_programs`, min and median of `repeats`).
-2. `decoding`: greedy, lookahead (15,5,15) and (7,4,7), prompt lookup and speculative decoding (the
-shipped PARD-2 drafter) on pycode-5M's held-out code prompts (frozen in device_suite_prompts.json),
-and greedy / lookahead / prompt lookup (xla and pallas) on the 1B shape with prompts repeating a
-segment: a `harness.DecodeBench` per model, `run_decode` one round at a time; an output unlike
-greedy's is reported with its logit gap and whether it is a near-tie. 3. `attention`:
-`attention_bench`'s groups.
+Parts (--parts): 1. `step_cost`: c(T) = seconds of one decode-step forward of T chained block tokens (greedy
+head, batch 1, a filled KV cache) / the same at T = 1, random-weight bfloat16 Llama-3.2-1B / 3.1-8B shapes,
+attention "xla" and "pallas" (`inner` forwards a program; min and median of `repeats` interleaved rounds).
+2. `decoding`: greedy, lookahead (15,5,15) and (7,4,7), prompt lookup and speculative decoding (the shipped
+PARD-2 drafter) on pycode-5M's held-out code prompts (frozen in device_suite_prompts.json), and greedy /
+lookahead / prompt lookup (xla and pallas) on the 1B shape with prompts repeating a segment, by `run_decode`
+one round at a time; an output unlike greedy's is reported with its logit gap and whether it is a near-tie.
+3. `attention`: `attention_bench`'s groups.
 
-Time: a deadline (--deadline, default 420 s from the process start) split into cumulative part
-deadlines; an item (a cell, a compile, a decoding round, an attention group) that does not fit is
-recorded under `skipped`, an exception under `errors`; a watchdog writes what was measured and ends
-the process `--grace` s after the deadline, whatever runs. Exit status: 0 done (skips allowed),
-1 an output differs from greedy beyond a near-tie, 2 an item raised, 3 the watchdog.
+A deadline (--deadline, default 420 s from the start) is split into cumulative part deadlines; an item that
+does not fit is recorded under `skipped`, an exception under `errors`; a watchdog writes what was measured and
+ends the process `--grace` s after the deadline. Exit status: 0 done (skips allowed), 1 an output differs
+from greedy beyond a near-tie, 2 an item raised, 3 the watchdog.
 """
 
 from __future__ import annotations
@@ -41,9 +38,7 @@ import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-for _p in (str(ROOT / "benchmarks"), str(ROOT)):  # a bare checkout (jaxspec not installed) imports from the tree
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+sys.path[:0] = [p for p in (str(ROOT / "benchmarks"), str(ROOT)) if p not in sys.path]  # a bare checkout: the tree
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -70,7 +65,8 @@ FULL = dict(
     dtype="bfloat16", block_tokens=(1, 64, 256, 16, 128, 8, 32),  # compiled in this order (T = 1 first)
     cache_len=2048, cache_filled=1792, repeats=10, inner=10,
     pycode=dict(prompts=10, prompt_tokens=64, new_tokens=128, rounds=3, methods=None),  # None: every method
-    synthetic=dict(prompts=4, prompt_tokens=64, period=16, new_tokens=128, rounds=3, methods=None),
+    synthetic=dict(prompts=4, prompt_tokens=64, period=16, new_tokens=128, rounds=3, methods=None,
+                   pallas=("greedy", "lookahead (15,5,15)")),  # also run with pallas attention
     attention=dict(cfg=attention_bench.FULL, rounds=20, inner=10),
     first_item_estimate=15.0,  # seconds assumed for an item nothing has been measured like yet
     timing_seconds_per_T=1.5,  # (repeats + 1) x inner forwards: ~1 s for the 8B at T = 256
@@ -85,7 +81,7 @@ SMOKE = dict(  # stand-ins for the 1B / 8B slots (2 layers, hidden 256); one pro
     pycode=dict(prompts=2, prompt_tokens=64, new_tokens=16, rounds=1,
                 methods=("greedy", "lookahead (7,4,7)", "prompt-lookup (N=4,G=8)", "speculative TD")),
     synthetic=dict(prompts=2, prompt_tokens=32, period=8, new_tokens=12, rounds=1,
-                   methods=("greedy", "lookahead (7,4,7) [pallas]")),
+                   methods=("greedy", "lookahead (7,4,7) [pallas]"), pallas=("lookahead (7,4,7)",)),
     attention=dict(cfg=attention_bench.SMOKE, rounds=1, inner=1), first_item_estimate=3.0, timing_seconds_per_T=0.2,
 )
 DRAFT_FREE = [Setting("greedy"), Setting("lookahead (15,5,15)", "lookahead", {"window": 15, "ngram": 5, "guesses": 15}),
@@ -129,16 +125,24 @@ class Suite:
 
     def skip(self, part: str, item, reason: str) -> None:
         with self.lock:
-            self.data["parts"][part]["skipped"].append({"item": item, "reason": reason,
-                                                        "at_seconds": round(self.now(), 1)})
+            self.part(part)["skipped"].append({"item": item, "reason": reason, "at_seconds": round(self.now(), 1)})
         self.log(f"SKIP {part} {item}: {reason}")
 
     def error(self, part: str, item, exc: BaseException) -> None:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         with self.lock:
-            self.data["parts"][part]["errors"].append({"item": item, "error": f"{type(exc).__name__}: {exc}"[:2000],
-                                                       "traceback": tb[-4000:]})
+            self.part(part)["errors"].append({"item": item, "error": f"{type(exc).__name__}: {exc}"[:2000],
+                                              "traceback": tb[-4000:]})
         self.log(f"ERROR {part} {item}: {type(exc).__name__}: {exc}")
+
+    @contextlib.contextmanager
+    def attempt(self, part: str, item, doing: str = ""):
+        """Runs the block as `item` of `part`: an exception is recorded under `errors`, not raised."""
+        self.current = f"{part}: {doing} {item}".replace("  ", " ")
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001
+            self.error(part, item, e)
 
     def part(self, name: str) -> dict:
         return self.data["parts"][name]
@@ -168,7 +172,7 @@ class Suite:
 def watchdog(suite: Suite, at: float) -> None:
     while time.monotonic() < at:
         time.sleep(0.25)
-    got = suite.lock.acquire(timeout=10)
+    suite.lock.acquire(timeout=10)  # (kept: the process ends here)
     try:
         suite.data.update(completed=False, total_seconds=round(suite.now(), 1), interrupted={
             "at_seconds": round(suite.now(), 1), "while": suite.current,
@@ -176,10 +180,6 @@ def watchdog(suite: Suite, at: float) -> None:
         for p in PARTS:
             if suite.part(p)["status"] == "running":
                 suite.part(p)["status"] = "interrupted"
-    finally:
-        if got:
-            suite.lock.release()
-    try:
         suite.write()
         suite.log(f"WATCHDOG: wrote partial results to {suite.args.out}; exiting")
     finally:
@@ -213,27 +213,20 @@ def with_attention(model: Model, attention: str) -> Model:
 
 
 def build_synthetic(suite: Suite, slot: str, part: str) -> Model | None:
-    """The random-weight model of a slot ("1b" / "8b"), built once and kept for the other parts."""
+    """The random-weight Llama of a slot ("1b" / "8b"), built on the device by one compiled init, once."""
     if slot in suite.models:
         return suite.models[slot]
-    name, shape = suite.cfg["models"][slot]
-    suite.current, t0, suite.models[slot] = f"building {name}", time.perf_counter(), None
-    try:  # a random-weight Llama of this shape, built on the device by one compiled init
+    (name, shape), t0, suite.models[slot] = suite.cfg["models"][slot], time.perf_counter(), None
+    with suite.attempt(part, f"build {name}"):
         cfg = ModelConfig(model_type="llama", head_dim=shape["hidden_size"] // shape["num_heads"],
                           max_position_embeddings=4096, bos_token_id=1, eos_token_ids=(2,), **shape)
         dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[suite.cfg["dtype"]]
         module = nnx.jit(lambda: Transformer(cfg, dtype=dtype, rngs=nnx.Rngs(0)))()
         model = Model.from_module(module, dtype=suite.cfg["dtype"], source=f"synthetic-{name}")
         jax.block_until_ready(model.params)
-    except Exception as e:  # noqa: BLE001
-        suite.error(part, f"build {name}", e)
-        return None
-    suite.log(f"built {name}: {model.config.num_params / 1e9:.3f}B params in {time.perf_counter() - t0:.1f}s")
-    suite.models[slot] = model
-    return model
-
-
-# ----------------------------------------------------------------------------- part 1: c(T)
+        suite.models[slot] = model
+        suite.log(f"built {name}: {cfg.num_params / 1e9:.3f}B params in {time.perf_counter() - t0:.1f}s")
+    return suite.models[slot]
 
 
 def forward_program(model: Model, t: int, cache_filled: int, inner: int):
@@ -258,68 +251,53 @@ def forward_program(model: Model, t: int, cache_filled: int, inner: int):
 
 def part_step_cost(suite: Suite) -> None:
     cfg, part = suite.cfg, "step_cost"
-    rec = suite.part(part)
-    rec.update(config={"block_tokens": sorted(cfg["block_tokens"]), "cache_len": cfg["cache_len"],
-                       "cache_filled": cfg["cache_filled"], "repeats": cfg["repeats"], "inner": cfg["inner"],
-                       "dtype": cfg["dtype"], "batch": 1, "mask": "chain TreeMask", "head": "argmax"}, rows=[])
-    cells = [(slot, backend) for backend in ("xla", "pallas") for slot in ("1b", "8b")]
+    suite.part(part).update(rows=[], config={
+        "block_tokens": sorted(cfg["block_tokens"]), "cache_len": cfg["cache_len"], "cache_filled": cfg["cache_filled"],
+        "repeats": cfg["repeats"], "inner": cfg["inner"], "dtype": cfg["dtype"], "batch": 1, "mask": "chain TreeMask",
+        "head": "argmax"})
+    cells = [(slot, backend) for backend in ("xla", "pallas") for slot in ("1b", "8b")]  # (the rows' order)
     for n, (slot, backend) in enumerate(cells):
         cell_end = time.monotonic() + suite.left(suite.part_end[part]) / (len(cells) - n)  # its share of what is left
-        name = cfg["models"][slot][0]
-        if slot in suite.models or suite.fits(part, {"model": name, "attention": backend},
-                                              cfg["first_item_estimate"], cell_end):
+        cell = {"model": cfg["models"][slot][0], "attention": backend}
+        if slot in suite.models or suite.fits(part, cell, cfg["first_item_estimate"], cell_end):
             model = build_synthetic(suite, slot, part)
             if model is not None:
-                step_cost_cell(suite, with_attention(model, backend), name, backend, cell_end)
-    for r in rec["rows"]:
-        base = [b for b in rec["rows"] if (b["model"], b["attention"], b["T"]) == (r["model"], r["attention"], 1)]
-        if base:
-            r["c_min"], r["c_median"] = r["seconds_min"] / base[0]["seconds_min"], r["seconds_median"] / base[0][
-                "seconds_median"]
-    rec["rows"].sort(key=lambda r: (r["attention"] != "xla", r["params"], r["T"]))
+                step_cost_cell(suite, with_attention(model, backend), cell, cell_end)
     suite.models.pop("8b", None)  # 16 GB the other parts do not use
 
 
-def step_cost_cell(suite: Suite, model: Model, name: str, backend: str, until: float) -> None:
+def step_cost_cell(suite: Suite, model: Model, cell: dict, until: float) -> None:
     """c(T) rows of one (model, backend): every T traced, compiled on a few threads, then what
     compiled in time is timed interleaved (no compile's autotuning runs on the chip meanwhile)."""
     cfg, part, c = suite.cfg, "step_cost", model.config
     cache = KVCache.zeros(c.num_layers, 1, cfg["cache_len"], c.num_kv_heads, c.head_dim,
                           model.module.embed_tokens.embedding.dtype)
     cache = dataclasses.replace(cache, lengths=jnp.full((1,), cfg["cache_filled"], jnp.int32))
-    rng, args, jobs, t0 = np.random.default_rng(0), {}, {}, time.perf_counter()
+    rng, args, jobs, times, t0 = np.random.default_rng(0), {}, {}, {}, time.perf_counter()
     for t in cfg["block_tokens"]:
-        item = {"model": name, "attention": backend, "T": t}
-        suite.current = f"step_cost: tracing {item}"
-        try:
+        with suite.attempt(part, {**cell, "T": t}, "tracing"):
             args[t] = (model.params, cache, jnp.asarray(rng.integers(3, c.vocab_size, size=(1, t)), jnp.int32))
-            jobs[t] = (item, forward_program(model, t, cfg["cache_filled"], cfg["inner"]).lower(*args[t]).compile)
-        except Exception as e:  # noqa: BLE001
-            suite.error(part, item, e)
+            program = forward_program(model, t, cfg["cache_filled"], cfg["inner"])
+            jobs[t] = ({**cell, "T": t}, program.lower(*args[t]).compile)
     compiled = suite.compile_all(part, jobs, until - cfg["timing_seconds_per_T"] * len(jobs))  # time left to time
     compile_seconds = time.perf_counter() - t0
-    suite.log(f"step_cost {name} {backend}: {len(compiled)} programs traced and compiled in {compile_seconds:.1f}s")
-    if not compiled:
-        return
-    suite.current = f"step_cost: timing {name} {backend}"
-    try:  # (a cell may overrun its share, not the part; one round at least)
+    suite.log(f"step_cost {cell}: {len(compiled)} programs traced and compiled in {compile_seconds:.1f}s")
+    with suite.attempt(part, cell, "timing"):  # (a cell may overrun its share, not the part; one round at least)
         times = time_programs({t: (program, args[t]) for t, program in compiled.items()}, cfg["repeats"],
-                              deadline=time.perf_counter() + suite.left(suite.part_end[part]))
-    except Exception as e:  # noqa: BLE001
-        suite.error(part, {"model": name, "attention": backend}, e)
-        return
+                              deadline=time.perf_counter() + suite.left(suite.part_end[part])) if compiled else {}
+    rows = []
     for t in sorted(times):
         seconds = [x / cfg["inner"] for x in times[t]]
-        row = {"model": name, "attention": backend, "params": c.num_params, "T": t, "seconds_min": min(seconds),
-               "seconds_median": float(np.median(seconds)), "repeats": len(seconds),
-               "cell_compile_seconds": round(compile_seconds, 2)}
-        with suite.lock:
-            suite.part(part)["rows"].append(row)
-        suite.log(f"step_cost {name} {backend} T={t:3d}: {1e3 * row['seconds_median']:.3f} ms median "
-                  f"({1e3 * row['seconds_min']:.3f} min)")
-
-
-# ----------------------------------------------------------------------------- part 2: decoding
+        rows.append({**cell, "params": c.num_params, "T": t, "seconds_min": min(seconds),
+                     "seconds_median": float(np.median(seconds)), "repeats": len(seconds),
+                     "cell_compile_seconds": round(compile_seconds, 2)})
+        if rows[0]["T"] == 1:
+            rows[-1].update(c_min=rows[-1]["seconds_min"] / rows[0]["seconds_min"],
+                            c_median=rows[-1]["seconds_median"] / rows[0]["seconds_median"])
+        suite.log(f"step_cost {cell} T={t:3d}: {1e3 * rows[-1]['seconds_median']:.3f} ms median "
+                  f"({1e3 * rows[-1]['seconds_min']:.3f} min)")
+    with suite.lock:
+        suite.part(part)["rows"] += rows
 
 
 def freeze_prompts(count: int = 12, length: int = 64) -> None:
@@ -372,7 +350,7 @@ def synthetic_bench(suite: Suite) -> DecodeBench | None:
              for i, seg in enumerate(segments)]
     pallas = DecodeBench("pallas", "", with_attention(model, "pallas"), (), (), c["new_tokens"])
     settings = DRAFT_FREE + [Setting(f"{s.name} [pallas]", s.method, s.options, peer=lambda case, n, s=s:
-                                     decode(pallas, s, case)) for s in DRAFT_FREE[:3]]
+                                     decode(pallas, s, case)) for s in DRAFT_FREE if s.name in c["pallas"]]
     return DecodeBench("synthetic-1b", f"synthetic {suite.cfg['models']['1b'][0]}, random weights; prompts repeat a "
                        f"segment of {c['period']} random ids", model, cases, settings, c["new_tokens"],
                        facts={"dtype": model.dtype, "params": model.config.num_params, "matmul_precision": "default"})
@@ -385,12 +363,9 @@ def part_decoding(suite: Suite) -> None:
     for key, setup, until, precision in (("pycode-5M", pycode_bench, first_end, "highest"),
                                           ("synthetic-1b", synthetic_bench, end, None)):
         if suite.fits("decoding", key, 2 * suite.cfg["first_item_estimate"], until):
-            suite.current = f"decoding: setting up {key}"
-            try:
+            bench = None
+            with suite.attempt("decoding", f"{key} setup"):
                 bench = setup(suite)
-            except Exception as e:  # noqa: BLE001
-                suite.error("decoding", f"{key} setup", e)
-                continue
             if bench is not None:
                 decode_model(suite, key, bench, until, precision)
 
@@ -400,13 +375,11 @@ def decode_model(suite: Suite, key: str, bench: DecodeBench, until: float, preci
 
     part, c = "decoding", suite.cfg["pycode" if key == "pycode-5M" else "synthetic"]
 
-    def wanted(name: str) -> bool:  # (the drafter's K is in its name; the full run: one pallas lookahead)
-        if c["methods"] is None:
-            return key == "pycode-5M" or name != "lookahead (7,4,7) [pallas]"
-        return name == "greedy" or name in c["methods"] or name.split(" (K=")[0] in c["methods"]
+    def wanted(name: str) -> bool:  # (the drafter's K is in its name)
+        return c["methods"] is None or name == "greedy" or name.split(" (K=")[0] in c["methods"]
 
     def precise():  # float32 as float32: a GPU's default float32 matmul rounds its inputs to TF32
-        return jax.default_matmul_precision(precision) if precision else contextlib.nullcontext()
+        return jax.default_matmul_precision(precision)
 
     def warm(setting):  # one program per setting (the prompts share a length); contexts are per thread
         with precise():
@@ -418,14 +391,11 @@ def decode_model(suite: Suite, key: str, bench: DecodeBench, until: float, preci
         return suite.skip(part, {"model": key}, "greedy did not compile: nothing to compare with")
     bench = dataclasses.replace(bench, settings=[s for s in bench.settings if s.name in ready])
     rounds, estimate = [], 0.0
-    for r in range(c["rounds"]):
-        if suite.fits(part, {"model": key, "round": r + 1}, estimate, until):
-            suite.current, t0 = f"decoding {key}: round {r + 1}", time.perf_counter()
-            try:
-                with tempfile.TemporaryDirectory() as tmp, precise():
-                    rounds.append(run_decode(bench, Path(tmp) / "runs.jsonl", fresh=True, progress=False))
-            except Exception as e:  # noqa: BLE001
-                suite.error(part, {"model": key, "round": r + 1}, e)
+    for r in range(1, c["rounds"] + 1):
+        t0 = time.perf_counter()
+        if suite.fits(part, {"model": key, "round": r}, estimate, until):
+            with suite.attempt(part, {"model": key, "round": r}), tempfile.TemporaryDirectory() as tmp, precise():
+                rounds.append(run_decode(bench, Path(tmp) / "runs.jsonl", fresh=True, progress=False))
             estimate = 1.3 * (time.perf_counter() - t0)
     if not rounds:
         return
@@ -459,28 +429,19 @@ def decode_model(suite: Suite, key: str, bench: DecodeBench, until: float, preci
                   f"{s['speed_vs_reference']:.2f}x  identical {s['identical_to_reference']}/{s['cases']}")
 
 
-# ----------------------------------------------------------------------------- part 3: attention
-
-
 def part_attention(suite: Suite) -> None:
     part, a = "attention", suite.cfg["attention"]
     rec, end, estimate = suite.part(part), suite.part_end[part], suite.cfg["first_item_estimate"]
     interpret = True if jax.default_backend() == "cpu" else None  # Pallas interpret mode on CPU
     rec.update(config=a["cfg"], batch=1, rounds=a["rounds"], inner=a["inner"], interpret=bool(interpret), rows=[])
     for group in attention_bench.groups(a["cfg"], 1, a["inner"], interpret):
-        item = {k: group[0][k] for k in ("block", "cache")}
+        item, t0 = {k: group[0][k] for k in ("block", "cache")}, time.perf_counter()
         if suite.fits(part, item, estimate, end):
-            suite.current, t0 = f"attention: {item}", time.perf_counter()
-            try:
+            with suite.attempt(part, item):
                 rows = attention_bench.measure(group, a["rounds"], a["inner"], time.perf_counter() + suite.left(end))
                 with suite.lock:
                     rec["rows"] += rows
-            except Exception as e:  # noqa: BLE001
-                suite.error(part, item, e)
             estimate = 1.3 * (time.perf_counter() - t0)
-
-
-# ----------------------------------------------------------------------------- main
 
 
 def parse_args(argv):
@@ -502,8 +463,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.freeze_prompts:
         return freeze_prompts() or 0
-    cfg = dict(SMOKE if args.smoke else FULL)
-    cfg["deadline"] = args.deadline or cfg["deadline"]
+    cfg = dict(SMOKE if args.smoke else FULL, **({"deadline": args.deadline} if args.deadline else {}))
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if set(parts) - set(PARTS):
         sys.exit(f"unknown parts {sorted(set(parts) - set(PARTS))}; choose from {PARTS}")
@@ -519,16 +479,13 @@ def main(argv=None) -> int:
     suite.data.update(machine=device_info(), parts_requested=parts, compile_threads=args.compile_threads)
     suite.log(f"{suite.data['machine']['device_kind']} on {backend}, JAX {jax.__version__}; deadline "
               f"{cfg['deadline']:.0f}s (+{args.grace:.0f}s grace), parts {parts}")
-    functions = {"step_cost": part_step_cost, "decoding": part_decoding, "attention": part_attention}
     for name in PARTS:
         rec, t0 = suite.part(name), time.perf_counter()
         rec["status"] = "running" if name in parts else "not requested"
         if name not in parts:
             continue
-        try:
-            functions[name](suite)
-        except Exception as e:  # noqa: BLE001
-            suite.error(name, "part", e)
+        with suite.attempt(name, "part"):
+            globals()[f"part_{name}"](suite)
         with suite.lock:
             measured = rec.get("rows") or rec.get("models")
             rec.update(seconds=round(time.perf_counter() - t0, 1), ended_at_seconds=round(suite.now(), 1),

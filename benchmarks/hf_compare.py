@@ -1,14 +1,12 @@
 """jaxspec vs Hugging Face transformers from the same weights: greedy and prompt lookup.
 
-transformers loads the HF folder the model ships as (or the folder `jaxspec.load(...).save()`
-exports, for a llama2.c checkpoint), float32, batch 1, EOS stop off, the prompts' token ids from
-jaxspec's tokenizer. Settings: jaxspec greedy and prompt lookup (N = 4, G = 8); transformers
-`generate` greedy and with prompt lookup decoding (`prompt_lookup_num_tokens=10`,
-`max_matching_ngram_size=2`, its defaults), with torch on each `--torch-threads` count (on a small
-or busy machine intra-op threading can make a tiny model several times slower). A transformers
-step is a forward (counted with a hook, prefill included, like jaxspec's steps) and its seconds
-are the `generate` call's; jaxspec's are its decode time (compilation excluded). Every output
-must equal jaxspec greedy's.
+transformers loads the HF folder the model ships as (or the one `jaxspec.load(...).save()` exports, for a
+llama2.c checkpoint), float32, batch 1, EOS stop off, the prompts' ids from jaxspec's tokenizer. Settings: jaxspec
+greedy and prompt lookup (N = 4, G = 8); transformers `generate` greedy and with prompt lookup decoding
+(`prompt_lookup_num_tokens=10`, `max_matching_ngram_size=2`, its defaults), torch on each `--torch-threads`
+count (on a small or busy machine intra-op threading can make a tiny model several times slower). A
+transformers step is a forward (counted with a hook, prefill included, like jaxspec's steps), its seconds the
+`generate` call's; jaxspec's are its decode time (compilation excluded). Every output must equal jaxspec greedy's.
 
     python benchmarks/hf_compare.py            # pycode-5M: 10 held-out code prompts x 128 tokens
     python benchmarks/hf_compare.py --stories  # greedy_bench: stories260K from BOS, 256 tokens, 5 rounds, greedy
@@ -67,13 +65,9 @@ def transformers_peers(model, threads: list[int], prompt_lookup: bool) -> list[S
                     "seconds": time.perf_counter() - t0}
         return run
 
-    plural = lambda t: f"{t} thread{'s' if t > 1 else ''}"  # noqa: E731
-    settings = []
-    for t in threads:
-        settings.append(Setting(f"transformers greedy ({plural(t)})", peer=peer(t, {})))
-        if prompt_lookup:
-            settings.append(Setting(f"transformers prompt lookup ({plural(t)})", peer=peer(t, HF_PROMPT_LOOKUP)))
-    return settings
+    kinds = {"greedy": {}, **({"prompt lookup": HF_PROMPT_LOOKUP} if prompt_lookup else {})}
+    return [Setting(f"transformers {kind} ({t} thread{'s' if t > 1 else ''})", peer=peer(t, extra))
+            for t in threads for kind, extra in kinds.items()]
 
 
 def declare(args) -> DecodeBench:

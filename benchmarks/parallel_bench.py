@@ -1,22 +1,19 @@
-"""Lookahead parallelism (LP), tensor parallelism (TP) and both: per-device bytes and what one
-decode step communicates, read from the compiled programs on 8 forced CPU devices (XLA_FLAGS is
-set here before JAX is imported; an accelerator host runs unchanged). On a CPU the devices share
-the same cores: seconds show the structure, not a speed-up.
+"""Lookahead parallelism (LP), tensor parallelism (TP) and both: per-device bytes and what one decode step
+communicates, read from the compiled programs on 8 forced CPU devices (XLA_FLAGS is set here before JAX is
+imported; an accelerator host runs unchanged). The devices share the CPU's cores: seconds show structure only.
 
-* `lp`: lookahead (15, 5, 15), batch 1, split over 1/2/4/8 devices, decoding stories260K's
-  references: block tokens per device (the split tables of `shard_tree`), the bytes exchanged
-  per step (formula, and the collectives inside the compiled decode loop), and, analytically for
-  stories260K and a Llama-2-7B shape (bf16), the alternatives' traffic: the accepted tokens' K/V,
-  TP's two all-reduces per layer, the HBM reads every forward pays. Tokens and steps must equal
-  one device's.
-* `tp`: a random-weight Llama (8 heads and 8 KV heads, untied) at TP 1/2/4/8, TP 4 with the
-  embedding and LM head replicated, LP 4 and LP 2 x TP 4, greedy and lookahead: device 0's weight
-  bytes, the decode loop's collectives (op, group size g, result bytes; wire bytes with ring
-  algorithms: all-reduce 2 (g-1)/g, all-gather (g-1)/g of the result), ms per step. Tokens must
-  equal single-device greedy's.
-* `plan`: Llama-3.1-8B / 70B (bf16) on TPU v5e / v5p and H100 settings, from the configs alone
-  (parameter shapes from `jax.eval_shape`, layout from `partition_spec`): weights, KV cache at a
-  4096-token context and n-gram pool per device; TP and LP bytes per lookahead step.
+* `lp`: lookahead (15, 5, 15), batch 1, over 1/2/4/8 devices, decoding stories260K's references: block tokens
+  per device (`shard_tree`'s split), the bytes exchanged per step (formula, and the collectives in the compiled
+  decode loop), and, analytically for stories260K and a bf16 Llama-2-7B shape, the alternatives' traffic (the
+  accepted tokens' K/V, TP's two all-reduces per layer, the HBM reads of every forward). Tokens and steps must
+  equal one device's.
+* `tp`: a random-weight Llama (8 heads, 8 KV heads, untied) at TP 1/2/4/8, TP 4 with the embedding and LM head
+  replicated, LP 4 and LP 2 x TP 4, greedy and lookahead: device 0's weight bytes, the decode loop's collectives
+  (op, group size g, result bytes; wire bytes with ring algorithms: all-reduce 2 (g-1)/g, all-gather (g-1)/g of
+  the result), ms per step. Tokens must equal single-device greedy's.
+* `plan`: Llama-3.1-8B / 70B (bf16) on TPU v5e / v5p and H100 settings, from the configs alone (shapes from
+  `jax.eval_shape`, layout from `partition_spec`): weights, KV cache at 4096 tokens and n-gram pool per device;
+  TP and LP bytes per lookahead step.
 
     python benchmarks/parallel_bench.py lp             # results/lp_bench.{json,md}
     python benchmarks/parallel_bench.py tp [--smoke]   # results/tp_bench[_smoke].{json,md}
@@ -86,9 +83,6 @@ def new_program(model, call):
     return out, program
 
 
-# ----------------------------------------------------------------------------- lp
-
-
 def step_tokens(devices: int) -> dict:
     """Block tokens in one device's forward, and how they split (1 device: the plain layout)."""
     from jaxspec.decoding.engine import Engine
@@ -97,13 +91,11 @@ def step_tokens(devices: int) -> dict:
     from jaxspec.methods import lookahead_sources
 
     layout = Engine(sources=lookahead_sources(LookaheadOptions(**LOOKAHEAD))).tree
-    if devices == 1:
-        return {"tokens": layout.size, "refeed": 0, "level0": WINDOW, "upper": (NGRAM - 2) * WINDOW,
-                "candidates": GUESSES * (NGRAM - 1), "row_ints": 0}
-    s = shard_tree(layout, devices)
-    return {"tokens": int(s.size), "refeed": int(s.refeed), "level0": WINDOW, "upper": (NGRAM - 2) * -(-WINDOW // devices),
-            "candidates": -(-GUESSES // devices) * (NGRAM - 1),
-            "row_ints": 2 + s.max_path + 1 + s.observed_per_device}  # accepted, path id, emitted, new window tokens
+    s = shard_tree(layout, devices) if devices > 1 else None
+    return {"tokens": int(s.size) if s else layout.size, "refeed": int(s.refeed) if s else 0, "level0": WINDOW,
+            "upper": (NGRAM - 2) * -(-WINDOW // devices), "candidates": -(-GUESSES // devices) * (NGRAM - 1),
+            # accepted, path id, emitted, new window tokens
+            "row_ints": 2 + s.max_path + 1 + s.observed_per_device if s else 0}
 
 
 def model_costs(cfg, bytes_per_value: int, tokens: int, context: int) -> dict:
@@ -137,7 +129,7 @@ def lp(args) -> dict:
         rows.append({
             "devices": devices, **split, "collectives": found,
             "exchanged_bytes_measured": sum(c["bytes"] for c in found),
-            "exchanged_bytes_formula": devices * split["row_ints"] * 4 if devices > 1 else 0,
+            "exchanged_bytes_formula": devices * split["row_ints"] * 4,
             "steps": steps, "S": sum(map(len, tokens)) / sum(steps),
             "identical_to_one_device": (tokens, steps) == first_tokens,
             "equals_greedy_reference": all(t == list(c.reference) for t, c in zip(tokens, cases)),
@@ -150,9 +142,6 @@ def lp(args) -> dict:
             "config": [WINDOW, NGRAM, GUESSES], "model": repo_relative(jaxspec.loading.resolve(args.model)),
             "context_7b": args.context, "device_count": jax.device_count(),
             "identical_tokens_and_steps": all(r["identical_to_one_device"] for r in rows), "rows": rows}
-
-
-# ----------------------------------------------------------------------------- tp
 
 
 TP_SHAPE = dict(hidden_size=512, intermediate_size=1536, num_layers=4, num_heads=8, num_kv_heads=8, head_dim=64,
@@ -202,14 +191,11 @@ def tp(args) -> dict:
     rows = []
     for name, lp_groups, degree, vocab in TP_SETTINGS:
         model = lay_out(single, degree, vocab)
-        calls, found = {}, {}
-        for method in ["lookahead"] if lp_groups > 1 else ["greedy", "lookahead"]:
-            options = ({**LOOKAHEAD, **({"lp_devices": lp_groups} if lp_groups > 1 else {})}
-                       if method == "lookahead" else {})
-            calls[method] = (lambda m=method, o=options: jaxspec.generate(
-                model, prompts, max_new_tokens=new_tokens, stop_at_eos=False,
-                method="autoregressive" if m == "greedy" else m, **o), ())
-            found[method] = new_program(model, calls[method][0])
+        methods = {"greedy": {"method": "autoregressive"}} if lp_groups == 1 else {}
+        methods["lookahead"] = dict(LOOKAHEAD, method="lookahead", **{"lp_devices": lp_groups} if lp_groups > 1 else {})
+        calls = {m: (lambda o=o: jaxspec.generate(model, prompts, max_new_tokens=new_tokens, stop_at_eos=False, **o),
+                     ()) for m, o in methods.items()}
+        found = {m: new_program(model, call) for m, (call, _) in calls.items()}
         seconds = time_programs(calls, rounds)
         params = model.lp_layouts[lp_groups][1] if lp_groups > 1 and degree > 1 else model.params
         for method, (out, program) in found.items():
@@ -228,9 +214,6 @@ def tp(args) -> dict:
             "communication", "shape": shape, "lookahead": [WINDOW, NGRAM, GUESSES], "batch": 1,
             "new_tokens": new_tokens, "repeats": rounds, "device_count": jax.device_count(),
             "full_weight_bytes": rows[0]["weight_bytes"], "rows": rows}
-
-
-# ----------------------------------------------------------------------------- plan
 
 
 CHIPS = {"TPU v5e": 16, "TPU v5p": 95, "H100": 80}  # GB per device
@@ -276,16 +259,18 @@ def plan(args) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
+    out = argparse.ArgumentParser(add_help=False)  # (--out also after the part)
+    out.add_argument("--out", type=Path, default=argparse.SUPPRESS, help="results folder (default benchmarks/results)")
     sub = p.add_subparsers(dest="part", required=True)
-    a = sub.add_parser("lp", help="lookahead parallelism on 1/2/4/8 devices (stories260K)")
+    a = sub.add_parser("lp", parents=[out], help="lookahead parallelism on 1/2/4/8 devices (stories260K)")
     a.add_argument("--devices", default="1,2,4,8", help="comma-separated device counts")
     a.add_argument("--model", default="stories260K")
     a.add_argument("--context", type=int, default=1024, help="context length for the 7B traffic estimates")
-    a = sub.add_parser("tp", help="TP, LP and LP x TP of a random-weight Llama")
+    a = sub.add_parser("tp", parents=[out], help="TP, LP and LP x TP of a random-weight Llama")
     a.add_argument("--new-tokens", type=int, default=32)
     a.add_argument("--repeats", type=int, default=2, help="timed rounds (the fastest is reported)")
     a.add_argument("--smoke", action="store_true", help="a 1-layer model with a 4096 vocabulary, 8 tokens")
-    sub.add_parser("plan", help="Llama-3.1-8B / 70B settings, from the configs (nothing runs)")
+    sub.add_parser("plan", parents=[out], help="Llama-3.1-8B / 70B settings, from the configs (nothing runs)")
     args = p.parse_args(argv)
     result = {"lp": lp, "tp": tp, "plan": plan}[args.part](args)
     result["command"] = command_line(__file__, argv)

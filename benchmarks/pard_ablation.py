@@ -1,18 +1,15 @@
 """PARD-2 ablation: teacher-forced acceptance of trained drafters on held-out prompts (no timing).
 
-For each held-out prompt (code the target never saw, or with `--chat SPLIT` a chat of
-jaxspec.real_prompts) the target writes its greedy continuation s. At every position n of the
-continuation the drafter drafts K tokens from `[s_<n, m_1..m_{K-1}]` (one full-layout PARD forward
-covers all n, see `jaxspec.train.acceptance`); greedy verification would accept the matching
-prefix plus one bonus token. Per drafter and mode (target-dependent = with the target's features,
-target-independent = without): the mean acceptance length (bonus included), the per-position
-rates a_k = P(draft k accepted | drafts 1..k-1 accepted), and 95% bootstrap intervals over prompts.
+For each held-out prompt (code the target never saw, or with `--chat SPLIT` a chat of jaxspec.real_prompts)
+the target writes its greedy continuation s. At every position n of it the drafter drafts K tokens from
+`[s_<n, m_1..m_{K-1}]` (one full-layout PARD forward covers all n, see `jaxspec.train.acceptance`); greedy
+verification would accept the matching prefix plus one bonus token. Per drafter and mode (target-dependent =
+with the target's features, target-independent = without): the mean acceptance length (bonus included), the
+per-position rates a_k = P(draft k accepted | drafts 1..k-1 accepted), and 95% bootstrap intervals over prompts.
 
   python benchmarks/pard_ablation.py --drafter PARD=runs/pard2-pard/drafter \\
       --drafter CAT=runs/pard2-cat/drafter --drafter CAT+KD=runs/pard2-catkd/drafter
   python benchmarks/pard_ablation.py --name pard2_shipped --drafter shipped=jaxspec/assets/pycode-5M-pard2
-
-Writes benchmarks/results/NAME.{json,md,png} (NAME: pard_ablation unless --name).
 """
 
 from __future__ import annotations
@@ -62,14 +59,13 @@ def measure(target, drafter, sequences, num_blocks: int, use_features: bool, chu
     # see earlier positions, so the padding changes no counted row; contexts stop where the
     # last draft still has a real reference token.
     width = max(len(seq) for seq, _ in sequences)
-    per_sequence = []
+    seq_len, per_sequence = width - 1, []
     for start in range(0, len(sequences), chunk):
         part = sequences[start:start + chunk]
-        part = part + [part[-1]] * (chunk - len(part)) if len(part) < chunk else part
+        part = part + [part[-1]] * (chunk - len(part))
         seqs = np.zeros((chunk, width), np.int64)
         for i, (seq, _) in enumerate(part):
             seqs[i, :len(seq)] = seq
-        seq_len = width - 1
         batch = make_batch(seqs, full_counts(seq_len, num_blocks), drafter.mask_token_id, np.random.default_rng(0))
         correct = np.asarray(correct_rows({k: jnp.asarray(v) for k, v in batch.arrays().items()})) & batch.valid
         first = np.asarray([p for _, p in part])
@@ -123,14 +119,11 @@ def main(argv=None) -> int:
         drafter = load_drafter(folder, target=target)
         drafter.check_compatible(target.config)
         k = args.k or drafter.draft_len
-        for mode in MODES:
-            if mode == "td" and drafter.projection is None:
-                continue
+        for mode in [m for m in MODES if m == "ti" or drafter.projection is not None]:  # TD needs the features
             per_sequence = measure(target, drafter, sequences, k, use_features=mode == "td")
             stats = sum(per_sequence[1:], per_sequence[0])
             rows.append({"drafter": name, "folder": repo_relative(folder), "mode": mode, "k": k,
-                         "contexts": stats.contexts,
-                         "accept_length": round(stats.mean_length, 4),
+                         "contexts": stats.contexts, "accept_length": round(stats.mean_length, 4),
                          # None where no context got that far (JSON has no NaN)
                          "position_rates": [round(float(x), 4) if x == x else None for x in stats.position_rates()],
                          "accepted_histogram": stats.accepted.tolist(), **bootstrap(per_sequence)})

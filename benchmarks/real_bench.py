@@ -14,7 +14,7 @@ fastest setting on this shared 2-core machine).
     python benchmarks/real_bench.py --split heldout --methods "greedy,lookahead (15,5,15)" --no-peer
     python benchmarks/real_bench.py --quick         # 2 prompts x 24 tokens, 4 settings
     python benchmarks/real_bench.py --name real_bench_drafter --no-peer --methods \\
-        "greedy,speculative TD (K=2),speculative TD (K=4),speculative TD (K=8),speculative TI (K=4),hybrid (5,3,5) K=4,auto"
+        "greedy,speculative TD (K=2),speculative TD (K=4),speculative TD (K=8),speculative TI (K=4),hybrid (5,3,5) K=4"
 
 A base model without a chat template (`--model gemma3-270m`) continues each prompt's text as is
 (BOS + text), and the n-gram pool's size at its vocabulary is recorded per setting:

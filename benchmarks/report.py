@@ -13,6 +13,7 @@ Pure JSON -> markdown: no JAX, runs in a second.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -52,36 +53,34 @@ def _yes(x) -> str:
 # ----------------------------------------------------------------------------- tables
 
 
-def _range(lo_hi, fmt) -> str:
-    lo, hi = lo_hi
-    return f"{format(lo, fmt)}..{format(hi, fmt)}"
+def _median(s: dict, key: str, fmt: str, rounds: int, unit: str = "") -> str:
+    """A median over rounds, with its min..max when there were several."""
+    lo, hi = s[f"{key}_range"]
+    return f"{s[key]:{fmt}}{unit}" + (f" ({lo:{fmt}}..{hi:{fmt}})" if rounds > 1 else "")
 
 
 def decode(r: dict) -> list[str]:
     """Any harness decode result (benchmarks/harness/decode.py): one row per setting."""
-    summary, ref = r["summary"], r["reference"]
+    summary, ref, rounds = r["summary"], r["reference"], r["rounds"]
     categories = list(next(iter(summary.values())).get("S_per_category", {}))
     drafted = any("accept_length" in s for s in summary.values())
-    rounds = r["rounds"]
-    timing = "median of {} rounds (min..max)".format(rounds) if rounds > 1 else "one round"
-    length = "up to {} new tokens (stop at end of turn)" if r.get("stop_at_eos") else "{} new tokens each (EOS stop off)"
+    length = "up to {} new tokens (stop at end of turn)" if r.get("stop_at_eos") else "{} new tokens each (EOS off)"
     lines = [f"{len(r['cases'])} cases x " + length.format(r["new_tokens"]) + f", model `{r['model']}`; tokens/s: "
-             f"{timing}, {'whole call' if r.get('clock') == 'wall' else 'decode time (compilation excluded)'}; "
-             "settings interleaved case by case." + (f" {r['note']}" if r.get("note") else "")
-             + (f" Resumed: {r['resumed_runs']} runs came from an interrupted run." if r.get("resumed_runs") else ""), "",
-             "| setting | S | " + "".join(f"{c} | " for c in categories) + ("accept length | " if drafted else "")
+             + (f"median of {rounds} rounds (min..max), " if rounds > 1 else "one round, ")
+             + ("whole call" if r.get("clock") == "wall" else "decode time (compilation excluded)")
+             + "; settings interleaved case by case." + (f" {r['note']}" if r.get("note") else "")
+             + (f" Resumed: {r['resumed_runs']} runs came from an interrupted run." if r.get("resumed_runs") else ""),
+             "", "| setting | S | " + "".join(f"{c} | " for c in categories) + ("accept length | " if drafted else "")
              + f"tokens/s | vs {ref} | identical to {ref} |",
              "|---|---:|" + "---:|" * len(categories) + ("---:|" if drafted else "") + "---:|---:|---:|"]
     for name, s in summary.items():
         cats = "".join(f"{s['S_per_category'][c]:.2f} | " for c in categories)
         acc = f"{_f(s.get('accept_length'))} | " if drafted else ""
-        tps = f"{s['tokens_per_second']:.1f}" + (f" ({_range(s['tokens_per_second_range'], '.1f')})" if rounds > 1 else "")
-        vs = f"{s['speed_vs_reference']:.2f}x" + (f" ({_range(s['speed_vs_reference_range'], '.2f')})"
-                                                  if rounds > 1 else "")
-        same = f"{s['identical_to_reference']}/{s['cases']}" + ("" if s["same_every_round"] else ", **not every round**")
+        same = f"{s['identical_to_reference']}/{s['cases']}" + ("" if s["same_every_round"] else ", **not each round**")
         if "identical_to_case_reference" in s:
             same += f" (references: {s['identical_to_case_reference']}/{s['cases']})"
-        lines.append(f"| {name} | {s['S']:.2f} | {cats}{acc}{tps} | {vs} | {same} |")
+        lines.append(f"| {name} | {s['S']:.2f} | {cats}{acc}{_median(s, 'tokens_per_second', '.1f', rounds)} | "
+                     f"{_median(s, 'speed_vs_reference', '.2f', rounds, 'x')} | {same} |")
     lade_rows, lade_totals = _lade_rows(r, [c["name"] for c in r["cases"]], categories) if r.get("split") else ([], {})
     lines += lade_rows
     ours = summary.get("lookahead (15,5,15)")
@@ -166,32 +165,23 @@ def plot(r: dict, path: Path) -> None:
 
 def _lade_rows(r: dict, names: list[str], categories: list[str]) -> tuple[list[str], dict]:
     """Rows for the authors' implementation (tools/lade_reference.py) run on the same prompts
-    with the same protocol (fixed length, EOS stop off), if it was."""
+    with the same protocol (fixed length, EOS stop off, SmolLM2 on chats), if it was."""
     path = RESULTS / f"lade_reference_{r['split']}.json"
-    if not path.exists() or r.get("eos_stop"):
-        return [], {}
-    lade = json.loads(path.read_text())
+    lade = json.loads(path.read_text()) if path.exists() and not r.get("stop_at_eos") else {}
     if lade.get("max_new_tokens") != r["new_tokens"] or r.get("prompt_format", "chat template") != "chat template":
-        return [], {}  # (another length, or a base model on plain text: lade ran SmolLM2 on chats)
-    rows, totals = [], {}
+        return [], {}
+    S = lambda rows: sum(x["new_tokens"] for x in rows) / sum(x["steps"] for x in rows)  # noqa: E731
+    lines, totals = [], {}
     for config in lade["configs"]:
-        picked = [r for r in config["rows"] if r["name"] in names]
-        if len(picked) != len(names):
-            continue  # not the same prompts
-        per_cat = []
-        for cat in categories:
-            sel = [r for r in picked if r["category"] == cat]
-            per_cat.append(f"{sum(r['new_tokens'] for r in sel) / sum(r['steps'] for r in sel):.2f}")
-        new = sum(r["new_tokens"] for r in picked)
-        total = new / sum(r["steps"] for r in picked)
-        totals[config["name"]] = total
-        same = sum(bool(r["equals_greedy"]) for r in picked)
-        rows.append(f"| lade {config['name']} (authors', transformers {lade['versions']['transformers']}) | "
-                    f"{total:.2f} | {' | '.join(per_cat)} | {new / sum(r['wall_s'] for r in picked):.1f} | - | "
-                    f"{same}/{len(picked)} (its own greedy) |")
-    return rows, totals
-
-
+        picked = [x for x in config["rows"] if x["name"] in names]
+        if len(picked) == len(names):  # (the same prompts)
+            totals[config["name"]] = S(picked)
+            per_cat = " | ".join(f"{S([x for x in picked if x['category'] == c]):.2f}" for c in categories)
+            tps = sum(x["new_tokens"] for x in picked) / sum(x["wall_s"] for x in picked)
+            lines.append(f"| lade {config['name']} (authors', transformers {lade['versions']['transformers']}) | "
+                         f"{S(picked):.2f} | {per_cat} | {tps:.1f} | - | "
+                         f"{sum(bool(x['equals_greedy']) for x in picked)}/{len(picked)} (its own greedy) |")
+    return lines, totals
 
 
 def draft_vocab(r: dict) -> list[str]:
@@ -201,9 +191,9 @@ def draft_vocab(r: dict) -> list[str]:
              "| V' | S | drafter ms | verify ms | drafter share of a step | step cost (greedy steps) | tokens/s "
              "| vs greedy | identical |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for size, x in r["rows"].items():
-        lines.append(f"| {size} | {x['S']:.2f} | {x['drafter_ms']:.1f} | {x['verify_ms']:.1f} | {x['drafter_share']:.0%} | "
-                     f"{x['step_cost']:.2f} | {x['tokens_per_second']:.1f} | {x['speed_vs_greedy']:.2f}x | "
-                     f"{x['identical_to_greedy']}/{r['prompts']} |")
+        lines.append(f"| {size} | {x['S']:.2f} | {x['drafter_ms']:.1f} | {x['verify_ms']:.1f} | "
+                     f"{x['drafter_share']:.0%} | {x['step_cost']:.2f} | {x['tokens_per_second']:.1f} | "
+                     f"{x['speed_vs_greedy']:.2f}x | {x['identical_to_greedy']}/{r['prompts']} |")
     return lines
 
 
@@ -214,7 +204,8 @@ def pard_ablation(r: dict) -> list[str]:
     k = min(max(row["k"] for row in r["rows"]), 8)  # a_1..a_8 here; the JSON has every position
     kind = r.get("prompt_kind", "code")
     kind = "held-out code prompts" if kind == "code" else f"chat prompts ({kind.split(':')[1]} split)"
-    cell = lambda x, ci: "-" if x is None else f"{x:.3f}" + ("" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]")  # noqa: E731
+    cell = lambda x, ci: "-" if x is None else f"{x:.3f}" + (  # noqa: E731
+        "" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]")
     lines = [f"Target `{r['target']}`, {r['prompts']} {kind}, greedy continuation of {r['new_tokens']} tokens; "
              "teacher-forced acceptance at every continuation position (acceptance length includes the bonus token; "
              "a_k = P(draft k accepted | drafts 1..k-1 accepted)). Brackets: 95% bootstrap intervals over prompts."
@@ -229,28 +220,36 @@ def pard_ablation(r: dict) -> list[str]:
     return lines
 
 
-def plot_pard_ablation(r: dict, path: Path) -> None:
+@contextlib.contextmanager
+def _axes(path: Path, figsize: tuple, dpi: int):
+    """One plot's axes; with its legend, saved to `path` when the block ends."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for row in r["rows"]:
-        rates = np.array([np.nan if x is None else x for x in row["position_rates"]])
-        ci = np.array([[np.nan, np.nan] if c is None else c
-                       for c in row.get("position_rates_ci") or [None] * len(rates)])
-        ax.errorbar(np.arange(1, len(rates) + 1), rates, yerr=np.abs(ci.T - rates),
-                    fmt="o-" if row["mode"] == "td" else "s--", capsize=2, markersize=3,
-                    label=f"{row['drafter']} ({PARD_MODES[row['mode']]}): {row['accept_length']:.2f}")
-    ax.set(xlabel="draft position k", ylabel="acceptance rate a_k", ylim=(0, 1),
-           title=f"PARD-2 drafters for {r['target']}: per-position acceptance")
-    ax.grid(alpha=0.3)
+    fig, ax = plt.subplots(figsize=figsize)
+    yield ax
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
+
+
+def plot_pard_ablation(r: dict, path: Path) -> None:
+    import numpy as np
+
+    with _axes(path, (7, 4), 120) as ax:
+        for row in r["rows"]:
+            rates = np.array([np.nan if x is None else x for x in row["position_rates"]])
+            ci = np.array([[np.nan, np.nan] if c is None else c
+                           for c in row.get("position_rates_ci") or [None] * len(rates)])
+            ax.errorbar(np.arange(1, len(rates) + 1), rates, yerr=np.abs(ci.T - rates),
+                        fmt="o-" if row["mode"] == "td" else "s--", capsize=2, markersize=3,
+                        label=f"{row['drafter']} ({PARD_MODES[row['mode']]}): {row['accept_length']:.2f}")
+        ax.set(xlabel="draft position k", ylabel="acceptance rate a_k", ylim=(0, 1),
+               title=f"PARD-2 drafters for {r['target']}: per-position acceptance")
+        ax.grid(alpha=0.3)
 
 
 def _row(*cells) -> str:
@@ -276,18 +275,17 @@ def lp_bench(r: dict) -> list[str]:
              "decode s |", "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|:---:|---:|"]
     for x in rows:
         ops = ", ".join(f"{c['op']} {c['dtype']}{c['shape']}" for c in x["collectives"]) or "none"
-        lines.append(f"| {x['devices']} | {x['tokens']} | {x['refeed']} | {x['level0']} | {x['upper']} | "
-                     f"{x['candidates']} | {x['exchanged_bytes_measured']} B | {x['exchanged_bytes_formula']} B | "
-                     f"{ops} | {x['steps']} | {x['S']:.3f} | {_yes(x['equals_greedy_reference'])} | "
-                     f"{x['decode_seconds']:.2f} |")
+        lines.append(_row(*(x[k] for k in ("devices", "tokens", "refeed", "level0", "upper", "candidates")),
+                          f"{x['exchanged_bytes_measured']} B", f"{x['exchanged_bytes_formula']} B", ops, x["steps"],
+                          f"{x['S']:.3f}", _yes(x["equals_greedy_reference"]), f"{x['decode_seconds']:.2f}"))
     lines += ["", "Against the alternatives' traffic per step and device (analytical): K/V if shipped = the accepted "
               "run's K/V (what an LP shipping K/V instead of re-feeding would send at most); TP = two all-reduces of "
               "[block, hidden] per layer; weights and KV cache = the HBM reads of every forward; replicated memory = "
               "weights + KV cache + n-gram pool."]
     for key, title in (("llama2_7b_bf16", f"Llama-2-7B shape, bf16, {r['context_7b']}-token context"),
                        ("stories260K", "stories260K, float32, 512-token context")):
-        lines += ["", f"**{title}**", "", "| devices | LP exchange | K/V if shipped | TP all-reduces | weights read | KV cache read | "
-                  "GFLOPs | replicated memory |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += ["", f"**{title}**", "", "| devices | LP exchange | K/V if shipped | TP all-reduces | weights read | "
+                  "KV cache read | GFLOPs | replicated memory |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for x in rows:
             c = x[key]
             lines.append(f"| {x['devices']} | {_bytes(x['exchanged_bytes_formula'])} | "
@@ -314,15 +312,16 @@ def tp_plan(r: dict) -> list[str]:
 
 def attention_bench(r: dict) -> list[str]:
     cfg = r["config"]
-    timing = f"; median of {r['rounds']} interleaved rounds x {r['inner']} attentions per program" if "rounds" in r else ""
+    timing = f"; median of {r['rounds']} interleaved rounds x {r['inner']} attentions per program" \
+        if "rounds" in r else ""
     lines = [f"{cfg['heads']} query heads, {cfg['kv_heads']} KV heads, head_dim {cfg['head_dim']}, {cfg['dtype']}, "
              f"batch {r['batch']}; ms per attention (one layer){timing}. `vs xla` = XLA time / this time.", "",
              "| block | tokens | cache | variant | ms | GB/s (K/V) | vs xla | max abs diff |",
              "|---|---:|---:|---|---:|---:|---:|---:|"]
     xla = {(e["block"], e["cache"]): e["ms"] for e in r["rows"] if e["variant"] == "xla"}
     for e in r["rows"]:
-        lines.append(f"| {e['block']} | {e['tokens']} | {e['cache']} | {e['variant']} | {e['ms']:.3f} | "
-                     f"{e['gb_per_s']:.1f} | {xla[(e['block'], e['cache'])] / e['ms']:.2f}x | {e['max_abs_diff']:.1e} |")
+        lines.append(_row(e["block"], e["tokens"], e["cache"], e["variant"], f"{e['ms']:.3f}", f"{e['gb_per_s']:.1f}",
+                          f"{xla[(e['block'], e['cache'])] / e['ms']:.2f}x", f"{e['max_abs_diff']:.1e}"))
     return lines
 
 
@@ -362,12 +361,12 @@ def vocab_memory(r: dict) -> list[str]:
              f"weight Llama of hidden size {r['shape']['hidden_size']} with the vocabulary replaced; chunk bound "
              f"{r['chunk']}. Memory is XLA's `memory_analysis()` of the whole compiled decode program; ms/step "
              "interleaved, the best of the rounds.", "",
-             "| vocab | head | temporaries MB | arguments MB | block logits MB (b·T·chunk·4) | ms/step | same tokens |",
-             "|---:|---|---:|---:|---:|---:|---|"]
+             "| vocab | head | temporaries MB | arguments MB | block logits MB (b·T·chunk·4) | ms/step | same "
+             "tokens |", "|---:|---|---:|---:|---:|---:|---|"]
     for row in r["rows"]:
-        lines.append(f"| {row['vocab']} | {row['variant']} | {mb(row['temp_bytes'])} | {mb(row['argument_bytes'])} | "
-                     f"{mb(row['block_logits_bytes'])} | {1e3 * row['seconds_per_step']:.1f} | "
-                     f"{_yes(row['identical_tokens'])} |")
+        lines.append(_row(row["vocab"], row["variant"], mb(row["temp_bytes"]), mb(row["argument_bytes"]),
+                          mb(row["block_logits_bytes"]), f"{1e3 * row['seconds_per_step']:.1f}",
+                          _yes(row["identical_tokens"])))
     return lines
 
 
@@ -448,25 +447,23 @@ def tp_bench(r: dict) -> list[str]:
 
 def device_suite(r: dict) -> list[str]:
     """Also `benchmarks/device_suite.py`'s own markdown."""
-    parts = r["parts"]
-    done = ("completed" if r.get("completed") else
-            f"**interrupted** at {r.get('interrupted', {}).get('at_seconds', '?')} s while "
-            f"{r.get('interrupted', {}).get('while', '?')}")
+    parts, m, stop = r["parts"], r.get("machine", {}), r.get("interrupted", {})
+    done = "completed" if r.get("completed") else \
+        f"**interrupted** at {stop.get('at_seconds', '?')} s while {stop.get('while', '?')}"
     lines = [f"Run {done}, {r.get('total_seconds')} s of a {r['deadline_seconds']:.0f} s deadline. Parts: "
              + ", ".join(f"{name} {p['status']} ({len(p['skipped'])} skipped, {len(p['errors'])} errors)"
-                         for name, p in parts.items()) + "."]
-    m = r.get("machine", {})
-    lines += ["", f"Device: {m.get('device_kind', '?')} x {m.get('device_count', '?')} ({m.get('jax_backend', '?')}), "
-                  f"jaxlib {m.get('jaxlib', '?')}" + (f"; nvidia-smi: {m['nvidia_smi']}" if m.get("nvidia_smi") else "")
-              + "."]
+                         for name, p in parts.items()) + ".", "",
+             f"Device: {m.get('device_kind', '?')} x {m.get('device_count', '?')} ({m.get('jax_backend', '?')}), "
+             f"jaxlib {m.get('jaxlib', '?')}" + (f"; nvidia-smi: {m['nvidia_smi']}" if m.get("nvidia_smi") else "")
+             + "."]
     sc = parts.get("step_cost", {})
     if sc.get("rows"):
-        c = sc["config"]
-        ts = c["block_tokens"]
+        c, ts = sc["config"], sc["config"]["block_tokens"]
         lines += ["", f"**Step cost c(T)**: seconds of one decode-step forward of T block tokens (a chain, greedy "
                       f"head) at batch 1 over a KV cache holding {c['cache_filled']} of {c['cache_len']} positions, "
-                      f"{c['dtype']}, random weights, divided by the same for T = 1; median of {c['repeats']} interleaved "
-                      f"rounds of {c['inner']} forwards each (min in the JSON). ms = one T = 1 forward.", "",
+                      f"{c['dtype']}, random weights, divided by the same for T = 1; median of {c['repeats']} "
+                      f"interleaved rounds of {c['inner']} forwards each (min in the JSON). ms = one T = 1 "
+                      "forward.", "",
                   "| model | params | attention | ms (T=1) | " + " | ".join(f"c({t})" for t in ts) + " |",
                   "|---|---:|---|---:|" + "---:|" * len(ts)]
         for key in dict.fromkeys((row["model"], row["attention"]) for row in sc["rows"]):
@@ -476,8 +473,7 @@ def device_suite(r: dict) -> list[str]:
             cs = [_f(rows[t].get("c_median")) if t in rows else "skipped" for t in ts]
             params = f"{first['params'] / 1e9:.2f}B" if first["params"] >= 1e8 else f"{first['params'] / 1e6:.1f}M"
             lines.append(f"| {key[0]} | {params} | {key[1]} | {ms1} | " + " | ".join(cs) + " |")
-    dec = parts.get("decoding", {})
-    for key, e in dec.get("models", {}).items():
+    for key, e in parts.get("decoding", {}).get("models", {}).items():
         if not e.get("summary"):
             continue
         lines += ["", f"**{key}** ({e['title']}, {e['dtype']}, float32 matmul precision {e['matmul_precision']}, "
@@ -487,8 +483,7 @@ def device_suite(r: dict) -> list[str]:
                          f"{mm.get('describe', 'differs')}{'' if mm['near_tie'] else ' **(not a near-tie)**'}")
     at = parts.get("attention", {})
     if at.get("rows"):
-        lines += ["", "**Attention** (`benchmarks/attention_bench.py`'s groups):", ""]
-        lines += attention_bench({k: at[k] for k in ("config", "batch", "rows", "rounds", "inner") if k in at})
+        lines += ["", "**Attention** (`benchmarks/attention_bench.py`'s groups):", "", *attention_bench(at)]
     skipped = [(name, s) for name, p in parts.items() for s in p["skipped"]]
     errors = [(name, x) for name, p in parts.items() for x in p["errors"]]
     if skipped:
@@ -514,8 +509,7 @@ def serve_bench(r: dict) -> list[str]:
              "| method | clients | req/s | out tok/s | x one at a time | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
              "| S | lost | wrong |", "|---|---|---:|---:|---:|---|---|---:|---:|---:|"]
     for m, base in r["one_at_a_time"].items():
-        label = LABELS.get(m, m)
-        lines.append(f"| {label} | generate, one at a time | {base['requests_per_second']:.2f} | "
+        lines.append(f"| {(label := LABELS.get(m, m))} | generate, one at a time | {base['requests_per_second']:.2f} | "
                      f"{base['output_tokens_per_second']:.1f} | 1.00 | | | | | |")
         for row in [x for x in r["runs"] if x["method"] == m]:
             ratio = row["output_tokens_per_second"] / base["output_tokens_per_second"]
@@ -536,25 +530,16 @@ def serve_bench(r: dict) -> list[str]:
 
 def plot_serve_bench(r: dict, path: Path) -> None:
     """Output tokens/s against concurrent clients, per method, with its one-at-a-time baseline."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for m, base in r["one_at_a_time"].items():
-        rows = [x for x in r["runs"] if x["method"] == m]
-        line, = ax.plot([x["clients"] for x in rows], [x["output_tokens_per_second"] for x in rows], "o-",
-                        label=f"{LABELS.get(m, m)} (server)")
-        ax.axhline(base["output_tokens_per_second"], color=line.get_color(), ls=":", lw=1,
-                   label=f"{LABELS.get(m, m)} one at a time")
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel="concurrent clients", ylabel="output tokens / s", title=f"jaxspec serve, {r['model']}, "
-           f"{r['slots']} slots")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with _axes(path, (6, 4), 110) as ax:
+        for m, base in r["one_at_a_time"].items():
+            rows = [x for x in r["runs"] if x["method"] == m]
+            line, = ax.plot([x["clients"] for x in rows], [x["output_tokens_per_second"] for x in rows], "o-",
+                            label=f"{LABELS.get(m, m)} (server)")
+            ax.axhline(base["output_tokens_per_second"], color=line.get_color(), ls=":", lw=1,
+                       label=f"{LABELS.get(m, m)} one at a time")
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="concurrent clients", ylabel="output tokens / s",
+               title=f"jaxspec serve, {r['model']}, {r['slots']} slots")
 
 
 def auto_bench(r: dict) -> list[str]:
@@ -590,7 +575,8 @@ SECTIONS = [
             'python benchmarks/real_bench.py --split heldout --methods "greedy,lookahead (15,5,15)" --no-peer',
             "The check of the bench split's lookahead-vs-lade figure on prompts it was not measured on.", decode),
     Section("real_bench_drafter", "SmolLM2-135M-Instruct with its shipped PARD-2 drafter",
-            'python benchmarks/real_bench.py --name real_bench_drafter --no-peer --methods "greedy,speculative TD (K=2),'
+            'python benchmarks/real_bench.py --name real_bench_drafter --no-peer --methods '
+            '"greedy,speculative TD (K=2),'
             'speculative TD (K=4),speculative TD (K=8),speculative TI (K=4),hybrid (5,3,5) K=4,auto"',
             "The drafter `configs/pard2_smollm2.toml` trains (jaxspec/assets/smollm2-135m-instruct-pard2, draft "
             "vocabulary 8192) on the bench chats: speculative decoding target-dependent (TD) and independent (TI), "
@@ -614,10 +600,10 @@ SECTIONS = [
             "python benchmarks/hf_compare.py",
             "The same exported default checkpoint decoded by jaxspec (greedy, prompt lookup) and by transformers' "
             "`generate` (greedy, `prompt_lookup_num_tokens`), on the same held-out code prompts.", decode),
-    Section("pard_ablation", "PARD-2 drafter ablation: the recipe (K, data, init) and the objective (PARD, CAT, CAT + KD)",
-            "python tools/pard_arms.py --out runs/pard-arms; python benchmarks/pard_ablation.py --drafter NAME=FOLDER ...",
-            "Teacher-forced acceptance of drafters trained with different recipes and objectives at the same budget, with and without the "
-            "target's features.", pard_ablation),
+    Section("pard_ablation", "PARD-2 drafter ablation: the recipe (K, data, init) and the objective (PARD, CAT, "
+            "CAT + KD)", "python tools/pard_arms.py --out runs/pard-arms; python benchmarks/pard_ablation.py "
+            "--drafter NAME=FOLDER ...", "Teacher-forced acceptance of drafters trained with different recipes and "
+            "objectives at the same budget, with and without the target's features.", pard_ablation),
     Section("pard2_shipped", "PARD-2 drafters for the final default model (the shipped drafter)",
             "python benchmarks/pard_ablation.py --name pard2_shipped --drafter NAME=FOLDER ...",
             "Teacher-forced acceptance of the shipped drafter (and its alternatives) against the final default "

@@ -1,18 +1,14 @@
 """The step-cost model (jaxspec.perf) against this CPU's measured c(T), and its predictions elsewhere.
 
-Measure (default): one jitted forward (the decode step's model call: a block of T tokens at T in
-{1, 8, 16, 32, 64, 128} against a 256-position KV cache, greedy argmax head, batch 1, float32) of
-stories260K, pycode-5M and SmolLM2-135M-Instruct, and the CPU's calibration programs
-(`jaxspec.perf.calibration_cases`: matmul chains, 256 MB streams, tiny decoders, never the checked
-models), all timed interleaved in the same rounds by `harness.time_programs` (so all see the same
-load), minimum over rounds. c(T) = t(T) / t(1), measured and predicted from the calibrated profile.
-Writes benchmarks/results/roofline.{json,md}.
+Measures one jitted forward (the decode step's model call: T block tokens, T in {1, 8, 16, 32, 64, 128}, against
+a 256-position KV cache, greedy argmax head, batch 1, float32) of stories260K, pycode-5M and
+SmolLM2-135M-Instruct, and the CPU's calibration programs (`jaxspec.perf.calibration_cases`: matmul chains,
+256 MB streams, tiny decoders), all timed interleaved in the same rounds (`harness.time_programs`), minimum over
+rounds. c(T) = t(T) / t(1), measured and predicted from the calibrated profile. `predict` recomputes a result's
+predictions from its recorded calibration (tools/performance_tables.py writes docs/performance.md's tables).
 
     python benchmarks/roofline.py                 # ~5 min on 2 busy cores
     python benchmarks/roofline.py --rounds 5 --models stories260K
-
-`predict` recomputes a result's predictions from its recorded calibration with the current model
-(the measurement is the record); tools/performance_tables.py writes docs/performance.md's tables.
 """
 
 from __future__ import annotations
@@ -20,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 from pathlib import Path
 
 from harness import RESULTS, command_line, machine_info, time_programs, write_result
@@ -30,18 +27,11 @@ CACHE_LEN = 256
 MODELS = ("stories260K", "pycode-5M", "smollm2-135m-instruct")
 
 
-# ----------------------------------------------------------------------------- measuring
-
-
 def forward_case(model, tokens: int):
-    """The forward of `tokens` block tokens (causal block, a CACHE_LEN cache with 192 valid
-    positions, greedy argmax head) as a decode loop runs it: `steps` forwards inside one jitted
-    loop, each fed the previous one's argmax (so none is hoisted); `(fn, args, steps)` with steps
-    chosen so the program runs ~30 ms, as the calibration programs do. Calling the jitted forward
-    once per step would time the host's dispatch and parameter flattening too, which decoding
-    (one `while_loop` on the device) never pays."""
-    import time
-
+    """The forward of `tokens` block tokens (causal block, a CACHE_LEN cache with 192 valid positions,
+    greedy argmax head) as a decode loop runs it: `steps` forwards in one jitted loop, each fed the previous
+    one's argmax (none hoisted; no host dispatch per step, as in decoding); `(fn, args, steps)` with steps
+    chosen so the program runs ~30 ms, as the calibration programs do."""
     import jax
     import jax.numpy as jnp
     from flax import nnx

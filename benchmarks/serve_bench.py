@@ -1,13 +1,11 @@
 """`jaxspec serve` under load: N concurrent clients against the same requests served one at a time.
 
-One server process (`jaxspec serve --slots S`) serves every method (each request names its
-method); this process loads the same model and decodes every request alone with
-`jaxspec.generate` first: those outputs are the references every served response must equal,
-and their decode time is the one-at-a-time baseline. Then, for N = 1, 4, 16, 32 closed-loop
-clients (each sends its next request when the previous one ends; N rotates forward then
-backward through the methods), all requests are streamed: requests/s, output tokens/s, time
-to first token and time per output token (p50 / p99). Finally a soak: >= 500 requests from 16
-clients with random disconnects and bad requests mixed in; every good response is checked,
+One server process (`jaxspec serve --slots S`) serves every method (each request names its method). This
+process first decodes every request alone with `jaxspec.generate`: the references every served response must
+equal, and (their decode time) the one-at-a-time baseline. Then for N = 1, 4, 16, 32 closed-loop clients (each
+sends its next request when the previous one ends; methods interleaved), all requests are streamed:
+requests/s, output tokens/s, time to first token and time per output token (p50 / p99). Last a soak: >= 500
+requests from 16 clients with random disconnects and bad requests mixed in; every good response is checked,
 every bad one must get a 4xx, and afterwards the server must be idle and still answer.
 
     python benchmarks/serve_bench.py                    # pycode-5M, 32 requests, soak 500
@@ -48,14 +46,17 @@ def build_requests(model_name: str, count: int, budgets: tuple[int, ...], seed: 
     return [{"prompt": t, "max_tokens": rng.choice(budgets)} for t in texts]
 
 
-def references(model, requests: list[dict], method: str, stop_ids: tuple[int, ...]) -> tuple[list, float, int]:
-    """Each request decoded alone: (tokens per request, decode seconds, tokens)."""
-    tokens, seconds = [], 0.0
-    for r in requests:
-        out = jaxspec.generate(model, r["prompt"], max_new_tokens=r["max_tokens"], method=method, stop_ids=stop_ids)
-        tokens.append(out.tokens)
-        seconds += out.seconds
-    return tokens, seconds, sum(len(t) for t in tokens)
+def one_at_a_time(model, requests: list[dict], method: str, stop_ids: tuple[int, ...]) -> tuple[list, dict]:
+    """Each request decoded alone (the first two once before, untimed: the common shapes compile there):
+    the tokens per request, and the baseline's decode time and rates."""
+    run = lambda r: jaxspec.generate(model, r["prompt"], max_new_tokens=r["max_tokens"],  # noqa: E731
+                                     method=method, stop_ids=stop_ids)
+    [run(r) for r in requests[:2]]
+    outs = [run(r) for r in requests]
+    seconds, n = sum(o.seconds for o in outs), sum(len(o.tokens) for o in outs)
+    return [o.tokens for o in outs], {"seconds": round(seconds, 3), "output_tokens": n,
+                                      "requests_per_second": round(len(requests) / seconds, 3),
+                                      "output_tokens_per_second": round(n / seconds, 2)}
 
 
 def start_server(model_name: str, slots: int, context: int, chunk_steps: int) -> tuple[subprocess.Popen, str]:
@@ -71,9 +72,7 @@ def start_server(model_name: str, slots: int, context: int, chunk_steps: int) ->
 
 async def stream_one(client: httpx.AsyncClient, url: str, body: dict, hang_up_after: float | None = None) -> dict:
     """One streamed completion: timings, token ids, or how it ended."""
-    t0 = time.perf_counter()
-    first = None
-    final = None
+    t0, first, final = time.perf_counter(), None, None
     async with client.stream("POST", url + "/completions", json={**body, "stream": True}) as r:
         if r.status_code != 200:
             await r.aread()
@@ -97,38 +96,28 @@ async def stream_one(client: httpx.AsyncClient, url: str, body: dict, hang_up_af
             "tpot": (end - first) / max(len(ids) - 1, 1), "steps": final["jaxspec"]["steps"]}
 
 
-async def closed_loop(url: str, model_id: str, requests: list[dict], method: str, clients: int) -> tuple[list, float]:
-    queue = list(enumerate(requests))
-    results: list = [None] * len(requests)
+async def closed_loop(url: str, model_id: str, requests: list[dict], refs: list, method: str, clients: int) -> dict:
+    """Every request streamed by `clients` closed-loop clients: the run's rates, latencies and checks."""
+    queue, results = list(enumerate(requests)), [None] * len(requests)
 
     async def worker(client):
         while queue:
             i, r = queue.pop(0)
-            body = {"model": model_id, "prompt": r["prompt"], "max_tokens": r["max_tokens"], "temperature": 0,
-                    "method": method}
-            results[i] = await stream_one(client, url, body)
+            results[i] = await stream_one(client, url, {"model": model_id, **r, "temperature": 0, "method": method})
 
     t0 = time.perf_counter()
     async with httpx.AsyncClient(timeout=600) as client:
         await asyncio.gather(*(worker(client) for _ in range(clients)))
-    return results, time.perf_counter() - t0
-
-
-def pct(values, q) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
-
-
-def summarize(results: list, wall: float, refs: list) -> dict:
+    wall = time.perf_counter() - t0
     ok = [r for r in results if r and r.get("status") == 200 and "token_ids" in r]
     tokens = sum(len(r["token_ids"]) for r in ok)
-    wrong = sum(r["token_ids"] != ref for r, ref in zip(results, refs) if r in ok)
-    return {"requests": len(results), "completed": len(ok), "lost": len(results) - len(ok), "wrong": wrong,
+    pct = lambda key, q: float(np.percentile([r[key] for r in ok], q)) if ok else float("nan")  # noqa: E731
+    return {"requests": len(results), "completed": len(ok), "lost": len(results) - len(ok),
+            "wrong": sum(r["token_ids"] != ref for r, ref in zip(results, refs) if r in ok),
             "seconds": round(wall, 3), "requests_per_second": round(len(ok) / wall, 3),
             "output_tokens_per_second": round(tokens / wall, 2),
-            "ttft_p50_ms": round(1e3 * pct([r["ttft"] for r in ok], 50), 1),
-            "ttft_p99_ms": round(1e3 * pct([r["ttft"] for r in ok], 99), 1),
-            "tpot_p50_ms": round(1e3 * pct([r["tpot"] for r in ok], 50), 2),
-            "tpot_p99_ms": round(1e3 * pct([r["tpot"] for r in ok], 99), 2),
+            **{f"{key}_p{q}_ms": round(1e3 * pct(key, q), digits) for key, digits in (("ttft", 1), ("tpot", 2))
+               for q in (50, 99)},
             "compression": round(tokens / max(sum(r["steps"] for r in ok), 1), 3)}
 
 
@@ -141,19 +130,14 @@ BAD_BODIES = [b"{oops", b'{"model": 3}', {"model": "nope", "prompt": "x"}, {"pro
 async def soak(url: str, model_id: str, requests: list[dict], refs: dict, methods: list[str], total: int,
                clients: int, seed: int = 1) -> dict:
     rng = random.Random(seed)
-    plan = []
-    for _ in range(total):
-        u = rng.random()
-        kind = "bad" if u < 0.1 else "disconnect" if u < 0.2 else "good"
-        plan.append((kind, rng.randrange(len(requests)), rng.choice(methods), rng.random()))
-    counts = {"good": 0, "good_ok": 0, "wrong": 0, "lost": 0, "bad": 0, "bad_4xx": 0, "disconnect": 0,
-              "other": []}
+    plan = [("bad" if u < 0.1 else "disconnect" if u < 0.2 else "good", rng.randrange(len(requests)),
+             rng.choice(methods), rng.random()) for u in (rng.random() for _ in range(total))]
+    counts = {**dict.fromkeys(("good", "good_ok", "wrong", "lost", "bad", "bad_4xx", "disconnect"), 0), "other": []}
 
     async def worker(client):
         while plan:
             kind, i, method, u = plan.pop()
             counts[kind] += 1
-            r = requests[i]
             if kind == "bad":
                 body = BAD_BODIES[int(u * len(BAD_BODIES))]
                 if isinstance(body, dict) and "model" not in body and body is not BAD_BODIES[3]:
@@ -163,20 +147,15 @@ async def soak(url: str, model_id: str, requests: list[dict], refs: dict, method
                                          headers={"Content-Type": "application/json"})
                 counts["bad_4xx"] += 400 <= resp.status_code < 500 and "error" in resp.json()
                 continue
-            body = {"model": model_id, "prompt": r["prompt"], "max_tokens": r["max_tokens"], "temperature": 0,
-                    "method": method}
+            body = {"model": model_id, **requests[i], "temperature": 0, "method": method}
             try:
                 out = await stream_one(client, url, body, hang_up_after=u * 0.5 if kind == "disconnect" else None)
             except httpx.HTTPError as e:
                 counts["other"].append(repr(e))
                 continue
             if kind == "good":
-                if out.get("token_ids") is None:
-                    counts["lost"] += 1
-                elif out["token_ids"] == refs[method][i]:
-                    counts["good_ok"] += 1
-                else:
-                    counts["wrong"] += 1
+                ids = out.get("token_ids")
+                counts["lost" if ids is None else "good_ok" if ids == refs[method][i] else "wrong"] += 1
 
     t0 = time.perf_counter()
     async with httpx.AsyncClient(timeout=600) as client:
@@ -184,8 +163,7 @@ async def soak(url: str, model_id: str, requests: list[dict], refs: dict, method
         wall = time.perf_counter() - t0
         await asyncio.sleep(1.0)  # hung-up requests are freed at the next chunk
         health = (await client.get(url.removesuffix("/v1") + "/health")).json()
-        body = {"model": model_id, "prompt": requests[0]["prompt"], "max_tokens": requests[0]["max_tokens"],
-                "temperature": 0, "method": methods[0]}
+        body = {"model": model_id, **requests[0], "temperature": 0, "method": methods[0]}
         after = await stream_one(client, url, body)
     counts["other"] = counts["other"][:5]
     return {"requests": total, "clients": clients, "seconds": round(wall, 2), **counts, "health_after": health,
@@ -218,38 +196,28 @@ def main(argv=None) -> int:
     model = jaxspec.load(args.model)
     from jaxspec.serving import eos_ids
 
-    stops = eos_ids(model)
     requests = build_requests(args.model, args.requests, tuple(int(b) for b in args.budgets.split(",")))
     refs, base = {}, {}
     for m in methods:
-        references(model, requests[:2], m, stops)  # compile the common shapes outside the timing
-        tokens, seconds, n = references(model, requests, m, stops)
-        refs[m] = tokens
-        base[m] = {"seconds": round(seconds, 3), "output_tokens": n,
-                   "requests_per_second": round(len(requests) / seconds, 3),
-                   "output_tokens_per_second": round(n / seconds, 2)}
+        refs[m], base[m] = one_at_a_time(model, requests, m, eos_ids(model))
         print(f"{m}: one at a time {base[m]['output_tokens_per_second']} tok/s", file=sys.stderr)
-
     proc, url = start_server(args.model, args.slots, args.context, args.chunk_steps)
-    model_id = args.model
+    loop = lambda m, n, some=requests: asyncio.run(closed_loop(url, args.model, some, refs[m], m, n))  # noqa: E731
     runs = []
     try:
         # Warm-up, untimed: every method's group, prefill buckets and the (rows, cache length)
         # tiers each concurrency reaches compile here, not inside a timed run; outputs checked.
         for m in methods:
-            results, wall = asyncio.run(closed_loop(url, model_id, requests, m, args.slots))
-            warm = summarize(results, wall, refs[m])
+            warm = loop(m, args.slots)
             for n in concurrency:
-                asyncio.run(closed_loop(url, model_id, requests[:2 * n], m, n))
+                loop(m, n, requests[:2 * n])
             print(f"warm-up {m}: {warm['completed']} done, {warm['wrong']} wrong", file=sys.stderr)
         for k, n in enumerate(concurrency):
             for m in interleaved(methods, k):  # no method always first
-                results, wall = asyncio.run(closed_loop(url, model_id, requests, m, n))
-                row = {"method": m, "clients": n, **summarize(results, wall, refs[m])}
-                runs.append(row)
-                print(f"{m} N={n}: {row['output_tokens_per_second']} tok/s, wrong {row['wrong']}, "
-                      f"lost {row['lost']}", file=sys.stderr)
-        soak_result = asyncio.run(soak(url, model_id, requests, refs, methods, args.soak, 16)) if args.soak else None
+                runs.append({"method": m, "clients": n, **loop(m, n)})
+                print(f"{m} N={n}: {runs[-1]['output_tokens_per_second']} tok/s, wrong {runs[-1]['wrong']}, "
+                      f"lost {runs[-1]['lost']}", file=sys.stderr)
+        soak_result = asyncio.run(soak(url, args.model, requests, refs, methods, args.soak, 16)) if args.soak else None
         if soak_result:
             print(f"soak: {json.dumps({k: v for k, v in soak_result.items() if k != 'health_after'})}",
                   file=sys.stderr)

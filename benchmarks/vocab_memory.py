@@ -1,11 +1,10 @@
-"""Memory and step time of greedy lookahead at large vocabularies: full block logits vs the
-chunked LM-head argmax (`Transformer.head_argmax`).
+"""Memory and step time of greedy lookahead at large vocabularies: full block logits vs the chunked LM-head
+argmax (`Transformer.head_argmax`).
 
-Greedy verification reads only each block token's argmax. With full logits, a step holds
-float32 logits [b, T, vocab] (b 8, T 120 at (15,5,15), vocab 128256: 493 MB); the chunked
-head holds [b, T, chunk] at a time. For each vocabulary this compiles both programs, records
-XLA's memory analysis (temporaries, arguments, outputs), and times both decodes interleaved
-(`harness.time_programs`, the best round per step). The model is a random-weight Llama of the
+Greedy verification reads only each block token's argmax. With full logits a step holds float32 logits
+[b, T, vocab] (b 8, T 120 at (15,5,15), vocab 128256: 493 MB); the chunked head holds [b, T, chunk] at a time.
+Per vocabulary: both programs compiled, XLA's memory analysis (temporaries, arguments, outputs), both decodes
+timed interleaved (`harness.time_programs`, the best round per step). The model: a random-weight Llama of the
 default model's shape with the vocabulary replaced (the numbers do not depend on weights).
 
     python benchmarks/vocab_memory.py                  # vocab 4096, 32000, 128256, 151936

@@ -12,13 +12,9 @@ every result from its JSON alone.
     from harness import Case, Setting, DecodeBench, main_decode
 """
 
-from harness.cases import chat_cases, code_cases, story_cases
-from harness.decode import Case, DecodeBench, Setting, run_decode
-from harness.machine import ROOT, RESULTS, machine_info, repo_relative
-from harness.order import interleaved
-from harness.programs import time_programs
-from harness.result import command_line, main_decode, now, write_result
-
-__all__ = ["Case", "DecodeBench", "Setting", "run_decode", "chat_cases", "code_cases", "story_cases", "ROOT",
-           "RESULTS", "machine_info", "repo_relative", "interleaved", "time_programs", "command_line", "main_decode",
-           "now", "write_result"]
+from harness.cases import chat_cases, code_cases, story_cases  # noqa: F401
+from harness.decode import Case, DecodeBench, Setting, run_decode  # noqa: F401
+from harness.machine import ROOT, RESULTS, machine_info, repo_relative  # noqa: F401
+from harness.order import interleaved  # noqa: F401
+from harness.programs import time_programs  # noqa: F401
+from harness.result import command_line, main_decode, now, write_result  # noqa: F401

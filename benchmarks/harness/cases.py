@@ -1,10 +1,8 @@
 """The prompts benchmarks decode: held-out code, stories260K's references, real chats.
 
-Code (`code_cases`, the default model pycode-5M). The default model never saw these files: they are the standard-library files that
-`jaxspec.train.corpus.is_heldout` puts in the held-out split of configs/pycode.toml. A
-prompt is the start of a function: the `def` line of the k-th top-level or method
-definition of a held-out file and the lines before it (up to `context_lines`), so the
-model continues real, unseen code.
+Code (`code_cases`, the default model pycode-5M): files the model never saw, the standard-library
+files `jaxspec.train.corpus.is_heldout` puts in configs/pycode.toml's held-out split. A prompt is a
+function start: the `def` line of a file's k-th definition and up to `context_lines` lines before.
 
 Stories (`story_cases`): the prompts of tests/data's stories260K greedy references.
 Chats (`chat_cases`): jaxspec/real_prompts.py's MT-Bench and HumanEval splits, rendered with the

@@ -179,7 +179,8 @@ def run_decode(bench: DecodeBench, journal_path: Path, fresh: bool = False, prog
     return {"benchmark": bench.name, "kind": "decode", "title": bench.title,
             "model": Path(str(getattr(bench.model, "source", "?"))).name, "new_tokens": bench.new_tokens,
             "rounds": bench.rounds, "stop_at_eos": bench.stop_at_eos, "clock": bench.clock,
-            "reference": bench.reference, "resumed_runs": journal.resumed, "skipped": skipped, **_jsonable(dict(bench.facts)),
+            "reference": bench.reference, "resumed_runs": journal.resumed, "skipped": skipped,
+            **_jsonable(dict(bench.facts)),
             "cases": [{"name": c.name, "category": c.category, "prompt_tokens": len(c.ids)} for c in bench.cases],
             "settings": [{"name": s.name, "method": s.method if s.peer is None else "peer",
                           "options": _jsonable(dict(s.options))} for s in bench.settings if s.name in names],
@@ -192,48 +193,44 @@ def _position_rates(accepts: np.ndarray, steps: int) -> list:
     return [None if b == 0 else round(float(a / b), 4) for a, b in zip(accepts, reached)]
 
 
+def _S(rows: list[dict]) -> float:
+    return sum(len(row["tokens"]) for row in rows) / sum(row["steps"] for row in rows)
+
+
 def summarize(bench: DecodeBench, runs: dict) -> dict:
     ref = [row["tokens"] for row in runs[bench.reference][0]]
-    categories = list(dict.fromkeys(c.category for c in bench.cases))
     per_round_tps = {n: [sum(len(row0["tokens"]) for row0 in rs[0]) / sum(row["seconds"] for row in rnd)
                          for rnd in rs] for n, rs in runs.items()}
     summary = {}
     for name, rs in runs.items():
-        first = rs[0]
-        tokens = sum(len(row["tokens"]) for row in first)
-        steps = sum(row["steps"] for row in first)
-        tps = per_round_tps[name]
+        first, tps = rs[0], per_round_tps[name]
         ratios = [a / b for a, b in zip(tps, per_round_tps[bench.reference])]
-        s = {"S": tokens / steps, "new_tokens": tokens, "steps": steps,
-             "S_mean_per_case": float(np.mean([len(row["tokens"]) / row["steps"] for row in first])),
-             "tokens_per_second": statistics.median(tps), "tokens_per_second_range": [min(tps), max(tps)],
-             "speed_vs_reference": statistics.median(ratios), "speed_vs_reference_range": [min(ratios), max(ratios)],
-             "identical_to_reference": sum(row["tokens"] == g for row, g in zip(first, ref)),
-             "same_every_round": all(row.get("same_as_round_0", True) for rnd in rs[1:] for row in rnd),
-             "cases": len(first)}
+        s = summary[name] = {
+            "S": _S(first), "new_tokens": sum(len(row["tokens"]) for row in first),
+            "steps": sum(row["steps"] for row in first), "S_mean_per_case": float(np.mean([_S([x]) for x in first])),
+            "tokens_per_second": statistics.median(tps), "tokens_per_second_range": [min(tps), max(tps)],
+            "speed_vs_reference": statistics.median(ratios), "speed_vs_reference_range": [min(ratios), max(ratios)],
+            "identical_to_reference": sum(row["tokens"] == g for row, g in zip(first, ref)),
+            "same_every_round": all(row.get("same_as_round_0", True) for rnd in rs[1:] for row in rnd),
+            "cases": len(first)}
         if any(c.category for c in bench.cases):
-            s["S_per_category"] = {cat: sum(len(row["tokens"]) for row, c in zip(first, bench.cases) if c.category == cat)
-                                   / sum(row["steps"] for row, c in zip(first, bench.cases) if c.category == cat)
-                                   for cat in categories}
+            s["S_per_category"] = {cat: _S([row for row, c in zip(first, bench.cases) if c.category == cat])
+                                   for cat in dict.fromkeys(c.category for c in bench.cases)}
         if any(c.reference for c in bench.cases):
-            s["identical_to_case_reference"] = sum(
-                c.reference is not None and row["tokens"] == list(c.reference[:len(row["tokens"])])
-                for row, c in zip(first, bench.cases))
-        if first[0].get("compile_seconds") is not None:
-            s["compile_seconds"] = round(max(row["compile_seconds"] for row in first), 2)
-        if first[0].get("state_bytes") is not None:
-            s["state_bytes"] = max(row["state_bytes"] for row in first)
+            s["identical_to_case_reference"] = sum(c.reference is not None and row["tokens"] == list(
+                c.reference[:len(row["tokens"])]) for row, c in zip(first, bench.cases))
+        for key, combine in (("compile_seconds", max), ("state_bytes", max)):
+            if first[0].get(key) is not None:
+                s[key] = combine(row[key] for row in first)
         if "draft_accepts" in first[0]:
             target_steps = sum(row["target_steps"] for row in first)
-            accepts = np.sum([row["draft_accepts"] for row in first], axis=0)
-            s["accept_length"] = sum(row["accepted_tokens"] for row in first) / target_steps \
-                if "accepted_tokens" in first[0] else None
-            s["position_acceptance"] = _position_rates(accepts, target_steps)
+            s["accept_length"] = (sum(row["accepted_tokens"] for row in first) / target_steps
+                                  if "accepted_tokens" in first[0] else None)
+            s["position_acceptance"] = _position_rates(np.sum([row["draft_accepts"] for row in first], 0), target_steps)
             if "drafter_wins" in first[0]:
                 s["drafter_branch_wins"], s["target_steps"] = sum(row["drafter_wins"] for row in first), target_steps
         if "auto" in first[0]:
             s["auto_choices"] = sorted({f"{row['auto']['method']} K={row['auto']['draft_len']}"
                                         if row["auto"]["draft_len"] else row["auto"]["method"] for row in first})
             s["auto_measure_seconds"] = round(sum(row["auto"]["measure_seconds"] for row in first), 2)
-        summary[name] = s
     return summary

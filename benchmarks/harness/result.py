@@ -8,6 +8,7 @@ file beside the JSON never differ. `main_decode` is the whole command line of a 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import re
@@ -53,31 +54,22 @@ def write_result(result: dict, out: Path, name: str | None = None, quiet: bool =
     return path
 
 
-def decode_arguments(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
-    p.add_argument("--name", help="result files' name (default: the benchmark's)")
-    p.add_argument("--rounds", type=int, help="repeat the whole grid this many times (default: the benchmark's)")
-    p.add_argument("--fresh", action="store_true", help="discard the runs of an interrupted run instead of resuming")
-    return p
-
-
 def main_decode(script: str, doc: str, arguments: Callable[[argparse.ArgumentParser], None],
                 declare: Callable, argv=None) -> int:
     """The command line of a decode benchmark: `arguments(parser)` adds its options, `declare(args)`
     returns its DecodeBench. Exits 1 when a setting's tokens differ from the reference's."""
-    import dataclasses
-
     from harness.decode import run_decode
 
-    p = decode_arguments(doc)
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
+    p.add_argument("--name", help="result files' name (default: the benchmark's)")
+    p.add_argument("--rounds", type=int, help="repeat the whole grid this many times (default: the benchmark's)")
+    p.add_argument("--fresh", action="store_true", help="discard the runs of an interrupted run instead of resuming")
     arguments(p)
     args = p.parse_args(argv)
     bench = declare(args)
-    if args.rounds:
-        bench = dataclasses.replace(bench, rounds=args.rounds)
     name = args.name or bench.name
-    bench = dataclasses.replace(bench, name=name)
+    bench = dataclasses.replace(bench, name=name, rounds=args.rounds or bench.rounds)
     journal = args.out / f".{name}.runs.jsonl"
     result = run_decode(bench, journal, fresh=args.fresh)
     result["command"] = command_line(script, argv)
