@@ -116,8 +116,8 @@ def begin(graphdef, params, prompts, prompt_lengths, rng, sampling, *, engine: E
         return parallel.begin_sharded(engine, graphdef, params, prompts, prompt_lengths, rng, sampling,
                                       max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids,
                                       lp_devices=lp_devices, tensor_parallel=tensor_parallel)
-    return engine_lib.begin(engine, engine_lib.LocalBlock(), graphdef, params, prompts, prompt_lengths, rng, sampling,
-                            max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
+    return engine_lib.begin_jit(engine, engine_lib.LocalBlock(), graphdef, params, prompts, prompt_lengths, rng,
+                                sampling, max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
 
 
 def advance(graphdef, params, state: EngineState, sampling, until, *, engine: Engine, eos_ids: tuple[int, ...],

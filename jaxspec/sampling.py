@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from jaxtyping import Array, Float, Int
 
@@ -36,7 +37,9 @@ class SamplingParams:
             raise GenerationError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
         if not 0 < top_p <= 1:
             raise GenerationError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
-        return cls(temperature=jnp.float32(temperature), top_k=jnp.int32(top_k), top_p=jnp.float32(top_p))
+        # (placed, not made by jnp: each jnp scalar would compile a tiny program at start-up)
+        return cls(temperature=jax.device_put(np.float32(temperature)), top_k=jax.device_put(np.int32(top_k)),
+                   top_p=jax.device_put(np.float32(top_p)))
 
 
 def warp_logits(logits: Float[Array, "... vocab"], params: SamplingParams) -> Float[Array, "... vocab"]:

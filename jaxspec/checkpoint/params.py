@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -129,7 +130,8 @@ def model_from_tensors(cfg: ModelConfig, tensors: Mapping[str, np.ndarray], *, d
         tensor = tensors[name]
         if place is None:
             array = read_part(tensor, full_index(tensor.shape))
-            value = jnp.asarray(array.T if transposed else array, dtype=dtype)
+            # (converted by numpy, then placed: `jnp.asarray(x, dtype)` compiles a program per shape)
+            value = jax.device_put(np.asarray(array.T if transposed else array, dtype=jnp.dtype(dtype)))
         else:
             value = place(path, tuple(variable.shape), slice_reader(tensor, transposed, dtype))
         leaves.append((path, variable.replace(value)))

@@ -238,6 +238,13 @@ def begin(engine: Engine, block, graphdef, params, prompts: Int[Array, "b p"], p
                  greedy=not engine.verifier.sampled)
 
 
+# `begin` as its own jitted function: `generate` first traces it alone (`jax.eval_shape`, for the
+# memory estimate of the loop state), then inside the whole decode program; JAX keeps the trace of
+# a jitted function per argument shapes, so the second time reuses the first instead of tracing the
+# prefill again (a third of a small model's start-up). XLA inlines the call: the program is the same.
+begin_jit = jax.jit(begin, static_argnums=(0, 1), static_argnames=("max_new_tokens", "cache_len", "eos_ids"))
+
+
 def advance(engine: Engine, block, graphdef, params, state: EngineState, sampling: SamplingParams,
             until: Int[Array, ""], *, eos_ids: tuple[int, ...]) -> EngineState:
     """Steps (one `lax.while_loop`) until every row is done or has taken `until` steps.
@@ -265,8 +272,8 @@ def run(engine: Engine, block, graphdef, params, prompts: Int[Array, "b p"], pro
         sampling: SamplingParams, *, max_new_tokens: int, cache_len: int, eos_ids: tuple[int, ...]
         ) -> tuple[DecodeState, dict]:
     """The whole generation as one `lax.while_loop` with `block` running each step's block."""
-    state = begin(engine, block, graphdef, params, prompts, prompt_lengths, rng, sampling,
-                  max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
+    state = begin_jit(engine, block, graphdef, params, prompts, prompt_lengths, rng, sampling,
+                      max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
     # (a row takes at most max_new_tokens steps: the bound never stops the loop early)
     state = advance(engine, block, graphdef, params, state, sampling, jnp.int32(max_new_tokens + 1), eos_ids=eos_ids)
     return finish(engine, state)
