@@ -30,7 +30,6 @@ import test_sampling_distribution as harness
 from jaxspec.cli import main
 from jaxspec.drafter import Drafter
 from jaxspec.errors import GenerationError
-from jaxspec.generate import prepare
 from stories import CASES, CHECKPOINT, needs_stories
 
 EOS = (12, 23, 43)
@@ -145,9 +144,10 @@ def test_greedy_equals_plain_greedy_and_rows_finish_apart(tiny, drafters, method
 
 @pytest.mark.parametrize("method, batch", [("hybrid", 5), ("speculative", 6)])
 def test_target_dependent_methods_prefill_once(tiny, drafters, monkeypatch, method, batch):
-    """The one prefill serves the target and the drafter's features: the traced program runs the
-    target twice (the prefill, the loop body's verification forward) and the drafter twice (its
-    prefill, its draft forward). A batch size of its own: a fresh trace."""
+    """The one prefill serves the target and the drafter's features: tracing runs the target twice
+    (the prefill, the loop body's verification forward) and the drafter twice (its prefill, its
+    draft forward). The prefill (`begin`, a jitted function) is traced once, for the memory
+    estimate, and reused by the decode program. A batch size of its own: a fresh trace."""
     calls = []
     original = jaxspec.Transformer.__call__
 
@@ -158,7 +158,6 @@ def test_target_dependent_methods_prefill_once(tiny, drafters, monkeypatch, meth
     fresh = dataclasses.replace(tiny, compiled={}, memory_estimates={})
     args = dict(max_new_tokens=6, method=method, drafter=drafters["random"], draft_len=K, target_features=True,
                 stop_at_eos=False, **(HYBRID if method == "hybrid" else {}))
-    prepare(fresh, [[1, 50, 8]] * batch, **args)  # the memory estimate traces `begin` once, before the patch
     monkeypatch.setattr(jaxspec.Transformer, "__call__", counting)
     out = jaxspec.generate(fresh, [[1, 50, 8]] * batch, **args)
     monkeypatch.undo()
