@@ -176,3 +176,16 @@ def test_recorded_cpu_check():
     assert {r["model"] for r in rows} == {"stories260K", "pycode-5M", "smollm2-135m-instruct"}
     errors = {(r["model"], r["tokens"]): r["predicted_c"] / r["measured_c"] - 1 for r in rows if r["tokens"] > 1}
     assert max(abs(e) for e in errors.values()) < 0.30, errors
+
+
+def test_calibration_programs_build_and_the_head_ones_run():
+    """benchmarks/roofline.py measures this CPU with these programs; the LM-head ones go through
+    `Transformer.head_argmax` on a stand-in module (`_HeadOnly`), which must offer what it reads."""
+    import jax
+
+    cases = perf.calibration_cases()
+    assert {("head", "whole"), ("head", "chunked")} <= set(cases)
+    for key in (("head", "whole"), ("head", "chunked")):
+        fn, args, calls, steps = cases[key]
+        assert calls == 1 and steps >= 2
+        jax.block_until_ready(fn(*args))
