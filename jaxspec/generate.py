@@ -154,9 +154,10 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     statics = dict(engine=engine, max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids,
                    lp_devices=lp_devices, tensor_parallel=1)
     # (placed and wrapped, not made by jnp or jax.random.key: each would compile a tiny program per
-    # process; `key(seed)`'s threefry data is [0, seed] for a seed below 2**32)
-    inputs = (jax.device_put(prompts), jax.device_put(lengths),
-              jax.random.wrap_key_data(np.array([0, seed], np.uint32)), sampling)
+    # process; threefry's `key(seed)` is the data [0, seed] for a seed below 2**32)
+    threefry = jax.config.jax_default_prng_impl == "threefry2x32"
+    key = jax.random.wrap_key_data(np.array([0, seed], np.uint32)) if threefry else jax.random.key(seed)
+    inputs = (jax.device_put(prompts), jax.device_put(lengths), key, sampling)
     if lp_devices > 1 and model.mesh is not None:
         # LP x TP: the weights split within each LP group, everything else replicated.
         mesh, target = lp_params(model, lp_devices)
