@@ -48,7 +48,7 @@ from flax import nnx  # noqa: E402
 import attention_bench  # noqa: E402
 import jaxspec  # noqa: E402
 from harness import RESULTS, command_line, machine_info, now, repo_relative, time_programs, write_result  # noqa: E402
-from harness.decode import Case, DecodeBench, Setting, decode, run_decode, summarize  # noqa: E402
+from harness.decode import Case, DecodeBench, Setting, decode, differences, run_decode, summarize  # noqa: E402
 from jaxspec import Model, ModelConfig, Transformer  # noqa: E402
 from jaxspec.kv_cache import KVCache  # noqa: E402
 from jaxspec.masks import TreeMask  # noqa: E402
@@ -371,8 +371,6 @@ def part_decoding(suite: Suite) -> None:
 
 
 def decode_model(suite: Suite, key: str, bench: DecodeBench, until: float, precision: str | None) -> None:
-    from jaxspec.exactness import compare
-
     part, c = "decoding", suite.cfg["pycode" if key == "pycode-5M" else "synthetic"]
 
     def wanted(name: str) -> bool:  # (the drafter's K is in its name)
@@ -409,19 +407,10 @@ def decode_model(suite: Suite, key: str, bench: DecodeBench, until: float, preci
                  mismatches=[])
     for s, setting in zip(entry["settings"], bench.settings):
         s["method"] = setting.method  # (a [pallas] setting runs as a peer)
-    for name in ready:
-        for case, row, ref in zip(bench.cases, runs[name][0], runs["greedy"][0]):
-            if row["tokens"] != ref["tokens"]:
-                mm = {"method": name, "case": case.name, "near_tie": False}
-                try:  # where and how far apart: the logits of greedy's model after the common prefix
-                    with precise():
-                        diff = compare(bench.model, list(case.ids), ref["tokens"], row["tokens"])
-                    mm.update(**dataclasses.asdict(diff), near_tie=diff.near_tie,
-                              describe=diff.describe(bench.model.dtype))
-                except Exception as e:  # noqa: BLE001
-                    mm["describe"] = f"differs (the logit comparison failed: {type(e).__name__}: {e})"
-                entry["mismatches"].append(mm)
-                suite.log(f"MISMATCH {key} {name} {case.name}: {mm['describe']}")
+    with suite.attempt(part, {"model": key}, "comparing logits"), precise():  # where and how far apart
+        entry["mismatches"] = differences(bench.model, bench.cases, runs, "greedy")
+    for mm in entry["mismatches"]:
+        suite.log(f"MISMATCH {key} {mm['setting']} {mm['case']}: {mm['describe']}")
     with suite.lock:
         suite.part(part)["models"][key] = entry
     for name, s in entry["summary"].items():

@@ -24,7 +24,7 @@ import sys
 
 import jaxspec
 from harness import Case, DecodeBench, Setting, main_decode, story_cases, write_result
-from harness.decode import decode
+from harness.decode import decode, differences
 from jaxspec import exactness
 
 HELD_OUT_NEW_TOKENS = 256
@@ -99,17 +99,7 @@ def near_ties(status: int) -> int:
     args, bench = RUN["args"], RUN["bench"]
     name = args.name or bench.name
     result = json.loads((args.out / f"{name}.json").read_text())
-    greedy, diffs, gaps = result["runs"]["greedy"][0], [], {}
-    for setting, rounds in result["runs"].items():
-        for case, row, ref in zip(bench.cases, rounds[0], greedy):
-            expected = list(case.reference or ref["tokens"])
-            at = exactness.first_difference(expected, row["tokens"])
-            if at is not None:
-                key = (case.name, at, row["tokens"][at] if at < len(row["tokens"]) else None)
-                if key not in gaps:
-                    gaps[key] = exactness.compare(bench.model, case.ids, expected, row["tokens"])
-                diffs.append({"setting": setting, "case": case.name, **dataclasses.asdict(gaps[key]),
-                              "near_tie": gaps[key].near_tie})
+    diffs = differences(bench.model, bench.cases, result["runs"], "greedy")
     if not diffs:
         return status
     ties = sum(d["near_tie"] for d in diffs)

@@ -78,7 +78,7 @@ def decode(r: dict) -> list[str]:
         acc = f"{_f(s.get('accept_length'))} | " if drafted else ""
         same = f"{s['identical_to_reference']}/{s['cases']}" + ("" if s["same_every_round"] else ", **not each round**")
         if "identical_to_case_reference" in s:
-            same += f" (references: {s['identical_to_case_reference']}/{s['cases']})"
+            same += f" (references: {s['identical_to_case_reference']}/{s['cases_with_reference']})"
         lines.append(f"| {name} | {s['S']:.2f} | {cats}{acc}{_median(s, 'tokens_per_second', '.1f', rounds)} | "
                      f"{_median(s, 'speed_vs_reference', '.2f', rounds, 'x')} | {same} |")
     lade_rows, lade_totals = _lade_rows(r, [c["name"] for c in r["cases"]], categories) if r.get("split") else ([], {})
@@ -87,6 +87,10 @@ def decode(r: dict) -> list[str]:
     if ours and "W15 N5 G15" in lade_totals:
         lines += ["", f"jaxspec lookahead (15,5,15) S / lade (15,5,15) S on the same prompts and lengths: "
                       f"**{ours['S'] / lade_totals['W15 N5 G15']:.3f}**."]
+    if r.get("pool_bytes"):  # (a large vocabulary makes the n-gram pool the loop state's largest part)
+        lines += ["", f"Per request at vocabulary {r['vocab_size']:,}: " + "; ".join(
+            f"{n} n-gram pool {b / 1e6:.1f} MB of a {summary[n]['state_bytes'] / 1e6:.1f} MB loop state"
+            for n, b in r["pool_bytes"].items() if n in summary) + "."]
     rated = {n: s["position_acceptance"] for n, s in summary.items() if s.get("position_acceptance")}
     if rated:
         k = min(max(map(len, rated.values())), 8)
@@ -479,7 +483,7 @@ def device_suite(r: dict) -> list[str]:
         lines += ["", f"**{key}** ({e['title']}, {e['dtype']}, float32 matmul precision {e['matmul_precision']}, "
                       f"batch 1, {e['rounds']} of {e['rounds_planned']} planned round(s)):", "", *decode(e)]
         for mm in e.get("mismatches", []):
-            lines.append(f"- {mm['method']}, {mm['case']}: "
+            lines.append(f"- {mm['setting']}, {mm['case']}: "
                          f"{mm.get('describe', 'differs')}{'' if mm['near_tie'] else ' **(not a near-tie)**'}")
     at = parts.get("attention", {})
     if at.get("rows"):

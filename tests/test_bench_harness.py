@@ -17,7 +17,7 @@ import jaxspec
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import report  # noqa: E402
 from harness import Case, DecodeBench, Setting, interleaved, run_decode  # noqa: E402
-from harness.decode import Journal, signature  # noqa: E402
+from harness.decode import Journal, differences, signature  # noqa: E402
 
 CFG = jaxspec.ModelConfig(
     model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
@@ -65,6 +65,9 @@ def test_decode_runs_are_checked_against_greedy_and_rendered(model, tmp_path):
     assert lo <= s["prompt lookup"]["speed_vs_reference"] <= hi
     table = "\n".join(report.decode(r))
     assert "| peer | 1.00 |" in table and "| 0/3 |" in table and "median of 2 rounds" in table
+    found = differences(model, CASES, r["runs"], "greedy")  # the wrong peer's 3, explained; no one else's
+    assert [(d["setting"], d["index"]) for d in found] == [("peer", 0)] * 3
+    assert all(d["got"] == 0 and d["logit_gap"] is not None and not d["near_tie"] for d in found)
     report.plot(r, tmp_path / "tiny.png")
     assert (tmp_path / "tiny.png").stat().st_size > 1000
 

@@ -7,9 +7,7 @@ treats every setting alike (`order.interleaved`), garbage collection outside tim
 rounds with medians and min..max, token identity with the reference setting (greedy), resume of
 an interrupted run, the machine's facts and the JSON result. Benchmarks that time compiled
 programs rather than decodes use `time_programs` (same order, same rules). `report.py` renders
-every result from its JSON alone.
-
-    from harness import Case, Setting, DecodeBench, main_decode
+every result from its JSON alone (`from harness import ...` in a script under benchmarks/).
 """
 
 from harness.cases import chat_cases, code_cases, story_cases  # noqa: F401

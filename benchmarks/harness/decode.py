@@ -187,6 +187,27 @@ def run_decode(bench: DecodeBench, journal_path: Path, fresh: bool = False, prog
             "summary": summarize(bench, runs), "runs": runs}
 
 
+def differences(model, cases: Sequence[Case], runs: dict, reference: str) -> list[dict]:
+    """Every output unlike what it should be (a case's reference tokens where it has them, else the
+    reference setting's), with where and how far apart the two disputed logits are
+    (`jaxspec.exactness.compare`: one forward over the common prefix, per distinct disagreement)."""
+    from jaxspec import exactness
+
+    found, gaps = [], {}
+    for name, rounds in runs.items():
+        for case, row, ref in zip(cases, rounds[0], runs[reference][0]):
+            expected = list(case.reference[:len(row["tokens"])]) if case.reference else ref["tokens"]
+            at = exactness.first_difference(expected, row["tokens"])
+            if at is None:
+                continue
+            key = (case.name, at, row["tokens"][at] if at < len(row["tokens"]) else None)
+            if key not in gaps:
+                gaps[key] = exactness.compare(model, case.ids, expected, row["tokens"])
+            found.append({"setting": name, "case": case.name, **dataclasses.asdict(gaps[key]),
+                          "near_tie": gaps[key].near_tie, "describe": gaps[key].describe(str(model.dtype))})
+    return found
+
+
 def _position_rates(accepts: np.ndarray, steps: int) -> list:
     """a_k = P(draft k accepted | drafts 1..k-1 accepted) from the count of steps accepting draft k."""
     reached = np.concatenate([[steps], accepts[:-1]]).astype(np.float64)
@@ -217,6 +238,7 @@ def summarize(bench: DecodeBench, runs: dict) -> dict:
             s["S_per_category"] = {cat: _S([row for row, c in zip(first, bench.cases) if c.category == cat])
                                    for cat in dict.fromkeys(c.category for c in bench.cases)}
         if any(c.reference for c in bench.cases):
+            s["cases_with_reference"] = sum(c.reference is not None for c in bench.cases)
             s["identical_to_case_reference"] = sum(c.reference is not None and row["tokens"] == list(
                 c.reference[:len(row["tokens"])]) for row, c in zip(first, bench.cases))
         for key, combine in (("compile_seconds", max), ("state_bytes", max)):
