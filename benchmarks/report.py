@@ -690,19 +690,16 @@ PLOTS["serve_bench"] = plot_serve_bench
 
 def provenance(r: dict, path: Path, section: Section) -> list[str]:
     m = r.get("machine", {})
-    cpu = f"{m.get('cpu', '?')} ({m.get('cpu_count', '?')} cores)"
-    device = m.get("device", m.get("jax_backend", "?"))
     backend = m.get("jax_backend", "?")
-    machine = f"{cpu}; JAX {m.get('jax', '?')} on {backend} (`{device}`)"
+    machine = (f"{m.get('cpu', '?')} ({m.get('cpu_count', '?')} cores); JAX {m.get('jax', '?')} on {backend} "
+               f"(`{m.get('device', backend)}`)")
     load = m.get("load_average_before") or m.get("load_average") or r.get("load_average")
     if load:
         machine += f", load average {[round(x, 2) for x in load]}"
     if "torch" in m:
         machine += f"; torch {m['torch']}, transformers {m.get('transformers', '?')}"
-    date = r.get("date")
-    if date is None:
-        date = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc).isoformat(
-            timespec="seconds") + " (file time; the JSON records no date)"
+    date = r.get("date") or datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc).isoformat(
+        timespec="seconds") + " (file time; the JSON records no date)"
     command = f"`{r['command']}`" if r.get("command") else f"`{section.command}` (the JSON records no command line)"
     return ["| | |", "|---|---|", f"| machine | {machine} |", f"| date | {date} |", f"| command | {command} |",
             f"| data | `{_rel(path)}` |"]

@@ -30,7 +30,6 @@ import numpy as np
 import jaxspec
 from harness import RESULTS, command_line, interleaved, write_result
 from harness.cases import code_prompts
-from jaxspec import compile_cache
 
 
 def build_requests(model_name: str, count: int, budgets: tuple[int, ...], seed: int = 0) -> list[dict]:
@@ -191,7 +190,6 @@ def main(argv=None) -> int:
     name = args.name or ("serve_bench_smoke" if args.smoke else "serve_bench")
     methods = args.methods.split(",")
     concurrency = [int(c) for c in args.concurrency.split(",")]
-    compile_cache.enable()  # (the server process uses the same folder: `jaxspec serve` enables it too)
 
     model = jaxspec.load(args.model)
     from jaxspec.serving import eos_ids

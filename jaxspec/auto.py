@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxspec import auto_store, perf
+from jaxspec import auto_store, compile_cache, perf
 from jaxspec.errors import GenerationError
 from jaxspec.kv_cache import KVCache
 from jaxspec.masks import TreeMask
@@ -140,40 +140,54 @@ def candidates(model, lookahead_only: bool = False) -> list[Candidate]:
     return out
 
 
+def _forward_program(graphdef, params, ids, positions, mask, cache, head):
+    module = nnx.merge(graphdef, params)
+    if head is None:
+        return module(ids, positions, mask, cache, head="argmax").preds
+    final = module(ids, positions, mask, cache, head="none").final
+    return jnp.argmax(jnp.einsum("btd,vd->btv", final.astype(jnp.float32), head.astype(jnp.float32)), -1)
+
+
 def _forward(module_graphdef, params, batch: int, cache_len: int, tokens: int, cfg, dtype, head=None):
     """A compiled forward of `tokens` tokens after a half-full cache, and its arguments.
     `head`: a drafter's draft-vocabulary head rows, used instead of the model's full head."""
-    cache = KVCache.zeros(cfg.num_layers, batch, cache_len, cfg.num_kv_heads, cfg.head_dim, dtype)
-    cache = dataclasses.replace(cache, lengths=jnp.full((batch,), cache_len // 2, jnp.int32))
-    ids = jnp.zeros((batch, tokens), jnp.int32)
-    positions = cache.lengths[:, None] + jnp.arange(tokens, dtype=jnp.int32)[None]
-    chain = TreeMask(pre=jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (batch, tokens)),
-                     end=jnp.full((batch, tokens), tokens - 1, jnp.int32))  # each token sees the ones before
+    # Built on the host and placed once: made with jnp, each array would compile a small program
+    # of its own in every process.
+    kv = np.zeros((cfg.num_layers, batch, cache_len, cfg.num_kv_heads, cfg.head_dim), dtype)
+    lengths = np.full((batch,), cache_len // 2, np.int32)
+    steps = np.arange(tokens, dtype=np.int32)
+    cache, ids, positions, chain = jax.device_put((
+        KVCache(k=kv, v=kv, lengths=lengths), np.zeros((batch, tokens), np.int32), lengths[:, None] + steps[None],
+        TreeMask(pre=np.broadcast_to(steps, (batch, tokens)),  # each token sees the ones before
+                 end=np.full((batch, tokens), tokens - 1, np.int32))))
+    args = (module_graphdef, params, ids, positions, chain, cache, head)
+    return compile_cache.compiled(_forward_program, args), args
 
-    def run(params, ids, positions, mask, cache, head):
-        module = nnx.merge(module_graphdef, params)
-        if head is None:
-            return module(ids, positions, mask, cache, head="argmax").preds
-        final = module(ids, positions, mask, cache, head="none").final
-        return jnp.argmax(jnp.einsum("btd,vd->btv", final.astype(jnp.float32), head.astype(jnp.float32)), -1)
 
-    args = (params, ids, positions, chain, cache, head)
-    return jax.jit(run).lower(*args).compile(), args
+def _in_threads(fn, items: list) -> list:
+    """`fn` of each item, in threads at once (compiling, loading and first runs: untimed work that
+    runs outside Python's lock); one after another where programs hold collectives that
+    processes must meet in the same order."""
+    if jax.process_count() > 1 or len(items) < 2:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(len(items)) as pool:
+        return list(pool.map(fn, items))
 
 
 def forward_seconds(model, batch: int, cache_len: int, sizes: list[int], repeats: int = REPEATS, head=None
                     ) -> dict[int, float]:
-    """Seconds of one forward per block size: each compiled once, then timed `repeats` times,
-    the sizes interleaved, the minimum kept. The sizes compile in threads, at once: XLA's compile,
-    most of the measurement's time, runs outside Python's lock."""
+    """Seconds of one forward per block size: each compiled (or loaded) and run once, the sizes
+    at once in threads (a program's first run is several times slower than the next on CPU),
+    then timed `repeats` times, the sizes interleaved, the minimum kept."""
     dtype = model.module.embed_tokens.embedding.dtype
-    with ThreadPoolExecutor(len(sizes)) as pool:
-        compiled = pool.map(lambda t: _forward(model.graphdef, model.params, batch, cache_len, t, model.config, dtype,
-                                               head), sizes)
-        programs = dict(zip(sizes, compiled))
-    best = {t: np.inf for t in sizes}
-    for t, (program, args) in programs.items():  # warm-up
+
+    def ready(t: int):
+        program, args = _forward(model.graphdef, model.params, batch, cache_len, t, model.config, dtype, head)
         jax.block_until_ready(program(*args))
+        return program, args
+
+    programs = dict(zip(sizes, _in_threads(ready, sizes)))
+    best = {t: np.inf for t in sizes}
     for _ in range(repeats):
         for t, (program, args) in programs.items():
             t0 = time.perf_counter()
@@ -199,6 +213,20 @@ def _model_key(model) -> tuple:
     return (model.source, model.dtype, model.attention, mesh, jax.default_backend(), jax.devices()[0].device_kind)
 
 
+def _interpolated(measured: dict[int, float]):
+    """Seconds of a forward of t tokens: piecewise linear through the measured sizes, extended
+    past the last."""
+    sizes = np.array(sorted(measured), float)
+    times = np.array([measured[t] for t in sorted(measured)])
+
+    def seconds(t: int) -> float:
+        if len(sizes) > 1 and t >= sizes[-1]:
+            return float(times[-1] + (t - sizes[-1]) * (times[-1] - times[-2]) / (sizes[-1] - sizes[-2]))
+        return float(np.interp(t, sizes, times))
+
+    return seconds
+
+
 def step_costs(model, batch: int, cache_len: int, options: list[Candidate]) -> tuple[dict, float, str | None]:
     """c of every candidate (measured once per model, machine and shape bucket), the seconds
     spent measuring now, and where an earlier process's measurement was read from (None: none)."""
@@ -218,38 +246,44 @@ def step_costs(model, batch: int, cache_len: int, options: list[Candidate]) -> t
         return dict(zip(sizes, times))
 
     measured = forwards(model, list(MEASURED_SIZES))
-    sizes = np.array(MEASURED_SIZES, float)
-    times = np.array([measured[t] for t in MEASURED_SIZES])
-
-    def seconds(t: int) -> float:  # piecewise linear through the measured sizes, extended past the last
-        if t >= sizes[-1]:
-            return float(times[-1] + (t - sizes[-1]) * (times[-1] - times[-2]) / (sizes[-1] - sizes[-2]))
-        return float(np.interp(t, sizes, times))
-
+    seconds = _interpolated(measured)
     drafted = {c.drafter_tokens for c in options if c.drafter_tokens}
-    drafter_seconds = {}
-    if drafted:
+    drafter_seconds = lambda t: 0.0  # noqa: E731
+    if drafted:  # the drafter's smallest and largest forward, the ones between interpolated
         drafter = _default_drafter(model)
-        drafter_seconds = forwards(drafter.model, sorted(drafted), drafter.draft_head())
-    costs = {(c.block_tokens, c.drafter_tokens): (seconds(c.block_tokens) + drafter_seconds.get(c.drafter_tokens, 0.0))
-             / measured[1] for c in options}
+        drafter_seconds = _interpolated(forwards(drafter.model, sorted({min(drafted), max(drafted)}),
+                                                 drafter.draft_head()))
+    costs = {(c.block_tokens, c.drafter_tokens): (seconds(c.block_tokens) + (
+        drafter_seconds(c.drafter_tokens) if c.drafter_tokens else 0.0)) / measured[1] for c in options}
     _MEASURED[key] = costs, next((w for w in recalled if w), None)
     return costs, time.perf_counter() - t0, _MEASURED[key][1]
 
 
-def decode_seconds(model, prompt, max_new_tokens: int, method: str, options: dict, generation: dict,
-                   repeats: int = 2) -> tuple[float, int]:
-    """(seconds, steps) of `method` on this request, the fastest of `repeats` runs after the one
-    that compiles it; the program is the one `generate` then runs (compiled once, kept on the
-    model)."""
+def decode_seconds(model, prompt, max_new_tokens: int, settings: list[tuple[str, dict]], generation: dict,
+                   repeats: int = 1) -> list[tuple[float, int]]:
+    """(seconds, steps) of each (method, options) on this request: the programs are compiled (or
+    loaded) and run once, at the same time, untimed (on CPU a program's first run costs several
+    of its later ones: XLA builds its kernels' pipelines then); then each is timed `repeats`
+    times, the settings interleaved, the fastest kept. The programs are the ones `generate`
+    then runs (kept on the model)."""
     import jaxspec
 
-    best, steps = np.inf, 1
+    def run(setting: tuple[str, dict]):
+        method, options = setting
+        return jaxspec.generate(model, prompt, max_new_tokens=max_new_tokens, method=method, **generation, **options)
+
+    if model.mesh is None:
+        _in_threads(run, settings)
+    else:  # tensor-parallel programs share the devices: started one at a time
+        for setting in settings:
+            run(setting)
+    best = [(np.inf, 1)] * len(settings)
     for _ in range(repeats):
-        out = jaxspec.generate(model, prompt, max_new_tokens=max_new_tokens, method=method, **generation, **options)
-        if out.seconds < best:
-            best, steps = out.seconds, int(np.sum(out.steps))
-    return best, steps
+        for i, setting in enumerate(settings):
+            out = run(setting)
+            if out.seconds < best[i][0]:
+                best[i] = (out.seconds, int(np.sum(out.steps)))
+    return best
 
 
 def _default_drafter(model):
@@ -307,8 +341,8 @@ def _choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, loo
             t0 = time.perf_counter()
 
             def race() -> list[float]:  # speed-up over greedy, and c of the step, on this request
-                mine = decode_seconds(model, prompt, max_new_tokens, best.method, best.options, generation)
-                greedy = decode_seconds(model, prompt, max_new_tokens, "autoregressive", {}, generation)
+                mine, greedy = decode_seconds(model, prompt, max_new_tokens,
+                                              [(best.method, best.options), ("autoregressive", {})], generation)
                 return agreed([greedy[0] / mine[0], (mine[0] / mine[1]) / (greedy[0] / greedy[1])])
 
             (speedup, step_cost), where = auto_store.recall(("race", *auto_store.model_identity(model), *request), 2,

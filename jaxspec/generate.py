@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import auto, memory
+from jaxspec import auto, compile_cache, memory
 from jaxspec.errors import GenerationError, PromptError
 from jaxspec.inputs import as_bool, describe, given, int_arg, is_array, normalize_prompts, number_arg, plain_option
 from jaxspec.loading import Model
@@ -243,8 +243,7 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
     compile_seconds = 0.0
     if key not in model.compiled:
         t0 = time.perf_counter()
-        jitted = jax.jit(decode, static_argnames=tuple(request.statics))
-        model.compiled[key] = jitted.lower(*request.args, **request.statics).compile()
+        model.compiled[key] = compile_cache.compiled(decode, request.args, request.statics)
         compile_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
     program = model.compiled[key]
@@ -272,8 +271,7 @@ class Stream:
         key = self.request.compile_key(program)
         if key not in self.model.compiled:
             t0 = time.perf_counter()
-            jitted = jax.jit(fn, static_argnames=tuple(statics), **jit_options)
-            self.model.compiled[key] = jitted.lower(*args, **statics).compile()
+            self.model.compiled[key] = compile_cache.compiled(fn, args, statics, **jit_options)
             self._compile_seconds += time.perf_counter() - t0
         return self.model.compiled[key]
 

@@ -30,7 +30,6 @@ figure (`memory_analysis()`) to the report.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 from pathlib import Path
 
@@ -38,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec import compile_cache
 from jaxspec.config import ModelConfig
 from jaxspec.errors import MemoryLimitError
 from jaxspec.model import argmax_chunk
@@ -156,7 +156,7 @@ def estimate(request, cfg: ModelConfig, dtype_bytes: int, begin_fn) -> MemoryEst
     """The estimate for a prepared request (`jaxspec.generate.Request`), free memory not read
     yet; `begin_fn` is the program's begin (traced by `jax.eval_shape`, never compiled)."""
     params, prompts = request.args[1], request.args[2]
-    state = jax.eval_shape(functools.partial(begin_fn, **request.statics), *request.args)
+    state = compile_cache.eval_shape(begin_fn, request.args, request.statics)
     engine = request.engine
     batch, prompt_len = prompts.shape
     return MemoryEstimate(weights_bytes=tree_bytes(params), state_bytes=tree_bytes(state),

@@ -53,10 +53,15 @@ def _fake_costs(monkeypatch, per_token: float):
                         lambda model, batch, cache_len, sizes, repeats=3, head=None: {t: 1 + per_token * t for t in sizes})
 
 
+def _timed(timed: dict):
+    """A race whose (seconds, steps) per method are `timed`'s."""
+    return lambda model, prompt, n, settings, generation: [timed[method] for method, _ in settings]
+
+
 def test_a_fast_candidate_is_chosen_only_once_timed_faster(pycode, monkeypatch):
     _fake_costs(monkeypatch, 0.001)  # c(120) = 1.12: every lookahead setting is predicted well ahead
     timed = {"lookahead": (1.0, 10), "autoregressive": (2.0, 20)}
-    monkeypatch.setattr(auto, "decode_seconds", lambda model, prompt, n, method, options, generation: timed[method])
+    monkeypatch.setattr(auto, "decode_seconds", _timed(timed))
     choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
     assert choice.method == "lookahead" and choice.options == dict(window=15, ngram=5, guesses=15)
     assert "measured 2.00x greedy" in choice.reason
@@ -86,7 +91,7 @@ def test_measurements_outlive_the_process(pycode, monkeypatch, tmp_path):
     fake = auto.forward_seconds
     monkeypatch.setattr(auto, "forward_seconds", lambda *a, **k: measured.append(a[0]) or fake(*a, **k))
     timed = {"lookahead": (1.0, 10), "autoregressive": (2.0, 20)}
-    monkeypatch.setattr(auto, "decode_seconds", lambda model, prompt, n, method, options, generation: timed[method])
+    monkeypatch.setattr(auto, "decode_seconds", _timed(timed))
     first = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
     assert first.recalled is None and first.method == "lookahead" and len(measured) == 2  # the target and drafter
     assert len(json.loads(store.read_text())["entries"]) == 3  # their forwards and the timed race
@@ -100,7 +105,7 @@ def test_measurements_outlive_the_process(pycode, monkeypatch, tmp_path):
 
     monkeypatch.setattr(auto, "_MEASURED", {})
     monkeypatch.setattr(auto_store.socket, "gethostname", lambda: "another-machine")
-    monkeypatch.setattr(auto, "decode_seconds", lambda model, prompt, n, method, options, generation: timed[method])
+    monkeypatch.setattr(auto, "decode_seconds", _timed(timed))
     assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None and len(measured) == 4
 
     store.write_text("{not json")

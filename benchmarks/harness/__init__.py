@@ -8,7 +8,10 @@ rounds with medians and min..max, token identity with the reference setting (gre
 an interrupted run, the machine's facts and the JSON result. Benchmarks that time compiled
 programs rather than decodes use `time_programs` (same order, same rules). `report.py` renders
 every result from its JSON alone (`from harness import ...` in a script under benchmarks/).
+Programs an earlier run compiled are loaded from `jaxspec.compile_cache` (compile times only).
 """
+
+from jaxspec import compile_cache
 
 from harness.cases import chat_cases, code_cases, story_cases  # noqa: F401
 from harness.decode import Case, DecodeBench, Setting, run_decode  # noqa: F401
@@ -16,3 +19,5 @@ from harness.machine import ROOT, RESULTS, machine_info, repo_relative  # noqa: 
 from harness.order import interleaved  # noqa: F401
 from harness.programs import time_programs  # noqa: F401
 from harness.result import command_line, main_decode, now, write_result  # noqa: F401
+
+compile_cache.enable()

@@ -24,6 +24,7 @@ def machine_info() -> dict:
     info = {"platform": platform.platform(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "jax": jax.__version__, "jax_backend": jax.default_backend(),
             "device": str(jax.devices()[0]), "jaxspec": jaxspec.__version__}
+    info["compile_cache"] = jax.config.jax_compilation_cache_dir or None
     if hasattr(os, "getloadavg"):  # a shared machine: how busy it was when the run started
         info["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return info

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec import compile_cache
 from jaxspec.decoding import engine as engine_lib
 from jaxspec.decoding.engine import Engine, EngineState
 from jaxspec.methods import begin
@@ -200,8 +201,7 @@ class SlotGroup:
     def _compile(self, key, fn, args: tuple, statics: dict, **jit_options):
         if key not in self._programs:
             t0 = time.perf_counter()
-            self._programs[key] = jax.jit(fn, static_argnames=tuple(statics), **jit_options).lower(
-                *args, **statics).compile()
+            self._programs[key] = compile_cache.compiled(fn, args, statics, **jit_options)
             self.compile_seconds += time.perf_counter() - t0
         return self._programs[key]
 

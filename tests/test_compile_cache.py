@@ -1,0 +1,137 @@
+"""`jaxspec.compile_cache`'s program cache: a later process loads a program without tracing it,
+the key changes with everything the trace depends on and is refused where it cannot be spelled
+out exactly, and a damaged or unsafe entry is compiled again rather than trusted."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec import compile_cache
+from jaxspec.methods import decode
+
+G = importlib.import_module("jaxspec.generate")
+REPO = Path(__file__).resolve().parents[1]
+
+SCRIPT = """
+import json, sys
+from jaxspec import compile_cache
+compile_cache.enable()
+import jaxspec
+model = jaxspec.load("pycode-5M")
+prompt = [1, 5, 9, 14, 3]
+spec = jaxspec.generate(model, prompt, max_new_tokens=16, method="speculative", draft_len=4, stop_at_eos=False)
+greedy = jaxspec.generate(model, prompt, max_new_tokens=16, stop_at_eos=False)
+stream = jaxspec.stream(model, prompt, max_new_tokens=16, method="lookahead", stop_at_eos=False)
+streamed = [t for chunk in stream for t in chunk.tokens]
+print(json.dumps(dict(spec=spec.tokens, greedy=greedy.tokens, streamed=streamed, counts=dict(compile_cache.counts))))
+"""
+
+
+def test_a_second_process_loads_its_programs_without_compiling(tmp_path):
+    """The decode programs (speculative, greedy) and a stream's begin and advance (whose state
+    is donated) come back from the program cache in a second process, none traced or compiled,
+    with the same tokens, which equal greedy's."""
+    env = {**os.environ, "JAXSPEC_COMPILE_CACHE": str(tmp_path / "cache"), "PYTHONWARNINGS": "ignore"}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env, capture_output=True,
+                                      text=True, timeout=600, check=True).stdout.splitlines()[-1]) for _ in range(2)]
+    first, second = runs
+    assert first["counts"].get("kept", 0) >= 4 and first["counts"].get("loaded", 0) == 0
+    assert second["counts"].get("compiled", 0) == 0 and second["counts"]["loaded"] == first["counts"]["kept"]
+    assert first["spec"] == second["spec"] == first["greedy"] == second["greedy"]
+    assert first["streamed"] == second["streamed"] == first["greedy"]
+
+
+@pytest.fixture
+def program_cache(tmp_path, monkeypatch):
+    folder = tmp_path / "programs"
+    monkeypatch.setattr(compile_cache, "_programs_dir", folder)
+    return folder
+
+
+def _key(request) -> str | None:
+    return compile_cache.program_key("program", decode, request.args, request.statics, {})
+
+
+def test_the_key_follows_what_the_trace_depends_on(program_cache, monkeypatch):
+    model = jaxspec.load("pycode-5M")
+
+    def key(prompt=(1, 5, 9), n=16, method="lookahead", **kw):
+        return _key(G.prepare(model, list(prompt), n, method, **kw))
+
+    base = key()
+    assert base is not None and key() == base
+    assert key(prompt=(7, 7, 7, 2)) == base  # the prompt's tokens are arguments (same 16-token bucket)
+    others = [key(prompt=range(1, 18)), key(n=17), key(window=7), key(method="autoregressive"),
+              key(temperature=0.7), key(stop_at_eos=False), key(stop_ids=[3])]
+    assert len({base, *others}) == 1 + len(others)
+    request = G.prepare(model, [1, 5, 9], 16, "lookahead")
+    donated = compile_cache.program_key("program", decode, request.args, request.statics, {"donate_argnums": (1,)})
+    assert donated not in (None, base)
+    # Another version of jaxspec's code, of a library or of JAX's configuration: another key.
+    monkeypatch.setattr(compile_cache, "_machine_key", None)
+    monkeypatch.setattr(compile_cache, "_code_digest", lambda: "edited")
+    assert key() not in (None, base)
+
+
+def test_what_cannot_be_spelled_out_is_not_cached(program_cache):
+    x = jnp.ones(3)
+    scale = 2.0
+    assert compile_cache.program_key("program", lambda v: v * 2, (x,), {}, {}) is None
+
+    def closure(v):
+        return v * scale
+
+    assert compile_cache.program_key("program", closure, (x,), {}, {}) is None
+    assert compile_cache.program_key("program", _scaled, (x,), {"factor": object()}, {}) is None
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+    split = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x")))
+    assert compile_cache.program_key("program", _scaled, (split,), {"factor": 2.0}, {}) is None
+    # ... and still compiles and runs, uncached
+    program = compile_cache.compiled(closure, (x,))
+    assert np.asarray(program(x)).tolist() == [2.0, 2.0, 2.0] and not any(program_cache.glob("*.bin"))
+
+
+def _scaled(x, *, factor):
+    return jnp.sin(x) * factor
+
+
+def test_a_damaged_entry_is_compiled_again_and_rewritten(program_cache):
+    x = jnp.arange(4, dtype=jnp.float32) + 0.25
+    want = (np.sin(np.asarray(x)) * 3.5).tolist()
+    counts = compile_cache.counts
+    before = counts.copy()
+    assert np.allclose(compile_cache.compiled(_scaled, (x,), {"factor": 3.5})(x), want)
+    (entry,) = program_cache.glob("*.bin")
+    assert counts["kept"] == before["kept"] + 1
+    entry.write_bytes(entry.read_bytes()[:100])  # torn
+    assert np.allclose(compile_cache.compiled(_scaled, (x,), {"factor": 3.5})(x), want)
+    assert counts["loaded"] == before["loaded"] and counts["kept"] == before["kept"] + 2
+    assert np.allclose(compile_cache.compiled(_scaled, (x,), {"factor": 3.5})(x), want)
+    assert counts["loaded"] == before["loaded"] + 1
+
+
+def test_a_program_read_from_xlas_cache_is_not_kept(program_cache):
+    """On CPU an executable XLA's cache loaded loses functions when serialized again: it runs
+    here, but is not written to the program cache."""
+    model = jaxspec.load("pycode-5M")
+    request = G.prepare(model, [1, 5, 9], 16, "autoregressive", stop_at_eos=False)
+    first = compile_cache.compiled(decode, request.args, request.statics)  # fresh, or from XLA's cache
+    for entry in program_cache.glob("*.bin"):
+        entry.unlink()
+    jax.clear_caches()
+    kept = compile_cache.counts["kept"]
+    again = compile_cache.compiled(decode, request.args, request.statics)  # XLA's cache has it now
+    assert compile_cache.counts["kept"] == kept and not any(program_cache.glob("*.bin"))
+    tokens = [np.asarray(p(*request.args)[0].tokens).tolist() for p in (first, again)]
+    assert tokens[0] == tokens[1]
