@@ -6,7 +6,7 @@ step in greedy steps on this device. c is MEASURED here, once per model, backend
 bucket: the seconds of one forward of the step's T block tokens over a half-full cache, over
 those of a one-token forward (a drafter's forward added for speculative decoding). Forwards of
 1, 16 and 128 tokens are compiled and timed a few times, interleaved, the minimum kept; other
-sizes are interpolated. S comes from
+sizes are interpolated (the drafter's: between its smallest and largest block). S comes from
 `configs/auto.toml`, fitted on this project's benchmark results by `tools/fit_auto.py`
 (lookahead: S = 1 + slope * ln(T), the paper's law; prompt lookup and speculative as measured;
 a model without results gets the smallest measured slope and S).
@@ -176,24 +176,29 @@ def _in_threads(fn, items: list) -> list:
 
 def forward_seconds(model, batch: int, cache_len: int, sizes: list[int], repeats: int = REPEATS, head=None
                     ) -> dict[int, float]:
-    """Seconds of one forward per block size: each compiled (or loaded) and run once, the sizes
-    at once in threads (a program's first run is several times slower than the next on CPU),
-    then timed `repeats` times, the sizes interleaved, the minimum kept."""
-    dtype = model.module.embed_tokens.embedding.dtype
+    """Seconds of one forward of `model` per block size (`forwards_seconds`)."""
+    return dict(zip(sizes, forwards_seconds(batch, cache_len, [(model, t, head) for t in sizes], repeats)))
 
-    def ready(t: int):
-        program, args = _forward(model.graphdef, model.params, batch, cache_len, t, model.config, dtype, head)
+
+def forwards_seconds(batch: int, cache_len: int, forwards: list[tuple], repeats: int = REPEATS) -> list[float]:
+    """Seconds of each forward (model, block size, head or None): each compiled (or loaded) and
+    run once, all at once in threads (a program's first run is several times slower than the
+    next on CPU), then timed `repeats` times, interleaved, the minimum kept."""
+    def ready(forward: tuple):
+        model, tokens, head = forward
+        dtype = model.module.embed_tokens.embedding.dtype
+        program, args = _forward(model.graphdef, model.params, batch, cache_len, tokens, model.config, dtype, head)
         jax.block_until_ready(program(*args))
         return program, args
 
-    programs = dict(zip(sizes, _in_threads(ready, sizes)))
-    best = {t: np.inf for t in sizes}
+    programs = _in_threads(ready, forwards)
+    best = [np.inf] * len(programs)
     for _ in range(repeats):
-        for t, (program, args) in programs.items():
+        for i, (program, args) in enumerate(programs):
             t0 = time.perf_counter()
             jax.block_until_ready(program(*args))
-            best[t] = min(best[t], time.perf_counter() - t0)
-    return dict(zip(sizes, agreed([best[t] for t in sizes])))
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return agreed(best)
 
 
 def agreed(values: list[float]) -> list[float]:
@@ -235,26 +240,34 @@ def step_costs(model, batch: int, cache_len: int, options: list[Candidate]) -> t
         costs, recalled = _MEASURED[key]
         return costs, 0.0, recalled
     t0 = time.perf_counter()
-    recalled = []
+    drafted = {c.drafter_tokens for c in options if c.drafter_tokens}
+    drafter = _default_drafter(model) if drafted else None
+    # The target's forwards, and the drafter's smallest and largest (the ones between interpolated):
+    # stored apart, measured together when neither is stored.
+    wanted = [(model, list(MEASURED_SIZES), None)]
+    if drafter is not None:
+        wanted.append((drafter.model, sorted({min(drafted), max(drafted)}), drafter.draft_head()))
+    timed_now: dict = {}
 
-    def forwards(m, sizes: list[int], head=None) -> dict[int, float]:  # from the store, or timed now
+    def measure(i: int) -> list[float]:  # forwards i.. (those not read from the store) timed together, once
+        if i not in timed_now:
+            todo = wanted[i:]
+            flat = forwards_seconds(batch, cache_len, [(m, t, h) for m, sizes, h in todo for t in sizes])
+            for j, (_, sizes, _) in enumerate(todo, start=i):
+                timed_now[j], flat = flat[:len(sizes)], flat[len(sizes):]
+        return timed_now[i]
+
+    measured, recalled = [], []
+    for i, (m, sizes, head) in enumerate(wanted):
         heads = () if head is None else (int(head.shape[0]),)  # a draft vocabulary's head is another program
         times, where = auto_store.recall(("forward", *auto_store.model_identity(m), *heads, batch, cache_len, sizes),
-                                         len(sizes),
-                                         lambda: list(forward_seconds(m, batch, cache_len, sizes, head=head).values()))
+                                         len(sizes), lambda i=i: measure(i))
+        measured.append(dict(zip(sizes, times)))
         recalled.append(where)
-        return dict(zip(sizes, times))
-
-    measured = forwards(model, list(MEASURED_SIZES))
-    seconds = _interpolated(measured)
-    drafted = {c.drafter_tokens for c in options if c.drafter_tokens}
-    drafter_seconds = lambda t: 0.0  # noqa: E731
-    if drafted:  # the drafter's smallest and largest forward, the ones between interpolated
-        drafter = _default_drafter(model)
-        drafter_seconds = _interpolated(forwards(drafter.model, sorted({min(drafted), max(drafted)}),
-                                                 drafter.draft_head()))
+    seconds = _interpolated(measured[0])
+    drafter_seconds = _interpolated(measured[1]) if drafter is not None else None
     costs = {(c.block_tokens, c.drafter_tokens): (seconds(c.block_tokens) + (
-        drafter_seconds(c.drafter_tokens) if c.drafter_tokens else 0.0)) / measured[1] for c in options}
+        drafter_seconds(c.drafter_tokens) if c.drafter_tokens else 0.0)) / measured[0][1] for c in options}
     _MEASURED[key] = costs, next((w for w in recalled if w), None)
     return costs, time.perf_counter() - t0, _MEASURED[key][1]
 

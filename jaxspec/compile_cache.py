@@ -73,7 +73,7 @@ def enable() -> Path | None:
     # One subfolder per version of jaxspec's code: programs are only kept when freshly compiled
     # (see `_compile`), so XLA entries of an older checkout would keep them out of the program
     # cache. Subfolders unused for STALE_DAYS are removed.
-    versioned = folder / _code_digest()[:16]
+    versioned = folder / f"{CODE_PREFIX}{_code_digest()[:16]}"
     try:
         versioned.mkdir(parents=True, exist_ok=True)
         os.utime(versioned)
@@ -88,18 +88,20 @@ def enable() -> Path | None:
     return versioned
 
 
+CODE_PREFIX = "jaxspec-code-"
 STALE_DAYS = 14
 
 
 def _prune(folder: Path, keep: Path) -> None:
-    """Remove the subfolders of other code versions not used for STALE_DAYS (best effort: another
-    process may be using or removing one)."""
+    """Remove the subfolders of other code versions not used for STALE_DAYS (only folders named
+    as `enable` names them; best effort: another process may be using or removing one)."""
+    import re
     import shutil
     import time
 
     for sub in folder.iterdir():
         try:
-            if (sub != keep and sub.is_dir() and len(sub.name) == 16
+            if (sub != keep and re.fullmatch(re.escape(CODE_PREFIX) + "[0-9a-f]{16}", sub.name) and sub.is_dir()
                     and time.time() - sub.stat().st_mtime > STALE_DAYS * 86400):
                 shutil.rmtree(sub, ignore_errors=True)
         except OSError:

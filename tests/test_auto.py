@@ -49,8 +49,8 @@ def test_candidates_follow_the_fitted_table(pycode):
 def _fake_costs(monkeypatch, per_token: float):
     """An accelerator-like forward: seconds = 1 + per_token * T (flat at small T)."""
     monkeypatch.setattr(auto, "_MEASURED", {})
-    monkeypatch.setattr(auto, "forward_seconds",
-                        lambda model, batch, cache_len, sizes, repeats=3, head=None: {t: 1 + per_token * t for t in sizes})
+    monkeypatch.setattr(auto, "forwards_seconds",
+                        lambda batch, cache_len, forwards, repeats=3: [1 + per_token * t for _, t, _ in forwards])
 
 
 def _timed(timed: dict):
@@ -87,26 +87,27 @@ def test_measurements_outlive_the_process(pycode, monkeypatch, tmp_path):
     store = tmp_path / "auto.json"
     monkeypatch.setenv(auto_store.ENV, str(store))
     _fake_costs(monkeypatch, 0.001)
-    measured = []
-    fake = auto.forward_seconds
-    monkeypatch.setattr(auto, "forward_seconds", lambda *a, **k: measured.append(a[0]) or fake(*a, **k))
+    measured = []  # per measuring call, the models whose forwards it timed
+    fake = auto.forwards_seconds
+    monkeypatch.setattr(auto, "forwards_seconds",
+                        lambda *a, **k: measured.append(len({id(m) for m, _, _ in a[2]})) or fake(*a, **k))
     timed = {"lookahead": (1.0, 10), "autoregressive": (2.0, 20)}
     monkeypatch.setattr(auto, "decode_seconds", _timed(timed))
     first = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
-    assert first.recalled is None and first.method == "lookahead" and len(measured) == 2  # the target and drafter
+    assert first.recalled is None and first.method == "lookahead" and measured == [2]  # the target and drafter, together
     assert len(json.loads(store.read_text())["entries"]) == 3  # their forwards and the timed race
 
     monkeypatch.setattr(auto, "_MEASURED", {})  # a new process
     monkeypatch.setattr(auto, "decode_seconds", lambda *a: pytest.fail("timed again"))
     again = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
-    assert len(measured) == 2 and (again.method, again.options, again.candidates) == (
+    assert measured == [2] and (again.method, again.options, again.candidates) == (
         first.method, first.options, first.candidates)
     assert again.recalled.startswith(f"{store}, measured 20") and "[measured earlier: " in again.reason
 
     monkeypatch.setattr(auto, "_MEASURED", {})
     monkeypatch.setattr(auto_store.socket, "gethostname", lambda: "another-machine")
     monkeypatch.setattr(auto, "decode_seconds", _timed(timed))
-    assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None and len(measured) == 4
+    assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None and measured == [2, 2]
 
     store.write_text("{not json")
     monkeypatch.setattr(auto, "_MEASURED", {})
@@ -119,7 +120,7 @@ def test_measurements_outlive_the_process(pycode, monkeypatch, tmp_path):
     store.write_text(json.dumps(data))
     monkeypatch.setattr(auto, "_MEASURED", {})
     count = len(measured)
-    assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None and len(measured) == count + 2
+    assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None and measured[count:] == [2]
     assert all(len(e["values"]) > 1 for e in json.loads(store.read_text())["entries"].values())
 
     store.unlink()

@@ -135,3 +135,17 @@ def test_a_program_read_from_xlas_cache_is_not_kept(program_cache):
     assert compile_cache.counts["kept"] == kept and not any(program_cache.glob("*.bin"))
     tokens = [np.asarray(p(*request.args)[0].tokens).tolist() for p in (first, again)]
     assert tokens[0] == tokens[1]
+
+
+def test_old_code_versions_are_pruned_and_nothing_else(tmp_path):
+    now = tmp_path / f"{compile_cache.CODE_PREFIX}{'a' * 16}"
+    old = tmp_path / f"{compile_cache.CODE_PREFIX}{'b' * 16}"
+    recent = tmp_path / f"{compile_cache.CODE_PREFIX}{'c' * 16}"
+    foreign = tmp_path / "0123456789abcdef"  # the user's own folder, however old
+    for folder in (now, old, recent, foreign):
+        folder.mkdir()
+    month_ago = os.path.getmtime(now) - 30 * 86400
+    for folder in (now, old, foreign):
+        os.utime(folder, (month_ago, month_ago))
+    compile_cache._prune(tmp_path, keep=now)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (now, recent, foreign))
