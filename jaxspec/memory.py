@@ -220,7 +220,7 @@ def guard_options(model, engine, what: str, batch: int, prompt_len: int, max_new
         # A new tree (params reassigned) replaces the old entry; the entry holds its tree, so the
         # id cannot be reused by another tree while it is cached.
         for old in [k for k in model.memory_estimates if k[0] == "weights"]:
-            del model.memory_estimates[old]
+            model.memory_estimates.pop(old, None)  # (another thread may have removed it)
         model.memory_estimates[weights_key] = (model.params, tree_bytes(model.params))
     estimate = first_estimate(model.config, jnp.dtype(model.dtype).itemsize, engine,
                               model.memory_estimates[weights_key][1], batch, prompt_len, cache_len)
