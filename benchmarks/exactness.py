@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     stem = "exactness_smoke" if args.smoke else "exactness"
-    journal = Journal(args.out / f".{stem}.runs.jsonl", f"{stem} {PROMPTS}", args.fresh)
+    journal = Journal(args.out / f".{stem}.runs.jsonl", f"{stem} {PROMPTS} {CONFIGS} {MODELS}", args.fresh)
     keys = []
     for name in args.models:
         new_tokens, labels = (8, MODELS[name][1][:2]) if args.smoke else MODELS[name]
