@@ -57,6 +57,8 @@ def test_decode_runs_are_checked_against_greedy_and_rendered(model, tmp_path):
     r = run_decode(bench(model, peer_tokens=[0] * 8), tmp_path / "j.jsonl", progress=False)
     s = r["summary"]
     assert s["greedy"]["S"] == pytest.approx(8 / 8)  # prefill + 7 one-token steps
+    # the warm-up's compile time, per setting (the timed runs compile nothing)
+    assert all(x["compile_seconds"] >= 0 for x in r["settings"]) and "compile_seconds" not in s["greedy"]
     assert s["prompt lookup"]["identical_to_reference"] == 3 and s["prompt lookup"]["same_every_round"]
     assert s["peer"]["identical_to_reference"] == 0  # a wrong decoder is caught
     assert s["peer"]["tokens_per_second"] == pytest.approx(3 * 8 / 3.0)

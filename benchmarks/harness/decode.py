@@ -144,12 +144,13 @@ def run_decode(bench: DecodeBench, journal_path: Path, fresh: bool = False, prog
     settings = {s.name: s for s in bench.settings}
     journal = Journal(journal_path, signature(bench), fresh)
     todo = [(r, c) for r in range(bench.rounds) for c in range(len(bench.cases))]
-    skipped = {}
+    skipped, compiled = {}, {}  # compiled: seconds each setting's warm-up spent compiling (or loading)
     if journal.resumed < len(todo) * len(names):  # something left to time: compile first
         for name in list(names):
             try:
                 for case in bench.cases if bench.warmup == "all" else bench.cases[:1]:
-                    decode(bench, settings[name], case)
+                    compiled[name] = compiled.get(name, 0.0) + decode(bench, settings[name], case).get(
+                        "compile_seconds", 0.0)
             except jaxspec.GenerationError as e:  # a setting this model or prompt cannot run: said, not timed
                 if name == bench.reference:
                     raise
@@ -182,8 +183,8 @@ def run_decode(bench: DecodeBench, journal_path: Path, fresh: bool = False, prog
             "reference": bench.reference, "resumed_runs": journal.resumed, "skipped": skipped,
             **_jsonable(dict(bench.facts)),
             "cases": [{"name": c.name, "category": c.category, "prompt_tokens": len(c.ids)} for c in bench.cases],
-            "settings": [{"name": s.name, "method": s.method if s.peer is None else "peer",
-                          "options": _jsonable(dict(s.options))} for s in bench.settings if s.name in names],
+            "settings": [{"name": s.name, "method": s.method if s.peer is None else "peer", "options": _jsonable(
+                dict(s.options)), "compile_seconds": compiled.get(s.name)} for s in bench.settings if s.name in names],
             "summary": summarize(bench, runs), "runs": runs}
 
 
@@ -241,9 +242,8 @@ def summarize(bench: DecodeBench, runs: dict) -> dict:
             s["cases_with_reference"] = sum(c.reference is not None for c in bench.cases)
             s["identical_to_case_reference"] = sum(c.reference is not None and row["tokens"] == list(
                 c.reference[:len(row["tokens"])]) for row, c in zip(first, bench.cases))
-        for key, combine in (("compile_seconds", max), ("state_bytes", max)):
-            if first[0].get(key) is not None:
-                s[key] = combine(row[key] for row in first)
+        if first[0].get("state_bytes") is not None:
+            s["state_bytes"] = max(row["state_bytes"] for row in first)
         if "draft_accepts" in first[0]:
             target_steps = sum(row["target_steps"] for row in first)
             s["accept_length"] = (sum(row["accepted_tokens"] for row in first) / target_steps
