@@ -164,11 +164,11 @@ def _forward(module_graphdef, params, batch: int, cache_len: int, tokens: int, c
     return compile_cache.compiled(_forward_program, args), args
 
 
-def _in_threads(fn, items: list) -> list:
+def _in_threads(fn, items: list, model) -> list:
     """`fn` of each item, in threads at once (compiling, loading and first runs: untimed work that
-    runs outside Python's lock); one after another where programs hold collectives that
-    processes must meet in the same order."""
-    if jax.process_count() > 1 or len(items) < 2:
+    runs outside Python's lock); one after another where programs hold collectives: processes
+    must meet them in the same order, and a tensor-parallel model's programs share its devices."""
+    if jax.process_count() > 1 or model.mesh is not None or len(items) < 2:
         return [fn(x) for x in items]
     with ThreadPoolExecutor(len(items)) as pool:
         return list(pool.map(fn, items))
@@ -191,7 +191,7 @@ def forwards_seconds(batch: int, cache_len: int, forwards: list[tuple], repeats:
         jax.block_until_ready(program(*args))
         return program, args
 
-    programs = _in_threads(ready, forwards)
+    programs = _in_threads(ready, forwards, forwards[0][0])
     best = [np.inf] * len(programs)
     for _ in range(repeats):
         for i, (program, args) in enumerate(programs):
@@ -285,11 +285,7 @@ def decode_seconds(model, prompt, max_new_tokens: int, settings: list[tuple[str,
         method, options = setting
         return jaxspec.generate(model, prompt, max_new_tokens=max_new_tokens, method=method, **generation, **options)
 
-    if model.mesh is None:
-        _in_threads(run, settings)
-    else:  # tensor-parallel programs share the devices: started one at a time
-        for setting in settings:
-            run(setting)
+    _in_threads(run, settings, model)
     best = [(np.inf, 1)] * len(settings)
     for _ in range(repeats):
         for i, setting in enumerate(settings):

@@ -27,8 +27,11 @@ import importlib.metadata
 import os
 import pickle
 import platform
+import re
+import shutil
 import tempfile
 import threading
+import time
 import types
 import zlib
 from collections.abc import Mapping
@@ -95,10 +98,6 @@ STALE_DAYS = 14
 def _prune(folder: Path, keep: Path) -> None:
     """Remove the subfolders of other code versions not used for STALE_DAYS (only folders named
     as `enable` names them; best effort: another process may be using or removing one)."""
-    import re
-    import shutil
-    import time
-
     for sub in folder.iterdir():
         try:
             if (sub != keep and re.fullmatch(re.escape(CODE_PREFIX) + "[0-9a-f]{16}", sub.name) and sub.is_dir()
@@ -220,9 +219,15 @@ def _code_digest() -> str:
 
 
 def _machine(h) -> None:
-    """What else a trace or an executable depends on: library versions, JAX's configuration,
-    XLA's flags, the backend and its devices, and (for CPU code) the processor's features."""
+    """What else a trace or an executable depends on: JAX's configuration as it is now (a
+    context such as `jax.default_matmul_precision` changes it per thread), and, fixed for the
+    process, library versions, XLA's flags, the backend and its devices, and (for CPU code) the
+    processor's features."""
     global _machine_key
+    if not jax.sharding.get_abstract_mesh().empty:  # a mesh context can change how a program traces
+        raise _Unkeyable("a mesh context is set")
+    h.update(repr(sorted((k, repr(v)) for k, v in jax.config.values.items()
+                         if k != "jax_compilation_cache_dir")).encode())
     if _machine_key is None:
         m = hashlib.sha256()
         for name in ("jax", "jaxlib", "flax", "numpy", "ml_dtypes"):
@@ -230,8 +235,6 @@ def _machine(h) -> None:
                 m.update(f"{name}={importlib.metadata.version(name)};".encode())
             except importlib.metadata.PackageNotFoundError:
                 m.update(f"{name}=none;".encode())
-        m.update(repr(sorted((k, repr(v)) for k, v in jax.config.values.items()
-                             if k != "jax_compilation_cache_dir")).encode())
         m.update(os.environ.get("XLA_FLAGS", "").encode())
         devices = jax.devices()
         m.update(f"{jax.default_backend()}|{devices[0].client.platform_version}|{len(devices)}|"

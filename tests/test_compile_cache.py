@@ -78,7 +78,14 @@ def test_the_key_follows_what_the_trace_depends_on(program_cache, monkeypatch):
     request = G.prepare(model, [1, 5, 9], 16, "lookahead")
     donated = compile_cache.program_key("program", decode, request.args, request.statics, {"donate_argnums": (1,)})
     assert donated not in (None, base)
-    # Another version of jaxspec's code, of a library or of JAX's configuration: another key.
+    # JAX's configuration as this thread sees it: a precision context is another program, and
+    # under a mesh context (which can change how a program traces) nothing is keyed.
+    with jax.default_matmul_precision("highest"):
+        assert key() not in (None, base)
+    assert key() == base
+    with jax.sharding.set_mesh(jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))):
+        assert key() is None
+    # Another version of jaxspec's code or of a library: another key.
     monkeypatch.setattr(compile_cache, "_machine_key", None)
     monkeypatch.setattr(compile_cache, "_code_digest", lambda: "edited")
     assert key() not in (None, base)
