@@ -120,7 +120,7 @@ def _prune(folder: Path, keep: Path) -> None:
 # devices) falls back to tracing and compiling through XLA's cache, never to a guess.
 
 PROGRAMS_DIR = "jaxspec-programs"
-_FORMAT = 1  # bump when what an entry holds changes
+_FORMAT = 2  # bump when what an entry holds changes
 _programs_dir: Path | None = None  # set by `enable`: library calls without it never use the cache
 _machine_key: str | None = None
 # Whether the compile running in this thread was read from XLA's cache. Such an executable runs,
@@ -309,8 +309,10 @@ def compiled(fn, args: tuple, statics: dict | None = None, **jit_options) -> jax
     key = program_key("program", fn, args, statics, jit_options)
     entry = None if key is None else _read(key)
     if entry is not None:
+        serialized, in_tree, out_tree = entry
         try:
-            program = serialize_executable.deserialize_and_load(*entry)
+            program = serialize_executable.deserialize_and_load(
+                serialized, _in_tree(args) if in_tree is None else in_tree, out_tree)
             counts["loaded"] += 1
             return program
         except Exception:  # noqa: BLE001  (unloadable here: compiled again below)
@@ -320,10 +322,18 @@ def compiled(fn, args: tuple, statics: dict | None = None, **jit_options) -> jax
     counts["compiled"] += 1
     if key is not None and not _compile.from_xla_cache and _serializable(program):
         try:
-            counts["kept"] += _write(key, serialize_executable.serialize(program))
+            serialized, in_tree, out_tree = serialize_executable.serialize(program)
+            # The arguments' structure is part of the key, so it is rebuilt from them at load rather
+            # than stored: pickled, a model's graph definition costs ~4 ms to read back.
+            counts["kept"] += _write(key, (serialized, None if in_tree == _in_tree(args) else in_tree, out_tree))
         except Exception:  # noqa: BLE001  (not serializable after all: compiled in every process)
             pass
     return program
+
+
+def _in_tree(args: tuple) -> jax.tree_util.PyTreeDef:
+    """The structure a compiled program's arguments have (positional, no keyword arguments)."""
+    return jax.tree.structure((args, {}))
 
 
 def eval_shape(fn, args: tuple, statics: dict | None = None) -> list[jax.ShapeDtypeStruct]:

@@ -128,6 +128,20 @@ def test_a_damaged_entry_is_compiled_again_and_rewritten(program_cache):
     assert counts["loaded"] == before["loaded"] + 1
 
 
+def test_an_entry_leaves_out_the_argument_structure_its_key_fixes(program_cache):
+    """The arguments' structure (a model's graph definition: slow to unpickle) is rebuilt from
+    the arguments at load, not stored; the loaded program decodes as the compiled one."""
+    model = jaxspec.load("pycode-5M")
+    request = G.prepare(model, [1, 5, 9], 8, "autoregressive", stop_at_eos=False)
+    fresh = compile_cache.compiled(decode, request.args, request.statics)
+    serialized, in_tree, out_tree = compile_cache._read(_key(request))
+    assert in_tree is None and out_tree == fresh.out_tree
+    loaded_before = compile_cache.counts["loaded"]
+    loaded = compile_cache.compiled(decode, request.args, request.statics)
+    assert compile_cache.counts["loaded"] == loaded_before + 1
+    assert np.asarray(loaded(*request.args)[0].tokens).tolist() == np.asarray(fresh(*request.args)[0].tokens).tolist()
+
+
 def test_a_program_read_from_xlas_cache_is_not_kept(program_cache):
     """On CPU an executable XLA's cache loaded loses functions when serialized again: it runs
     here, but is not written to the program cache."""

@@ -143,6 +143,32 @@ def test_loop_is_one_compiled_program_reused_across_prompts_of_one_bucket():
     assert len(model.compiled) == 2
 
 
+
+def test_a_compile_key_hashes_each_graph_definition_once_and_equal_definitions_share_it(monkeypatch):
+    """A speculative request's key holds the target's and the drafter's graph definitions, whose
+    own hash walks the whole graph: it is taken once per object, not at each of a call's lookups.
+    An equal copy still finds the same program."""
+    import copy
+    import importlib
+
+    G = importlib.import_module("jaxspec.generate")
+    model = jaxspec.load("pycode-5M")
+    request = G.prepare(model, [1, 5, 9], 8, "speculative", draft_len=4)
+    assert request.bound
+    target, (drafter,) = request.args[0]
+    hashed = []
+    graph_type = type(target)
+    original = graph_type.__hash__
+    monkeypatch.setattr(graph_type, "__hash__", lambda self: hashed.append(id(self)) or original(self))
+    monkeypatch.setattr(G, "_GRAPH_HASHES", {})
+    table = {request.compile_key("decode"): "program"}
+    for _ in range(5):
+        assert table[request.compile_key("decode")] == "program"
+    assert sorted(hashed) == sorted({id(target), id(drafter)})  # once each
+    twin = dataclasses.replace(request, args=((copy.deepcopy(target), (copy.deepcopy(drafter),)),
+                                              *request.args[1:]))
+    assert twin.args[0][0] is not target and table[twin.compile_key("decode")] == "program"
+
 # ----------------------------------------------------------------------------- warp_logits
 
 
