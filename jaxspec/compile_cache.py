@@ -331,6 +331,17 @@ def compiled(fn, args: tuple, statics: dict | None = None, **jit_options) -> jax
     return program
 
 
+def compiled_into(table: dict, key, fn, args: tuple, statics: dict | None = None, **jit_options
+                  ) -> tuple[jax.stages.Compiled, float]:
+    """`table[key]`, `compiled` into the table first when missing (a model's or a server's
+    programs); with the seconds that took (0.0 when it was there)."""
+    if key in table:
+        return table[key], 0.0
+    t0 = time.perf_counter()
+    table[key] = compiled(fn, args, statics, **jit_options)
+    return table[key], time.perf_counter() - t0
+
+
 def _in_tree(args: tuple) -> jax.tree_util.PyTreeDef:
     """The structure a compiled program's arguments have (positional, no keyword arguments)."""
     return jax.tree.structure((args, {}))

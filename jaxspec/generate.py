@@ -274,13 +274,8 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
     request = prepare(model, prompt, max_new_tokens, method, temperature, top_k, top_p, seed, stop_at_eos,
                       stop_ids, **method_options)
     key = request.compile_key("decode")
-    compile_seconds = 0.0
-    if key not in model.compiled:
-        t0 = time.perf_counter()
-        model.compiled[key] = compile_cache.compiled(decode, request.args, request.statics)
-        compile_seconds = time.perf_counter() - t0
+    program, compile_seconds = compile_cache.compiled_into(model.compiled, key, decode, request.args, request.statics)
     t0 = time.perf_counter()
-    program = model.compiled[key]
     state, stats = program(*request.args)
     jax.block_until_ready(state.tokens)
     seconds = time.perf_counter() - t0
@@ -302,12 +297,10 @@ class Stream:
         self.result: GenerateOutput | None = None
 
     def _compiled(self, program: str, fn, args: tuple, statics: dict, **jit_options):
-        key = self.request.compile_key(program)
-        if key not in self.model.compiled:
-            t0 = time.perf_counter()
-            self.model.compiled[key] = compile_cache.compiled(fn, args, statics, **jit_options)
-            self._compile_seconds += time.perf_counter() - t0
-        return self.model.compiled[key]
+        compiled, seconds = compile_cache.compiled_into(self.model.compiled, self.request.compile_key(program), fn,
+                                                        args, statics, **jit_options)
+        self._compile_seconds += seconds
+        return compiled
 
     def __iter__(self) -> Iterator[StreamChunk]:
         request, model = self.request, self.model

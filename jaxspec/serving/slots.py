@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from typing import Any
 
 import jax
@@ -199,11 +198,9 @@ class SlotGroup:
                 jax.random.key(seed), sampling)
 
     def _compile(self, key, fn, args: tuple, statics: dict, **jit_options):
-        if key not in self._programs:
-            t0 = time.perf_counter()
-            self._programs[key] = compile_cache.compiled(fn, args, statics, **jit_options)
-            self.compile_seconds += time.perf_counter() - t0
-        return self._programs[key]
+        program, seconds = compile_cache.compiled_into(self._programs, key, fn, args, statics, **jit_options)
+        self.compile_seconds += seconds
+        return program
 
     def _start_program(self, bucket: int):
         args = self._start_args(np.zeros(bucket, np.int32), 1, 0, self._sampling0)
