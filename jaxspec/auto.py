@@ -168,8 +168,8 @@ def _forward(module_graphdef, params, batch: int, cache_len: int, tokens: int, c
 def _in_threads(fn, items: list, model) -> list:
     """`fn` of each item, in threads, at most one per core (compiling, loading and first runs:
     untimed work that runs outside Python's lock; more threads than cores only add switching:
-    auto's first measurement on 2 cores took 0.95-1.0 s with a thread per program, 0.91-0.92 s
-    with two); one after another where programs hold collectives: processes must meet them in
+    auto's first measurement with a race on 2 cores: median 0.96 s with a thread per program,
+    0.92 s with two, 4 processes each); one after another where programs hold collectives: processes must meet them in
     the same order, and a tensor-parallel model's programs share its devices."""
     if jax.process_count() > 1 or model.mesh is not None or len(items) < 2:
         return [fn(x) for x in items]
