@@ -5,8 +5,14 @@ A setting's speed over greedy is S / c: S tokens per step (expected) over c, the
 step in greedy steps on this device. c is MEASURED here, once per model, backend and shape
 bucket: the seconds of one forward of the step's T block tokens over a half-full cache, over
 those of a one-token forward (a drafter's forward added for speculative decoding). Forwards of
-1, 16 and 128 tokens are compiled and timed a few times, interleaved, the minimum kept; other
-sizes are interpolated (the drafter's: between its smallest and largest block). S comes from
+1 and 16 tokens (and the drafter's) are compiled and timed a few times, interleaved, the minimum
+kept, then 128 tokens where a larger block could still be worth timing (a block of more than 16
+tokens costs at least a forward of 16: where S over that bound stays under WORTH_TIMING for
+every larger block, none can be chosen, and their c is reported as that bound); other sizes are
+interpolated (the drafter's: between its smallest and largest block), except the block of the
+best candidate, when it is worth timing: its own forward is measured first (the c curve is not
+straight between the measured sizes: on this project's CPU c(5) of pycode-5M is 1.98 where the
+line from c(1) to c(16) says 1.50, which made a 0.5x setting look 1.5x). S comes from
 `configs/auto.toml`, fitted on this project's benchmark results by `tools/fit_auto.py`
 (lookahead: S = 1 + slope * ln(T), the paper's law; prompt lookup and speculative as measured;
 a model without results gets the smallest measured slope and S).
@@ -18,9 +24,10 @@ predicted at least WORTH_TIMING x greedy, is then timed against greedy on the re
 follows; the tokens are the same, so the time ratio is the speed-up). It is chosen only if that
 measured speed-up reaches MARGIN: `auto` never picks what it measures to be slower than greedy.
 On a CPU lookahead's c is far above its S; speculative decoding with a shipped drafter
-(pycode-5M's at K = 4: S 3.03, c ~1.8 by the forward; SmolLM2-135M-Instruct's, whose head
-covers a draft vocabulary, timed with that head) is worth timing there, and the timing on
-the request decides between it and greedy. On an accelerator at batch 1, c(T) stays near 1 up to
+(pycode-5M's at K = 4: S 3.03, c ~3.2 by its own block's forwards, 3.4 timed on a 32-token
+request; SmolLM2-135M-Instruct's, whose head covers a draft vocabulary, timed with that head)
+is worth timing where its forwards are cheaper, and the timing on the request decides between
+it and greedy. On an accelerator at batch 1, c(T) stays near 1 up to
 ~100 tokens. Measurements are kept per model (checkpoint, dtype, attention, layout), backend
 and shape bucket for the process, and on disk for later processes on this machine
 (`jaxspec.auto_store`). In a multi-process run every process takes process 0's measurements
@@ -57,10 +64,17 @@ _MEASURED: dict = {}
 # Lookahead settings `auto` considers (W, N, G): from a narrow to the paper's 7B window.
 LOOKAHEAD_GRID = ((4, 3, 4), (5, 3, 5), (7, 4, 7), (10, 5, 10), (15, 5, 15))
 REPEATS = 3
+# Timed rounds stop early once they have taken this long: the minimum of a few runs guards a
+# millisecond forward against a stray pause, which a 50 ms one (SmolLM2-135M's) hardly feels.
+ROUNDS_SECONDS = 0.1
 # Block sizes whose forward is measured; c at other sizes is interpolated linearly between
 # them (a forward's time is piecewise about linear in T: flat while memory-bound, then
-# growing with the FLOPs). Three compiles instead of one per candidate.
-MEASURED_SIZES = (1, 16, 128)
+# growing with the FLOPs). Three programs instead of one per candidate. LARGE_SIZES only
+# when a candidate of more than SMALL_SIZES[-1] tokens could still be worth timing: its c is
+# at least c(SMALL_SIZES[-1]) (a forward of more tokens takes no less time), so where S over
+# that bound stays under WORTH_TIMING for each, their exact c cannot change the choice.
+SMALL_SIZES = (1, 16)
+LARGE_SIZES = (128,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +201,8 @@ def forward_seconds(model, batch: int, cache_len: int, sizes: list[int], repeats
 def forwards_seconds(batch: int, cache_len: int, forwards: list[tuple], repeats: int = REPEATS) -> list[float]:
     """Seconds of each forward (model, block size, head or None): each compiled (or loaded) and
     run once, all at once in threads (a program's first run is several times slower than the
-    next on CPU), then timed `repeats` times, interleaved, the minimum kept."""
+    next on CPU), then timed `repeats` times (fewer once ROUNDS_SECONDS are spent), interleaved,
+    the minimum kept."""
     def ready(forward: tuple):
         model, tokens, head = forward
         dtype = model.module.embed_tokens.embedding.dtype
@@ -197,11 +212,15 @@ def forwards_seconds(batch: int, cache_len: int, forwards: list[tuple], repeats:
 
     programs = _in_threads(ready, forwards, forwards[0][0])
     best = [np.inf] * len(programs)
+    timed = 0.0
     for _ in range(repeats):
         for i, (program, args) in enumerate(programs):
             t0 = time.perf_counter()
             jax.block_until_ready(program(*args))
             best[i] = min(best[i], time.perf_counter() - t0)
+            timed += time.perf_counter() - t0
+        if timed >= ROUNDS_SECONDS:  # programs this long time steadily: one more round would not change c
+            break
     return agreed(best)
 
 
@@ -236,21 +255,63 @@ def _interpolated(measured: dict[int, float]):
     return seconds
 
 
-def step_costs(model, batch: int, cache_len: int, options: list[Candidate]) -> tuple[dict, float, str | None]:
-    """c of every candidate (measured once per model, machine and shape bucket), the seconds
-    spent measuring now, and where an earlier process's measurement was read from (None: none)."""
-    key = (*_model_key(model), batch, cache_len, tuple((c.block_tokens, c.drafter_tokens) for c in options))
+def step_costs(model, batch: int, cache_len: int, options: list[Candidate], worth: float | None = None
+               ) -> tuple[dict, set, float, str | None]:
+    """c of every candidate (measured once per model, machine and shape bucket); the candidates
+    whose c is only a lower bound (their block's forward counted at SMALL_SIZES[-1] tokens: the
+    LARGE_SIZES were not measured, as with that bound none of them could reach `worth` x greedy;
+    `worth` None: every size measured, for a ranking); the seconds spent measuring now; and where
+    an earlier process's measurement was read from (None: none). With `worth`, the best candidate
+    of a small block, if predicted at `worth` or more, has its own block's forward measured."""
+    key = (*_model_key(model), batch, cache_len, tuple((c.block_tokens, c.drafter_tokens) for c in options), worth)
     if key in _MEASURED:
-        costs, recalled = _MEASURED[key]
-        return costs, 0.0, recalled
+        costs, bounded, recalled = _MEASURED[key]
+        return costs, bounded, 0.0, recalled
     t0 = time.perf_counter()
     drafted = {c.drafter_tokens for c in options if c.drafter_tokens}
     drafter = _default_drafter(model) if drafted else None
-    # The target's forwards, and the drafter's smallest and largest (the ones between interpolated):
-    # stored apart, measured together when neither is stored.
-    wanted = [(model, list(MEASURED_SIZES), None)]
+    # The target's small forwards, and the drafter's smallest and largest (the ones between
+    # interpolated): stored apart, measured together when neither is stored.
+    wanted = [(model, list(SMALL_SIZES), None)]
     if drafter is not None:
         wanted.append((drafter.model, sorted({min(drafted), max(drafted)}), drafter.draft_head()))
+    measured, recalled = _forwards(batch, cache_len, wanted)
+
+    def cost(c: Candidate, target_tokens: int) -> float:  # in one-token forwards, by the sizes measured so far
+        drafting = _interpolated(measured[1])(c.drafter_tokens) if c.drafter_tokens else 0.0
+        return (_interpolated(measured[0])(target_tokens) + drafting) / measured[0][1]
+
+    # A block of more than SMALL_SIZES[-1] tokens costs at least a forward of that many.
+    large = [c for c in options if c.block_tokens > SMALL_SIZES[-1]]
+    bounded = set()
+    if worth is not None and all(c.expected_s / cost(c, SMALL_SIZES[-1]) < worth for c in large):
+        bounded = {(c.block_tokens, c.drafter_tokens) for c in large}
+    more = [[*LARGE_SIZES] if large and not bounded else [], []]  # target, drafter sizes still to measure
+    # The smaller block a race would time is measured itself first (a forward costs far less than
+    # a race): between measured sizes c is interpolated, and the curve is not straight everywhere
+    # (on this project's CPU, pycode-5M's c(5) is 1.98, the line from c(1) to c(16) says 1.50).
+    small = [c for c in options[1:] if c.block_tokens <= SMALL_SIZES[-1]]
+    if worth is not None and small:
+        best = max(small, key=lambda c: c.expected_s / cost(c, c.block_tokens))
+        if best.expected_s / cost(best, best.block_tokens) >= worth:
+            more[0] += [] if best.block_tokens in measured[0] else [best.block_tokens]
+            more[1] += [] if not best.drafter_tokens or best.drafter_tokens in measured[1] else [best.drafter_tokens]
+    todo = [(m, sorted(set(sizes)), head) for (m, _, head), sizes in zip(wanted, more) if sizes]
+    if todo:
+        extra, where = _forwards(batch, cache_len, todo)
+        for (m, _, _), times in zip(todo, extra):
+            measured[0 if m is model else 1].update(times)
+        recalled += where
+    costs = {(c.block_tokens, c.drafter_tokens): cost(c, SMALL_SIZES[-1] if (
+        c.block_tokens, c.drafter_tokens) in bounded else c.block_tokens) for c in options}
+    _MEASURED[key] = costs, bounded, next((w for w in recalled if w), None)
+    return costs, bounded, time.perf_counter() - t0, _MEASURED[key][2]
+
+
+def _forwards(batch: int, cache_len: int, wanted: list[tuple]) -> tuple[list[dict], list]:
+    """Seconds of each (model, sizes, head)'s forwards, per size: read from the store, or
+    measured now, those not stored timed together (`forwards_seconds`); and where each was read
+    from (None: measured now)."""
     timed_now: dict = {}
 
     def measure(i: int) -> list[float]:  # forwards i.. (those not read from the store) timed together, once
@@ -268,12 +329,7 @@ def step_costs(model, batch: int, cache_len: int, options: list[Candidate]) -> t
                                          len(sizes), lambda i=i: measure(i))
         measured.append(dict(zip(sizes, times)))
         recalled.append(where)
-    seconds = _interpolated(measured[0])
-    drafter_seconds = _interpolated(measured[1]) if drafter is not None else None
-    costs = {(c.block_tokens, c.drafter_tokens): (seconds(c.block_tokens) + (
-        drafter_seconds(c.drafter_tokens) if c.drafter_tokens else 0.0)) / measured[0][1] for c in options}
-    _MEASURED[key] = costs, next((w for w in recalled if w), None)
-    return costs, time.perf_counter() - t0, _MEASURED[key][1]
+    return measured, recalled
 
 
 def decode_seconds(model, prompt, max_new_tokens: int, settings: list[tuple[str, dict]], generation: dict,
@@ -334,12 +390,14 @@ def _choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, loo
         except GenerationError:  # no drafter for this model: speculative is not a candidate
             options = [c for c in options if not c.drafter_tokens]
     cache_len = _bucket(prompt_len + max_new_tokens + 128, 512)
-    costs, measured, recalled = step_costs(model, batch, cache_len, options)
+    costs, bounded, measured, recalled = step_costs(model, batch, cache_len, options,
+                                                    None if lookahead_only else WORTH_TIMING)
     rows = []
     for c in options:
         cost = costs[(c.block_tokens, c.drafter_tokens)]
         rows.append(dict(label=c.label, block_tokens=c.block_tokens, expected_s=round(c.expected_s, 3),
-                         step_cost=round(cost, 3), predicted_speedup=round(c.expected_s / cost, 3)))
+                         step_cost=round(cost, 3), predicted_speedup=round(c.expected_s / cost, 3),
+                         **({"bound": True} if (c.block_tokens, c.drafter_tokens) in bounded else {})))
     ranked = sorted(zip(options[1:], rows[1:]), key=lambda cr: -cr[1]["predicted_speedup"])
     best, row = ranked[0]
     backend = jax.default_backend()
@@ -373,8 +431,13 @@ def _choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, loo
                   f"{row['step_cost']:.2f}), measured {real['speedup']:.2f}x greedy on {backend} at this request's "
                   f"shape (its step costs {real['step_cost']:.2f} greedy steps), under {MARGIN:.1f}x")
     else:
-        reason = (f"greedy: no setting is predicted {WORTH_TIMING:.1f}x faster on {backend} (best: {row['label']}, "
-                  f"{row['predicted_speedup']:.2f}x = S {row['expected_s']:.2f} / c {row['step_cost']:.2f})")
+        exact = [r for _, r in ranked if not r.get("bound")]
+        shown = exact[0] if exact else row
+        reason = (f"greedy: no setting is predicted {WORTH_TIMING:.1f}x faster on {backend} (best: {shown['label']}, "
+                  f"{shown['predicted_speedup']:.2f}x = S {shown['expected_s']:.2f} / c {shown['step_cost']:.2f})")
+        if bounded:
+            reason += (f"; blocks of more than {SMALL_SIZES[-1]} tokens at most {row['predicted_speedup']:.2f}x "
+                       f"({row['label']}), their forwards not measured")
     return _choice(options[0], rows[0], reason, rows, measured, recalled)
 
 

@@ -80,6 +80,49 @@ def test_a_slow_forward_is_never_timed(pycode, monkeypatch):
     assert window.method == "lookahead" and window.options == dict(window=4, ngram=3, guesses=4)  # the cheapest
 
 
+def test_large_blocks_are_measured_only_where_one_could_be_worth_timing(pycode, monkeypatch):
+    """CPU-like forwards (c(16) = 8.5): no block of more than 16 tokens can reach 1.5x at that
+    lower bound, so the 128-token forward is not measured and their c is reported as the bound;
+    `window="auto"` ranks lookahead settings by exact c, so it measures it."""
+    _fake_costs(monkeypatch, 1.0)
+    sizes = []
+    fake = auto.forwards_seconds
+    monkeypatch.setattr(auto, "forwards_seconds",
+                        lambda *a, **k: sizes.append(sorted(t for _, t, _ in a[2])) or fake(*a, **k))
+    monkeypatch.setattr(auto, "decode_seconds", lambda *a: pytest.fail("timed a setting predicted slower"))
+    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
+    assert sizes == [[1, 5, 16, 17]]  # the target's 1 and 16, the drafter's smallest and largest block
+    rows = {r["label"]: r for r in choice.candidates}
+    assert rows["lookahead (15,5,15)"]["bound"] and rows["lookahead (15,5,15)"]["step_cost"] == 8.5
+    assert rows["speculative (16)"]["bound"] and rows["speculative (16)"]["step_cost"] == 8.5 + 9.0  # + drafter(17)
+    assert "bound" not in rows["lookahead (4,3,4)"] and "bound" not in rows["speculative (8)"]
+    assert choice.method == "autoregressive" and "their forwards not measured" in choice.reason
+    window = auto.choose(pycode, [1, 5, 9], 1, 3, 16, lookahead_only=True)
+    assert sizes[1:] == [[1, 16], [128]] and not any(r.get("bound") for r in window.candidates)
+    assert {r["label"]: r["step_cost"] for r in window.candidates}["lookahead (15,5,15)"] == pytest.approx(
+        (1 + 120.0) / 2, abs=1e-3)
+
+
+def test_the_block_a_race_would_time_is_measured_first(pycode, monkeypatch):
+    """A CPU-like concave c (steep at a few tokens): the line from c(1) to c(16) puts speculative
+    (4)'s 5-token block at 1.62 (S 3.03: 1.87x, worth a race); its own forward, measured before any
+    race, says 2.2 (1.37x), and the race is not run. The drafter's forward is small here."""
+    monkeypatch.setattr(auto, "_MEASURED", {})
+    sizes = []
+
+    def forwards(batch, cache_len, forwards, repeats=3):
+        sizes.append(sorted(t for m, t, _ in forwards if m is pycode))
+        return [1 + 0.6 * (t - 1) ** 0.5 if m is pycode else 0.01 for m, t, _ in forwards]
+
+    monkeypatch.setattr(auto, "forwards_seconds", forwards)
+    monkeypatch.setattr(auto, "decode_seconds", lambda *a: pytest.fail("raced a setting its own forward rules out"))
+    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
+    assert sizes == [[1, 16], [5]]  # then speculative (4)'s own block; larger blocks stay bounded
+    rows = {r["label"]: r for r in choice.candidates}
+    assert rows["speculative (4)"]["step_cost"] == pytest.approx(2.2 + 0.01, abs=1e-3)
+    assert choice.method == "autoregressive" and "no setting is predicted 1.5x faster" in choice.reason
+
+
 def test_measurements_outlive_the_process(pycode, monkeypatch, tmp_path):
     """With a store (JAXSPEC_AUTO_CACHE), a later process (here: the in-process cache emptied)
     makes the same choice from the stored c and timing without measuring, and says so; another
@@ -94,34 +137,37 @@ def test_measurements_outlive_the_process(pycode, monkeypatch, tmp_path):
     timed = {"lookahead": (1.0, 10), "autoregressive": (2.0, 20)}
     monkeypatch.setattr(auto, "decode_seconds", _timed(timed))
     first = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
-    assert first.recalled is None and first.method == "lookahead" and measured == [2]  # the target and drafter, together
-    assert len(json.loads(store.read_text())["entries"]) == 3  # their forwards and the timed race
+    # The target's small forwards and the drafter's, together; then the target's large one (here
+    # every larger block could be worth timing).
+    assert first.recalled is None and first.method == "lookahead" and measured == [2, 1]
+    assert len(json.loads(store.read_text())["entries"]) == 4  # those three and the timed race
 
     monkeypatch.setattr(auto, "_MEASURED", {})  # a new process
     monkeypatch.setattr(auto, "decode_seconds", lambda *a: pytest.fail("timed again"))
     again = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
-    assert measured == [2] and (again.method, again.options, again.candidates) == (
+    assert measured == [2, 1] and (again.method, again.options, again.candidates) == (
         first.method, first.options, first.candidates)
     assert again.recalled.startswith(f"{store}, measured 20") and "[measured earlier: " in again.reason
 
     monkeypatch.setattr(auto, "_MEASURED", {})
     monkeypatch.setattr(auto_store.socket, "gethostname", lambda: "another-machine")
     monkeypatch.setattr(auto, "decode_seconds", _timed(timed))
-    assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None and measured == [2, 2]
+    assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None and measured == [2, 1, 2, 1]
 
     store.write_text("{not json")
     monkeypatch.setattr(auto, "_MEASURED", {})
     with pytest.warns(UserWarning, match="ignoring the auto measurement store"):
         assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None
-    assert len(json.loads(store.read_text())["entries"]) == 3  # rewritten whole
+    assert len(json.loads(store.read_text())["entries"]) == 4  # rewritten whole
     data = json.loads(store.read_text())
     for entry in data["entries"].values():
         entry["values"] = ["x"]  # edited by hand: measured again, replaced
     store.write_text(json.dumps(data))
     monkeypatch.setattr(auto, "_MEASURED", {})
     count = len(measured)
-    assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None and measured[count:] == [2]
-    assert all(len(e["values"]) > 1 for e in json.loads(store.read_text())["entries"].values())
+    assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None and measured[count:] == [2, 1]
+    assert all(e["values"] != ["x"] and all(isinstance(v, float) for v in e["values"])
+               for e in json.loads(store.read_text())["entries"].values())
 
     store.unlink()
     monkeypatch.setenv(auto_store.ENV, "off")
@@ -137,8 +183,11 @@ def test_generate_auto_reports_its_choice_and_keeps_greedy_tokens(pycode):
     out = jaxspec.generate(pycode, prompt, max_new_tokens=12, method="auto")
     assert out.tokens == greedy.tokens and out.auto["method"] == out.method
     assert {r["label"] for r in out.auto["candidates"]} >= {"autoregressive", "lookahead (15,5,15)", "speculative (8)"}
-    costs = {r["label"]: r["step_cost"] for r in out.auto["candidates"]}
-    assert costs["autoregressive"] == 1.0 and costs["lookahead (15,5,15)"] > costs["lookahead (4,3,4)"] > 1
+    rows = {r["label"]: r for r in out.auto["candidates"]}
+    small, large = rows["lookahead (4,3,4)"], rows["lookahead (15,5,15)"]  # blocks of 16 and 120 tokens
+    assert rows["autoregressive"]["step_cost"] == 1.0 and small["step_cost"] > 1 and "bound" not in small
+    # 120 tokens: measured, or (where no block over 16 tokens could be worth timing) 16 tokens' c as the bound
+    assert large["step_cost"] == small["step_cost"] if large.get("bound") else large["step_cost"] > small["step_cost"]
     window = jaxspec.generate(pycode, prompt, max_new_tokens=12, method="lookahead", window="auto")
     assert window.method == "lookahead" and window.tokens == greedy.tokens
     assert (window.options["window"], window.options["ngram"], window.options["guesses"]) in auto.LOOKAHEAD_GRID
