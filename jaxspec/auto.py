@@ -5,14 +5,15 @@ A setting's speed over greedy is S / c: S tokens per step (expected) over c, the
 step in greedy steps on this device. c is MEASURED here, once per model, backend and shape
 bucket: the seconds of one forward of the step's T block tokens over a half-full cache, over
 those of a one-token forward (a drafter's forward added for speculative decoding). Forwards of
-1 and 16 tokens (and the drafter's) are compiled and timed a few times, interleaved, the minimum
-kept, then 128 tokens where a larger block could still be worth timing (a block of more than 16
-tokens costs at least a forward of 16: where S over that bound stays under WORTH_TIMING for
+1 and 32 tokens (and the drafter's) are compiled and timed a few times, interleaved, the minimum
+kept, then 128 tokens where a larger block could still be worth timing (a block of more than 32
+tokens costs at least a forward of 32: where S over that bound stays under WORTH_TIMING for
 every larger block, none can be chosen, and their c is reported as that bound); other sizes are
 interpolated (the drafter's: between its smallest and largest block), except the block of the
 best candidate, when it is worth timing: its own forward is measured first (the c curve is not
-straight between the measured sizes: on this project's CPU c(5) of pycode-5M is 1.98 where the
-line from c(1) to c(16) says 1.50, which made a 0.5x setting look 1.5x). S comes from
+straight between the measured sizes: on this project's CPU, pycode-5M's forward of 5 tokens
+took 3.6-3.9 ms in auto's measurement where the line from 1 token (2.3-3.2 ms) to 16 (5.3-5.6)
+says 3.1-3.5). S comes from
 `configs/auto.toml`, fitted on this project's benchmark results by `tools/fit_auto.py`
 (lookahead: S = 1 + slope * ln(T), the paper's law; prompt lookup and speculative as measured;
 a model without results gets the smallest measured slope and S).
@@ -24,10 +25,10 @@ predicted at least WORTH_TIMING x greedy, is then timed against greedy on the re
 follows; the tokens are the same, so the time ratio is the speed-up). It is chosen only if that
 measured speed-up reaches MARGIN: `auto` never picks what it measures to be slower than greedy.
 On a CPU lookahead's c is far above its S; speculative decoding with a shipped drafter
-(pycode-5M's at K = 4: S 3.03, c ~3.2 by its own block's forwards, 3.4 timed on a 32-token
-request; SmolLM2-135M-Instruct's, whose head covers a draft vocabulary, timed with that head)
-is worth timing where its forwards are cheaper, and the timing on the request decides between
-it and greedy. On an accelerator at batch 1, c(T) stays near 1 up to
+(pycode-5M's at K = 4: S 3.03, c 2.0-2.4 by its own block's forwards, 3.1-3.4 timed on a
+32-token request, where S is lower too; SmolLM2-135M-Instruct's, whose head covers a draft
+vocabulary, timed with that head) is at times worth timing there, and the timing on the
+request decides between it and greedy. On an accelerator at batch 1, c(T) stays near 1 up to
 ~100 tokens. Measurements are kept per model (checkpoint, dtype, attention, layout), backend
 and shape bucket for the process, and on disk for later processes on this machine
 (`jaxspec.auto_store`). In a multi-process run every process takes process 0's measurements
@@ -73,7 +74,7 @@ ROUNDS_SECONDS = 0.1
 # when a candidate of more than SMALL_SIZES[-1] tokens could still be worth timing: its c is
 # at least c(SMALL_SIZES[-1]) (a forward of more tokens takes no less time), so where S over
 # that bound stays under WORTH_TIMING for each, their exact c cannot change the choice.
-SMALL_SIZES = (1, 16)
+SMALL_SIZES = (1, 32)
 LARGE_SIZES = (128,)
 
 
@@ -289,7 +290,7 @@ def step_costs(model, batch: int, cache_len: int, options: list[Candidate], wort
     more = [[*LARGE_SIZES] if large and not bounded else [], []]  # target, drafter sizes still to measure
     # The smaller block a race would time is measured itself first (a forward costs far less than
     # a race): between measured sizes c is interpolated, and the curve is not straight everywhere
-    # (on this project's CPU, pycode-5M's c(5) is 1.98, the line from c(1) to c(16) says 1.50).
+    # (see the module docstring).
     small = [c for c in options[1:] if c.block_tokens <= SMALL_SIZES[-1]]
     if worth is not None and small:
         best = max(small, key=lambda c: c.expected_s / cost(c, c.block_tokens))
@@ -436,8 +437,9 @@ def _choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, loo
         reason = (f"greedy: no setting is predicted {WORTH_TIMING:.1f}x faster on {backend} (best: {shown['label']}, "
                   f"{shown['predicted_speedup']:.2f}x = S {shown['expected_s']:.2f} / c {shown['step_cost']:.2f})")
         if bounded:
-            reason += (f"; blocks of more than {SMALL_SIZES[-1]} tokens at most {row['predicted_speedup']:.2f}x "
-                       f"({row['label']}), their forwards not measured")
+            top = max((r for _, r in ranked if r.get("bound")), key=lambda r: r["predicted_speedup"])
+            reason += (f"; blocks of more than {SMALL_SIZES[-1]} tokens at most {top['predicted_speedup']:.2f}x "
+                       f"({top['label']}), their forwards not measured")
     return _choice(options[0], rows[0], reason, rows, measured, recalled)
 
 
