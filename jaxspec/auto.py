@@ -70,7 +70,7 @@ REPEATS = 3
 ROUNDS_SECONDS = 0.1
 # Block sizes whose forward is measured; c at other sizes is interpolated linearly between
 # them (a forward's time is piecewise about linear in T: flat while memory-bound, then
-# growing with the FLOPs). Three programs instead of one per candidate. LARGE_SIZES only
+# growing with the FLOPs). Two to four programs instead of one per candidate. LARGE_SIZES only
 # when a candidate of more than SMALL_SIZES[-1] tokens could still be worth timing: its c is
 # at least c(SMALL_SIZES[-1]) (a forward of more tokens takes no less time), so where S over
 # that bound stays under WORTH_TIMING for each, their exact c cannot change the choice.
@@ -102,7 +102,8 @@ class Choice:
     step_cost: float
     predicted_speedup: float
     reason: str
-    candidates: tuple  # dicts: label, block_tokens, expected_s, step_cost, predicted_speedup
+    candidates: tuple  # dicts: label, block_tokens, expected_s, step_cost, predicted_speedup (and
+    # bound: True where step_cost is a lower bound, predicted_speedup an upper one)
     measure_seconds: float  # measuring c now (0 when cached)
     recalled: str | None = None  # where and when an earlier process measured (`jaxspec.auto_store`), or None
 
@@ -183,9 +184,9 @@ def _forward(module_graphdef, params, batch: int, cache_len: int, tokens: int, c
 def _in_threads(fn, items: list, model) -> list:
     """`fn` of each item, in threads, at most one per core (compiling, loading and first runs:
     untimed work that runs outside Python's lock; more threads than cores only add switching:
-    auto's first measurement with a race on 2 cores: median 0.96 s with a thread per program,
-    0.92 s with two, 4 processes each); one after another where programs hold collectives: processes must meet them in
-    the same order, and a tensor-parallel model's programs share its devices."""
+    auto's first measurement with a race on 2 cores, median of 4 processes: 0.96 s with a thread
+    per program, 0.92 s with two); one after another where programs hold collectives: processes
+    must meet them in the same order, and a tensor-parallel model's programs share its devices."""
     if jax.process_count() > 1 or model.mesh is not None or len(items) < 2:
         return [fn(x) for x in items]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
