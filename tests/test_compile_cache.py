@@ -128,18 +128,27 @@ def test_a_damaged_entry_is_compiled_again_and_rewritten(program_cache):
     assert counts["loaded"] == before["loaded"] + 1
 
 
+def _scaled_tree(tree, *, factor):
+    return jax.tree.map(lambda v: jnp.cos(v) * factor, tree)
+
+
 def test_an_entry_leaves_out_the_argument_structure_its_key_fixes(program_cache):
-    """The arguments' structure (a model's graph definition: slow to unpickle) is rebuilt from
-    the arguments at load, not stored; the loaded program decodes as the compiled one."""
-    model = jaxspec.load("pycode-5M")
-    request = G.prepare(model, [1, 5, 9], 8, "autoregressive", stop_at_eos=False)
-    fresh = compile_cache.compiled(decode, request.args, request.statics)
-    serialized, in_tree, out_tree = compile_cache._read(_key(request))
+    """The arguments' structure (for a decode program, the model's graph definition: slow to
+    unpickle) is rebuilt from the arguments at load, not stored; the loaded program computes
+    what the compiled one did. (A function no other test compiles: one read from XLA's cache
+    would not be kept.)"""
+    x = jnp.arange(3, dtype=jnp.float32)
+    args = ({"a": x, "b": (x + 1, [x + 2])},)
+    fresh = compile_cache.compiled(_scaled_tree, args, {"factor": 1.5})
+    serialized, in_tree, out_tree = compile_cache._read(
+        compile_cache.program_key("program", _scaled_tree, args, {"factor": 1.5}, {}))
     assert in_tree is None and out_tree == fresh.out_tree
     loaded_before = compile_cache.counts["loaded"]
-    loaded = compile_cache.compiled(decode, request.args, request.statics)
+    loaded = compile_cache.compiled(_scaled_tree, args, {"factor": 1.5})
     assert compile_cache.counts["loaded"] == loaded_before + 1
-    assert np.asarray(loaded(*request.args)[0].tokens).tolist() == np.asarray(fresh(*request.args)[0].tokens).tolist()
+    assert jax.tree.structure(loaded(*args)) == jax.tree.structure(args[0])
+    for got, want in zip(jax.tree.leaves(loaded(*args)), jax.tree.leaves(fresh(*args))):
+        assert np.asarray(got).tolist() == np.asarray(want).tolist()
 
 
 def test_a_program_read_from_xlas_cache_is_not_kept(program_cache):

@@ -143,7 +143,6 @@ def test_loop_is_one_compiled_program_reused_across_prompts_of_one_bucket():
     assert len(model.compiled) == 2
 
 
-
 def test_a_compile_key_hashes_each_graph_definition_once_and_equal_definitions_share_it(monkeypatch):
     """A speculative request's key holds the target's and the drafter's graph definitions, whose
     own hash walks the whole graph: it is taken once per object, not at each of a call's lookups.
