@@ -11,9 +11,9 @@ tokens costs at least a forward of 32: where S over that bound stays under WORTH
 every larger block, none can be chosen, and their c is reported as that bound); other sizes are
 interpolated (the drafter's: between its smallest and largest block), except the block of the
 best candidate, when it is worth timing: its own forward is measured first (the c curve is not
-straight between the measured sizes: on this project's CPU, pycode-5M's forward of 5 tokens
-took 3.6-3.9 ms in auto's measurement where the line from 1 token (2.3-3.2 ms) to 16 (5.3-5.6)
-says 3.1-3.5). S comes from
+straight between the measured sizes: on this project's CPU, in 4 of auto's measurements,
+pycode-5M's forward of 5 tokens took 3.6-3.9 ms where the line from 1 to 16 tokens said
+0.1-0.6 ms less). S comes from
 `configs/auto.toml`, fitted on this project's benchmark results by `tools/fit_auto.py`
 (lookahead: S = 1 + slope * ln(T), the paper's law; prompt lookup and speculative as measured;
 a model without results gets the smallest measured slope and S).

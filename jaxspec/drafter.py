@@ -71,12 +71,11 @@ class Drafter:
         if self.draft_vocab is None:
             return None
         if getattr(self, "_head", None) is None:
-            module = self.model.module
-            table = module.embed_tokens.embedding[...] if module.config.tie_word_embeddings else module.lm_head.kernel[...]
+            table, tied = _head_table(self.model.module)
             # Through the program cache: gathered eagerly, the rows cost each process ~0.17 s of
             # compiling (SmolLM2's drafter).
             args = (table, self.draft_vocab)
-            self._head = compile_cache.compiled(_head_rows, args, {"tied": module.config.tie_word_embeddings})(*args)
+            self._head = compile_cache.compiled(_head_rows, args, {"tied": tied})(*args)
         return self._head
 
     @property
@@ -133,8 +132,15 @@ class Drafter:
 def head_rows(module, vocab: Int[Array, " v"]) -> Float[Array, "v d"]:
     """The LM head's rows for the ids `vocab` (the tied embedding's rows, or the untied head's
     columns): the head of a draft vocabulary, in training and at decode time."""
+    table, tied = _head_table(module)
+    return _head_rows(table, vocab, tied=tied)
+
+
+def _head_table(module) -> tuple[Array, bool]:
+    """The LM head's weights as stored (the tied embedding [v, d] or the head's kernel [d, v]),
+    and whether they are tied."""
     tied = module.config.tie_word_embeddings
-    return _head_rows(module.embed_tokens.embedding[...] if tied else module.lm_head.kernel[...], vocab, tied=tied)
+    return (module.embed_tokens.embedding[...] if tied else module.lm_head.kernel[...]), tied
 
 
 def _head_rows(table, vocab, *, tied: bool):
