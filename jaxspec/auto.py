@@ -13,7 +13,10 @@ interpolated (the drafter's: between its smallest and largest block), except the
 best candidate, when it is worth timing: its own forward is measured first (the c curve is not
 straight between the measured sizes: on this project's CPU, in 4 of auto's measurements,
 pycode-5M's forward of 5 tokens took 3.6-3.9 ms where the line from 1 to 16 tokens said
-0.1-0.6 ms less). S comes from
+0.1-0.6 ms less). A drafted step costs at least the target's one-token forward: where
+every drafted setting's S stays under WORTH_TIMING even at c = 1 (SmolLM2-135M-Instruct's
+drafter: S 1.26), the drafter is neither loaded nor measured, and their c is reported as the
+bound c(1) = 1. S comes from
 `configs/auto.toml`, fitted on this project's benchmark results by `tools/fit_auto.py`
 (lookahead: S = 1 + slope * ln(T), the paper's law; prompt lookup and speculative as measured;
 a model without results gets the smallest measured slope and S).
@@ -50,7 +53,6 @@ import numpy as np
 from flax import nnx
 
 from jaxspec import auto_store, compile_cache, perf
-from jaxspec.errors import GenerationError
 from jaxspec.kv_cache import KVCache
 from jaxspec.masks import TreeMask
 
@@ -85,6 +87,10 @@ class Candidate:
     block_tokens: int  # T of the target's step
     expected_s: float  # tokens per step
     drafter_tokens: int = 0  # a drafter's forward per step (speculative), 0 = none
+
+    @property
+    def shape(self) -> tuple[int, int]:  # what its c depends on: the target's and the drafter's tokens per step
+        return self.block_tokens, self.drafter_tokens
 
     @property
     def label(self) -> str:
@@ -259,18 +265,21 @@ def _interpolated(measured: dict[int, float]):
 
 def step_costs(model, batch: int, cache_len: int, options: list[Candidate], worth: float | None = None
                ) -> tuple[dict, set, float, str | None]:
-    """c of every candidate (measured once per model, machine and shape bucket); the candidates
-    whose c is only a lower bound (their block's forward counted at SMALL_SIZES[-1] tokens: the
-    LARGE_SIZES were not measured, as with that bound none of them could reach `worth` x greedy;
-    `worth` None: every size measured, for a ranking); the seconds spent measuring now; and where
+    """c of every candidate by its `shape` (measured once per model, machine and shape bucket);
+    the shapes whose c is only a lower bound, the largest target forward measured of at most its
+    block (none of them could reach `worth` x greedy even so: the LARGE_SIZES, or the drafter,
+    were not measured; `worth` None: everything measured, for a ranking); the seconds spent measuring now; and where
     an earlier process's measurement was read from (None: none). With `worth`, the best candidate
     of a small block, if predicted at `worth` or more, has its own block's forward measured."""
-    key = (*_model_key(model), batch, cache_len, tuple((c.block_tokens, c.drafter_tokens) for c in options), worth)
+    key = (*_model_key(model), batch, cache_len, tuple(c.shape for c in options), worth)
     if key in _MEASURED:
         costs, bounded, recalled = _MEASURED[key]
         return costs, bounded, 0.0, recalled
     t0 = time.perf_counter()
-    drafted = {c.drafter_tokens for c in options if c.drafter_tokens}
+    # A drafted step costs at least the target's one-token forward (c >= 1): a drafted setting
+    # whose S stays under `worth` even so cannot be chosen, and the drafter is not measured.
+    bounded = {c.shape for c in options if worth is not None and c.drafter_tokens and c.expected_s < worth}
+    drafted = {c.drafter_tokens for c in options if c.drafter_tokens and c.shape not in bounded}
     drafter = _default_drafter(model) if drafted else None
     # The target's small forwards, and the drafter's smallest and largest (the ones between
     # interpolated): stored apart, measured together when neither is stored.
@@ -283,16 +292,19 @@ def step_costs(model, batch: int, cache_len: int, options: list[Candidate], wort
         drafting = _interpolated(measured[1])(c.drafter_tokens) if c.drafter_tokens else 0.0
         return (_interpolated(measured[0])(target_tokens) + drafting) / measured[0][1]
 
+    def floor(c: Candidate) -> float:  # a lower bound of c: the largest measured target forward of at most its block
+        return max(t for size, t in measured[0].items() if size <= c.block_tokens) / measured[0][1]
+
     # A block of more than SMALL_SIZES[-1] tokens costs at least a forward of that many.
-    large = [c for c in options if c.block_tokens > SMALL_SIZES[-1]]
-    bounded = set()
-    if worth is not None and all(c.expected_s / cost(c, SMALL_SIZES[-1]) < worth for c in large):
-        bounded = {(c.block_tokens, c.drafter_tokens) for c in large}
-    more = [[*LARGE_SIZES] if large and not bounded else [], []]  # target, drafter sizes still to measure
+    large = [c for c in options if c.block_tokens > SMALL_SIZES[-1] and c.shape not in bounded]
+    if worth is not None and large and all(c.expected_s / floor(c) < worth for c in large):
+        bounded |= {c.shape for c in large}
+        large = []
+    more = [[*LARGE_SIZES] if large else [], []]  # target, drafter sizes still to measure
     # The smaller block a race would time is measured itself first (a forward costs far less than
     # a race): between measured sizes c is interpolated, and the curve is not straight everywhere
     # (see the module docstring).
-    small = [c for c in options[1:] if c.block_tokens <= SMALL_SIZES[-1]]
+    small = [c for c in options[1:] if c.block_tokens <= SMALL_SIZES[-1] and c.shape not in bounded]
     if worth is not None and small:
         best = max(small, key=lambda c: c.expected_s / cost(c, c.block_tokens))
         if best.expected_s / cost(best, best.block_tokens) >= worth:
@@ -304,8 +316,7 @@ def step_costs(model, batch: int, cache_len: int, options: list[Candidate], wort
         for (m, _, _), times in zip(todo, extra):
             measured[0 if m is model else 1].update(times)
         recalled += where
-    costs = {(c.block_tokens, c.drafter_tokens): cost(c, SMALL_SIZES[-1] if (
-        c.block_tokens, c.drafter_tokens) in bounded else c.block_tokens) for c in options}
+    costs = {c.shape: floor(c) if c.shape in bounded else cost(c, c.block_tokens) for c in options}
     _MEASURED[key] = costs, bounded, next((w for w in recalled if w), None)
     return costs, bounded, time.perf_counter() - t0, _MEASURED[key][2]
 
@@ -385,21 +396,20 @@ def choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, look
 
 def _choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, lookahead_only: bool,
             generation: dict) -> Choice:
+    from jaxspec.decoding.options import shipped_drafter
+
     options = candidates(model, lookahead_only)
-    if any(c.drafter_tokens for c in options):
-        try:
-            _default_drafter(model)
-        except GenerationError:  # no drafter for this model: speculative is not a candidate
-            options = [c for c in options if not c.drafter_tokens]
+    if any(c.drafter_tokens for c in options) and shipped_drafter(model, model.config) is None:
+        options = [c for c in options if not c.drafter_tokens]  # no drafter for this model: not a candidate
     cache_len = _bucket(prompt_len + max_new_tokens + 128, 512)
     costs, bounded, measured, recalled = step_costs(model, batch, cache_len, options,
                                                     None if lookahead_only else WORTH_TIMING)
     rows = []
     for c in options:
-        cost = costs[(c.block_tokens, c.drafter_tokens)]
+        cost = costs[c.shape]
         rows.append(dict(label=c.label, block_tokens=c.block_tokens, expected_s=round(c.expected_s, 3),
                          step_cost=round(cost, 3), predicted_speedup=round(c.expected_s / cost, 3),
-                         **({"bound": True} if (c.block_tokens, c.drafter_tokens) in bounded else {})))
+                         **({"bound": True} if c.shape in bounded else {})))
     ranked = sorted(zip(options[1:], rows[1:]), key=lambda cr: -cr[1]["predicted_speedup"])
     best, row = ranked[0]
     backend = jax.default_backend()
@@ -439,8 +449,8 @@ def _choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, loo
                   f"{shown['predicted_speedup']:.2f}x = S {shown['expected_s']:.2f} / c {shown['step_cost']:.2f})")
         if bounded:
             top = max((r for _, r in ranked if r.get("bound")), key=lambda r: r["predicted_speedup"])
-            reason += (f"; blocks of more than {SMALL_SIZES[-1]} tokens at most {top['predicted_speedup']:.2f}x "
-                       f"({top['label']}), their forwards not measured")
+            reason += (f"; the settings marked bound at most {top['predicted_speedup']:.2f}x ({top['label']}) by a "
+                       f"lower bound of their c, their own forwards not measured")
     return _choice(options[0], rows[0], reason, rows, measured, recalled)
 
 

@@ -96,11 +96,38 @@ def test_large_blocks_are_measured_only_where_one_could_be_worth_timing(pycode, 
     rows = {r["label"]: r for r in choice.candidates}
     assert rows["lookahead (15,5,15)"]["bound"] and rows["lookahead (15,5,15)"]["step_cost"] == (1 + small) / 2
     assert "bound" not in rows["lookahead (4,3,4)"] and "bound" not in rows["speculative (16)"]
-    assert choice.method == "autoregressive" and "their forwards not measured" in choice.reason
+    assert choice.method == "autoregressive" and "their own forwards not measured" in choice.reason
     window = auto.choose(pycode, [1, 5, 9], 1, 3, 16, lookahead_only=True)
     assert sizes[1:] == [[1, small], [128]] and not any(r.get("bound") for r in window.candidates)
     assert {r["label"]: r["step_cost"] for r in window.candidates}["lookahead (15,5,15)"] == pytest.approx(
         (1 + 120.0) / 2, abs=1e-3)
+
+
+def test_a_drafter_whose_settings_cannot_be_worth_timing_is_neither_loaded_nor_measured(pycode, monkeypatch):
+    """A drafted step costs at least the target's one-token forward: with every speculative S
+    under 1.5 (SmolLM2-135M-Instruct's drafter: 1.26-1.27), no c could make one worth timing, so
+    the drafter is not loaded and its forwards not timed; those rows carry the bound c(1) = 1."""
+    table = dict(auto.expectations("pycode-5M"), speculative_4=1.3, speculative_8=1.4)
+    monkeypatch.setattr(auto, "expectations", lambda key, path=auto.CONFIG: {
+        k: v for k, v in table.items() if not k.startswith("speculative_") or k in ("speculative_4", "speculative_8")})
+    _fake_costs(monkeypatch, 1.0)
+    timed = []
+    fake = auto.forwards_seconds
+    monkeypatch.setattr(auto, "forwards_seconds", lambda *a, **k: timed.append(a[2]) or fake(*a, **k))
+    monkeypatch.setattr(auto, "_default_drafter", lambda model: pytest.fail("loaded a drafter it cannot use"))
+    monkeypatch.setattr(auto, "decode_seconds", lambda *a: pytest.fail("timed a setting predicted slower"))
+    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
+    assert [sorted(t for _, t, _ in forwards) for forwards in timed] == [[1, auto.SMALL_SIZES[-1]]]
+    assert all(m is pycode for forwards in timed for m, _, _ in forwards)
+    rows = {r["label"]: r for r in choice.candidates}
+    assert rows["speculative (8)"]["bound"] and rows["speculative (8)"]["step_cost"] == 1.0
+    assert rows["speculative (8)"]["predicted_speedup"] == 1.4 and "bound" not in rows["lookahead (4,3,4)"]
+    assert choice.method == "autoregressive" and "at most 1.40x (speculative (8))" in choice.reason
+    # With S worth timing at c = 1 the drafter is measured as before.
+    table.update(speculative_8=2.0)
+    monkeypatch.setattr(auto, "_MEASURED", {})
+    with pytest.raises(pytest.fail.Exception, match="loaded a drafter"):
+        auto.choose(pycode, [1, 5, 9], 1, 3, 16)
 
 
 def test_the_block_a_race_would_time_is_measured_first(pycode, monkeypatch):
