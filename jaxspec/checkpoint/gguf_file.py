@@ -20,6 +20,7 @@ local RoPE base (10000) are not in the file: llama.cpp's own constants for the a
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -62,13 +63,33 @@ _LAYER = re.compile(r"blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 _NOT_WEIGHTS = ("rope_freqs.weight",)
 
 
-def open_gguf(path: Path):
-    """A `gguf.GGUFReader` over the memory-mapped file; any read failure is one CheckpointError."""
+@functools.cache
+def _reader_class():
     import gguf
 
+    class Reader(gguf.GGUFReader):
+        """`gguf.GGUFReader` reading through a plain array view of its memory map: the reader
+        slices the file once per metadata value (a 262,144-token vocabulary is ~800k slices),
+        and a `np.memmap` slice costs several times a plain one (`__array_finalize__`): Gemma 3
+        270M's metadata 8.6 -> 2.7 s on this project's CPU, the same fields and tensors. The
+        view keeps the map open."""
+
+        @property
+        def data(self):
+            return self._data
+
+        @data.setter
+        def data(self, value):
+            self._data = value.view(np.ndarray)
+
+    return Reader
+
+
+def open_gguf(path: Path):
+    """A `gguf.GGUFReader` over the memory-mapped file; any read failure is one CheckpointError."""
     path = Path(path)
     try:
-        return gguf.GGUFReader(path)
+        return _reader_class()(path)
     except Exception as e:  # the reader raises ValueError, struct/index errors, etc. on bad files
         reason = str(e) or type(e).__name__
         if path.stat().st_size < 24:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -147,6 +148,19 @@ def stdlib_code_prompts(count: int, seed: int) -> list[str]:
     """Stage 2: `count` instructions from public, documented standard-library functions."""
     if count == 0:
         return []
+    found = _stdlib_functions()
+    rng = np.random.default_rng([seed, 23])
+    picks = rng.permutation(len(found))[:count]
+    return [STDLIB_TEMPLATES[rng.integers(len(STDLIB_TEMPLATES))].format(
+        module=found[i][0], qualname=f"{found[i][0]}.{found[i][1]}", signature=found[i][2], summary=found[i][3])
+        for i in picks]
+
+
+@functools.cache
+def _stdlib_functions() -> tuple[tuple[str, str, str, str], ...]:
+    """(module, name, signature, docstring summary) of the standard library's public functions
+    with a one-paragraph summary of 20-300 characters; read once per process (parsing the whole
+    library takes ~5 s, and a resumed recipe asks again)."""
     root, files = list_documents(DataConfig(corpus="stdlib", include=("*.py",)))
     found = []
     for rel in files:
@@ -164,11 +178,7 @@ def stdlib_code_prompts(count: int, seed: int) -> list[str]:
                 continue
             args = ", ".join(a.arg for a in node.args.args)
             found.append((module, node.name, f"{node.name}({args})", summary))
-    rng = np.random.default_rng([seed, 23])
-    picks = rng.permutation(len(found))[:count]
-    return [STDLIB_TEMPLATES[rng.integers(len(STDLIB_TEMPLATES))].format(
-        module=found[i][0], qualname=f"{found[i][0]}.{found[i][1]}", signature=found[i][2], summary=found[i][3])
-        for i in picks]
+    return tuple(found)
 
 
 def words(text: str) -> list[str]:
