@@ -239,6 +239,21 @@ def _start(args: list[str]) -> tuple[subprocess.Popen, str]:
     raise AssertionError(f"the server did not start (exit {proc.wait()})")
 
 
+def test_the_printed_address_accepts_connections_before_uvicorn_runs():
+    """`jaxspec serve` prints its address once the socket is bound; a client that connects at
+    once (before uvicorn has started) waits in the backlog rather than being refused."""
+    import socket
+
+    from jaxspec.serving.app import listen
+
+    sock = listen("127.0.0.1", 0)
+    try:
+        with socket.create_connection(sock.getsockname(), timeout=5):
+            pass
+    finally:
+        sock.close()
+
+
 def test_cli_serves_and_drains_in_flight_requests_on_sigterm(model):
     proc, url = _start(["--slots", "2", "--context", "256", "--method", "greedy"])
     try:

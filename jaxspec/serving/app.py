@@ -34,6 +34,7 @@ except ImportError as e:  # pragma: no cover  (the CLI turns this into one line)
     raise ImportError("jaxspec serve needs starlette and uvicorn: pip install 'jaxspec[serve]'") from e
 
 DISCONNECT_POLL_S = 0.25
+LISTEN_BACKLOG = 2048  # uvicorn's own default
 
 
 def _error(e: ApiError) -> JSONResponse:
@@ -201,11 +202,14 @@ def _plain(options: dict) -> dict:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """The listening socket (port 0: a free one), bound before uvicorn starts so the address is known."""
+    """The listening socket (port 0: a free one), bound before uvicorn starts so the address is
+    known, and listening already: a client that connects once the address is printed waits in
+    the backlog until uvicorn accepts, instead of being refused while uvicorn starts up."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(LISTEN_BACKLOG)
     return sock
 
 
