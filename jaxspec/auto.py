@@ -268,9 +268,10 @@ def step_costs(model, batch: int, cache_len: int, options: list[Candidate], wort
     """c of every candidate by its `shape` (measured once per model, machine and shape bucket);
     the shapes whose c is only a lower bound, the largest target forward measured of at most its
     block (none of them could reach `worth` x greedy even so: the LARGE_SIZES, or the drafter,
-    were not measured; `worth` None: everything measured, for a ranking); the seconds spent measuring now; and where
-    an earlier process's measurement was read from (None: none). With `worth`, the best candidate
-    of a small block, if predicted at `worth` or more, has its own block's forward measured."""
+    were not measured; `worth` None: everything measured, for a ranking); the seconds spent
+    measuring now; and where an earlier process's measurement was read from (None: none). With
+    `worth`, the best candidate of a small block, if predicted at `worth` or more, has its own
+    block's forward measured."""
     key = (*_model_key(model), batch, cache_len, tuple(c.shape for c in options), worth)
     if key in _MEASURED:
         costs, bounded, recalled = _MEASURED[key]

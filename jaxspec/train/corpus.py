@@ -46,7 +46,7 @@ def list_documents(data: DataConfig) -> tuple[Path, list[str]]:
         return root.parent, [root.name]
     exclude = data.exclude + (STDLIB_EXCLUDE if data.corpus == "stdlib" else ())
     # A folder every file of which an exclude pattern ending in "*" matches is not walked at all
-    # (the stdlib's site-packages: ~48k files on this project's machine, 1.1 -> 0.1 s).
+    # (the stdlib's site-packages: ~48k files on this project's machine: 1.1 -> 0.015 s, the same list).
     pruned = [p for p in exclude if p.endswith("*")]
     files = []
     for folder, subfolders, names in os.walk(root):
