@@ -220,14 +220,18 @@ def _code_digest() -> str:
 
 def _machine(h) -> None:
     """What else a trace or an executable depends on: JAX's configuration as it is now (a
-    context such as `jax.default_matmul_precision` changes it per thread), and, fixed for the
-    process, library versions, XLA's flags, the backend and its devices, and (for CPU code) the
-    processor's features."""
+    context such as `jax.default_matmul_precision` changes it per thread), jaxspec's settings
+    read while tracing (the LM head's logits budget), and, fixed for the process, library
+    versions, XLA's flags, the backend and its devices, and (for CPU code) the processor's
+    features."""
     global _machine_key
+    from jaxspec import model
+
     if not jax.sharding.get_abstract_mesh().empty:  # a mesh context can change how a program traces
         raise _Unkeyable("a mesh context is set")
     h.update(repr(sorted((k, repr(v)) for k, v in jax.config.values.items()
                          if k != "jax_compilation_cache_dir")).encode())
+    h.update(f"argmax_logits_bytes={model.ARGMAX_LOGITS_BYTES}".encode())
     if _machine_key is None:
         m = hashlib.sha256()
         for name in ("jax", "jaxlib", "flax", "numpy", "ml_dtypes"):

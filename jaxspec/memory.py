@@ -14,9 +14,10 @@ then `estimate`, with the state's exact size:
   the attention scores `b x heads x T x (cache + T)` float32 (twice: scores and weights), the
   MLP's `3 x b x T x intermediate`, the residual stream; the block's K/V for every layer; the
   LM head: `b x T x vocab` float32 when sampling (the verifier reads probabilities), else
-  `b x T x argmax_chunk(vocab)` (`Transformer.head_argmax`) plus the chunk of the head's
-  weight it slices out (`argmax_chunk(vocab) x hidden`: at Gemma 3's 262k vocabulary and hidden
-  640, 42 MB in float32, far more than the chunk's logits); T = the block's tokens (the prompt
+  `b x T x argmax_chunk(vocab, b x T)` (`Transformer.head_argmax`), plus, where that is a chunk
+  (the block's logits over ARGMAX_LOGITS_BYTES), the chunk of the head's weight it slices out
+  (`argmax_chunk(...) x hidden`: at Gemma 3's 262k vocabulary and hidden 640, a 64 MB budget over
+  1024 rows makes chunks of 16384 entries, 42 MB in float32); T = the block's tokens (the prompt
   bucket for the prefill). Sampling adds the warp of one position's distribution per row (top-k /
   top-p sort keys and ids, cumulative sums, masks): `SAMPLING_BUFFERS x b x vocab` float32, as
   many as XLA's buffer assignment shows live at once.
@@ -131,7 +132,7 @@ def step_bytes(cfg: ModelConfig, dtype_bytes: int, batch: int, prompt_len: int, 
                sampled: bool) -> int:
     """The larger of one step's and the prefill's buffers (see the module docstring)."""
     step = forward_bytes(cfg, dtype_bytes, batch, block, cache_len + block,
-                         cfg.vocab_size if sampled else argmax_chunk(cfg.vocab_size))
+                         cfg.vocab_size if sampled else argmax_chunk(cfg.vocab_size, batch * block))
     step += SAMPLING_BUFFERS * batch * cfg.vocab_size * F32 if sampled else 0
     prefill = forward_bytes(cfg, dtype_bytes, batch, prompt_len, cache_len + prompt_len, 0) \
         + batch * cfg.vocab_size * F32

@@ -133,9 +133,12 @@ class DecoderLayer(nnx.Module):
         return x, k, v
 
 
-# The LM head runs over vocabulary chunks of this many entries when only the argmax is wanted,
-# so a block's float32 logits ([b, t, vocab]: 490 MB at b 8, t 120, vocab 128256) never exist.
-ARGMAX_CHUNK = 16384
+# When only the argmax is wanted, the LM head runs over vocabulary chunks if the forward's float32
+# logits would take more than this many bytes ([b, t, vocab]: 490 MB at b 8, t 120, vocab 128256),
+# each chunk's logits at most this. Only then: every chunk slices (copies) its rows of the head's
+# weight, a copy of the whole head per forward, which costs more than small logits do (SmolLM2-135M's
+# one-token forward on this project's CPU: 51 ms chunked in three, 35 ms with its head whole).
+ARGMAX_LOGITS_BYTES = 64 << 20
 HEADS = ("logits", "argmax", "none")
 
 
@@ -217,10 +220,10 @@ class Transformer(nnx.Module):
         return logits if cap is None else cap * jnp.tanh(logits / cap)
 
     def head_argmax(self, x: Float[Array, "... d"], chunk: int | None = None) -> Int[Array, "..."]:
-        """`argmax(head_logits(x))` without the full logits: the head runs over vocabulary chunks
-        with a running max. Ties go to the lowest id, as `jnp.argmax`'s do (the last chunk is
-        shifted back to end at the vocabulary's end; the ids it repeats never win a tie). Chunk
-        size: `argmax_chunk`.
+        """`argmax(head_logits(x))`; where the logits of all of `x`'s rows would exceed
+        ARGMAX_LOGITS_BYTES, without them: the head runs over vocabulary chunks with a running max.
+        Ties go to the lowest id, as `jnp.argmax`'s do (the last chunk is shifted back to end at
+        the vocabulary's end; the ids it repeats never win a tie). Chunk size: `argmax_chunk`.
 
         With the vocabulary split over `vocab_shards` devices (tensor parallelism), the head is
         seen as [vocab_shards, vocab / vocab_shards] and chunked along the second axis, so every
@@ -229,7 +232,7 @@ class Transformer(nnx.Module):
         reduction (the first best wins: the lowest id)."""
         vocab, shards = self.config.vocab_size, self.vocab_shards
         part = vocab // shards
-        chunk = argmax_chunk(part, chunk)
+        chunk = argmax_chunk(part, math.prod(x.shape[:-1]), chunk)
         tied = self.config.tie_word_embeddings
         w = self.embed_tokens.embedding[...] if tied else self.lm_head.kernel[...]
         if shards > 1:
@@ -271,11 +274,13 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def argmax_chunk(vocab: int, chunk: int | None = None) -> int:
-    """The chunk size `Transformer.head_argmax` uses: the vocabulary itself up to `chunk`
-    (default ARGMAX_CHUNK), else ceil(vocab / chunk) equal chunks rounded up to a multiple of
-    128 (the last chunk is shifted back and overlaps the one before by less than 128 ids)."""
-    chunk = ARGMAX_CHUNK if chunk is None else chunk  # (read at trace time: a benchmark can turn it off)
+def argmax_chunk(vocab: int, rows: int, chunk: int | None = None) -> int:
+    """The chunk size `Transformer.head_argmax` uses for `rows` rows: the vocabulary itself where
+    `chunk` entries (default: as many as keep the rows' float32 logits within
+    ARGMAX_LOGITS_BYTES) cover it, else ceil(vocab / chunk) equal chunks rounded up to a multiple
+    of 128 (the last chunk is shifted back and overlaps the one before by less than 128 ids)."""
+    if chunk is None:  # (the budget is read at trace time: a benchmark or a test can change it)
+        chunk = max(1, ARGMAX_LOGITS_BYTES // (4 * max(rows, 1)))
     if vocab <= chunk:
         return vocab
     align = 128 if chunk >= 128 else 1

@@ -426,7 +426,7 @@ def forward_cost(cfg: ModelConfig, tokens: int, batch: int = 1, cache_len: int =
     ops.append(build.op("elementwise", passes=((elementwise, 2 * m * max(d, f) * wb),)))
 
     # LM head: the hidden states against the vocabulary in chunks, then the argmax (or the logits).
-    chunk = argmax_chunk(v) if head == "argmax" else v
+    chunk = argmax_chunk(v, m) if head == "argmax" else v
     head_weights = d * v * wb
     copies = 2 * head_weights if (chunk < v and impl.head_chunk_copies) else 0.0  # write + read of each chunk
     logit_bytes = m * v * F32 * (impl.logits_accesses + (head == "logits"))
@@ -601,13 +601,13 @@ def calibration_cases() -> dict:
                                1, steps)
     vocab, hidden = _HEAD
     table = jnp.full((vocab, hidden), 1e-3, jnp.float32)
-    for chunk in (vocab, None):  # the whole table at once, and in jaxspec's chunks (each chunk copied)
+    for chunk in (vocab, vocab // 2):  # the whole table at once, and in two chunks (each chunk copied)
         def head(y, w, chunk=chunk):
             net = _HeadOnly(w)
             return y + Transformer.head_argmax(net, y, chunk)[..., None].astype(y.dtype) * 1e-9
         steps = _steps(vocab * hidden * F32 / 5e9)
-        cases[("head", "whole" if chunk else "chunked")] = (looped(head, steps), (jnp.ones((1, hidden), jnp.float32),
-                                                                                 table), 1, steps)
+        ones = jnp.ones((1, hidden), jnp.float32)
+        cases[("head", "whole" if chunk == vocab else "chunked")] = (looped(head, steps), (ones, table), 1, steps)
     scores = jnp.ones(_SCORES, jnp.float32)
     steps = _steps(math.prod(_SCORES) * 1e-9)
     cases["exp"] = (looped(lambda y: jnp.exp(y * -1e-3), steps), (scores,), 1, steps)

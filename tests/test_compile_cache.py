@@ -85,6 +85,11 @@ def test_the_key_follows_what_the_trace_depends_on(program_cache, monkeypatch):
     assert key() == base
     with jax.sharding.set_mesh(jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))):
         assert key() is None
+    # jaxspec's settings read while tracing: another LM-head logits budget is another program.
+    monkeypatch.setattr(jaxspec.model, "ARGMAX_LOGITS_BYTES", 1024)
+    assert key() not in (None, base)
+    monkeypatch.undo()
+    assert key() == base
     # Another version of jaxspec's code or of a library: another key.
     monkeypatch.setattr(compile_cache, "_machine_key", None)
     monkeypatch.setattr(compile_cache, "_code_digest", lambda: "edited")

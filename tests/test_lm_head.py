@@ -1,7 +1,7 @@
 """The LM head's chunked argmax: the same ids as the full logits' argmax, without the logits.
 
-Greedy verification reads only each block token's argmax; at a large vocabulary the block's
-float32 logits are the step's largest buffer, so the head runs over vocabulary chunks."""
+Greedy verification reads only each block token's argmax; at a large vocabulary a large block's
+float32 logits are the step's largest buffer, so the head runs over vocabulary chunks there."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import pytest
 from flax import nnx
 
 import jaxspec
-from jaxspec.model import ARGMAX_CHUNK
 
 CFG = jaxspec.ModelConfig(
     model_type="llama", vocab_size=1000, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
@@ -79,15 +78,25 @@ def vocab_buffers(compiled, vocab: int) -> set[str]:
     return {s for s in shapes if s.endswith(f",{vocab}]")} - {f"f32[{CFG.hidden_size},{vocab}]"}
 
 
-def test_greedy_step_never_materialises_the_block_logits():
-    """Above ARGMAX_CHUNK, the compiled greedy lookahead program holds no [b, T, vocab] float32
-    buffer, only the prefill's last-token logits [b, vocab]; the sampled program still has
-    the block's (its verifier reads the probabilities). Greedy output is unchanged."""
-    vocab = ARGMAX_CHUNK + 3000
-    model = jaxspec.Model.from_module(jaxspec.Transformer(dataclasses.replace(CFG, vocab_size=vocab),
-                                                          rngs=nnx.Rngs(0)))
+def test_greedy_step_never_materialises_block_logits_over_the_budget(monkeypatch):
+    """Where a block's logits exceed ARGMAX_LOGITS_BYTES, the compiled greedy lookahead program
+    holds no [b, T, vocab] float32 buffer, only the prefill's last-token logits [b, vocab]; the
+    sampled program still has the block's (its verifier reads the probabilities). Where they fit,
+    the greedy program keeps the head whole (chunks would copy its weight). Greedy output is the
+    same either way."""
     prompts = [[1, 5, 9], [1, 7]]
     opts = dict(method="lookahead", window=4, ngram=3, guesses=4, max_new_tokens=6)
+    # (two vocabularies: a program traced once keeps the budget it was traced with)
+    whole = jaxspec.Model.from_module(jaxspec.Transformer(dataclasses.replace(CFG, vocab_size=19384),
+                                                          rngs=nnx.Rngs(0)))
+    assert jaxspec.generate(whole, prompts, **opts).tokens == jaxspec.generate(whole, prompts, max_new_tokens=6).tokens
+    lookahead = list(whole.compiled.values())[0]  # 2 rows x 21 block tokens: within the default budget
+    assert vocab_buffers(lookahead, 19384) > {"f32[2,19384]"}  # the block's logits too
+
+    monkeypatch.setattr(jaxspec.model, "ARGMAX_LOGITS_BYTES", 64 << 10)  # the block's logits: 3 MB
+    vocab = 19385
+    model = jaxspec.Model.from_module(jaxspec.Transformer(dataclasses.replace(CFG, vocab_size=vocab),
+                                                          rngs=nnx.Rngs(0)))
     assert jaxspec.generate(model, prompts, **opts).tokens == jaxspec.generate(model, prompts, max_new_tokens=6).tokens
     greedy_programs = list(model.compiled.values())
     assert len(greedy_programs) == 2

@@ -71,18 +71,20 @@ def test_estimate_covers_a_drafter_and_its_state():
 
 
 def test_large_vocabulary_step_is_priced_by_the_head():
-    """At a large vocabulary the greedy step is priced with the chunked head, sampling with the
-    block's full float32 logits (the formula in the module docstring)."""
+    """At a large vocabulary a large greedy block is priced with the chunked head, sampling with
+    the block's full float32 logits (the formula in the module docstring); a one-row step's
+    logits fit the budget, and its head is whole."""
     cfg = jaxspec.ModelConfig(
         model_type="llama", vocab_size=200_000, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=1,
         num_kv_heads=1, head_dim=8, max_position_embeddings=128, bos_token_id=1)
     batch, block, keys = 8, 120, 300
-    greedy = memory.forward_bytes(cfg, 4, batch, block, keys, jaxspec.model.argmax_chunk(cfg.vocab_size))
+    chunk = jaxspec.model.argmax_chunk(cfg.vocab_size, batch * block)
+    greedy = memory.forward_bytes(cfg, 4, batch, block, keys, chunk)
     sampled = memory.forward_bytes(cfg, 4, batch, block, keys, cfg.vocab_size)
-    chunk = jaxspec.model.argmax_chunk(cfg.vocab_size)
     # sampling: the block's full logits; greedy: one chunk of logits and the chunk of the weight it slices
     assert sampled - greedy == batch * block * (cfg.vocab_size - chunk) * 4 - chunk * cfg.hidden_size * 4
-    assert jaxspec.model.argmax_chunk(cfg.vocab_size) <= jaxspec.model.ARGMAX_CHUNK + 127
+    assert batch * block * 4 * (chunk - 127) <= jaxspec.model.ARGMAX_LOGITS_BYTES < batch * block * 4 * cfg.vocab_size
+    assert jaxspec.model.argmax_chunk(cfg.vocab_size, 1) == cfg.vocab_size
 
 
 def test_cli_refuses_in_one_line_and_reports_the_estimate(capsys):

@@ -84,9 +84,10 @@ def worker() -> dict:
     from test_speculative import copy_drafter
 
     assert jax.device_count() == WORKER_DEVICES
-    # The chunked LM-head argmax in every run (vocabulary 64 in chunks of 16): at TP 2-8 the
-    # vocabulary is split too, and chunks must stay within each device's slice.
-    jaxspec.model.ARGMAX_CHUNK = 16
+    # The chunked LM-head argmax in every run (vocabulary 64 in chunks of at most 16 entries: a
+    # 64-byte logits budget): at TP 2-8 the vocabulary is split too, and chunks must stay within
+    # each device's slice.
+    jaxspec.model.ARGMAX_LOGITS_BYTES = 64
     single = tiny_model()
     drafter = copy_drafter(single)
     # One device: greedy (every greedy method must equal it) and the sampled methods' samples.
