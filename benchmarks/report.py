@@ -359,18 +359,15 @@ def exactness(r: dict) -> list[str]:
 
 def vocab_memory(r: dict) -> list[str]:
     """Also `benchmarks/vocab_memory.py`'s own markdown."""
-    mb = lambda b: f"{b / 2**20:.0f}"  # noqa: E731
-    lines = [f"Each case's program with the block's full logits and with the head in chunks of {r['chunk']} "
-             f"entries (jaxspec's head before its {r['budget'] >> 20} MB logits budget; the variant jaxspec "
-             "compiles now is marked). Memory is XLA's `memory_analysis()` of the whole compiled decode program; "
-             "ms/step interleaved, the best of the rounds.", "",
-             "| case | vocab | head | jaxspec | temporaries MB | arguments MB | block logits MB | ms/step | same "
-             "tokens |", "|---|---:|---|---|---:|---:|---:|---:|---|"]
-    for row in r["rows"]:
-        lines.append(_row(row["case"], row["vocab"], row["variant"], "yes" if row["jaxspec"] else "",
-                          mb(row["temp_bytes"]), mb(row["argument_bytes"]), mb(row["block_logits_bytes"]),
-                          f"{1e3 * row['seconds_per_step']:.1f}", _yes(row["identical_tokens"])))
-    return lines
+    mb = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
+    return [f"Each case's program with the block's full logits and with the head in chunks of {r['chunk']} entries "
+            f"(jaxspec's head before its {r['budget'] >> 20} MB logits budget; the variant jaxspec compiles now is "
+            "marked). Memory is XLA's `memory_analysis()` of the whole compiled decode program; ms/step interleaved, "
+            "the best of the rounds.", "", "| case | vocab | head | jaxspec | temporaries MB | arguments MB | block "
+            "logits MB | ms/step | same tokens |", "|---|---:|---|---|---:|---:|---:|---:|---|"] + [
+        _row(x["case"], x["vocab"], x["variant"], "yes" if x["jaxspec"] else "", mb(x["temp_bytes"]),
+             mb(x["argument_bytes"]), mb(x["block_logits_bytes"]), f"{1e3 * x['seconds_per_step']:.1f}",
+             _yes(x["identical_tokens"])) for x in r["rows"]]
 
 
 def roofline_cpu(r: dict) -> list[str]:

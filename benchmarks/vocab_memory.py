@@ -1,9 +1,8 @@
 """Greedy decoding's memory and step time: the block's full logits vs the LM-head argmax over vocabulary chunks
 (`Transformer.head_argmax`), which holds [b, T, chunk] logits at a time but copies each chunk's rows of the head.
-jaxspec chunks only where the logits would exceed `ARGMAX_LOGITS_BYTES` (column `jaxspec`); before, it chunked
-every vocabulary over 16384. Cases: greedy lookahead on a random-weight Llama of the default model's shape with
-the vocabulary replaced, and a real model's one-token steps; per case both programs compiled (XLA's memory
-analysis) and timed interleaved (`harness.time_programs`, the best round per step).
+jaxspec chunks only where the logits exceed `ARGMAX_LOGITS_BYTES` (column `jaxspec`; before, every vocabulary over
+16384). Cases: greedy lookahead on a random-weight Llama of the default model's shape with the vocabulary replaced,
+and a real model's one-token steps; both programs compiled (XLA's memory analysis) and timed interleaved.
 
     python benchmarks/vocab_memory.py                  # vocab 4096, 32000, 128256, 151936; SmolLM2-135M
     python benchmarks/vocab_memory.py --smoke          # one small vocabulary, seconds
@@ -82,9 +81,8 @@ def main(argv=None) -> int:
                         prompts, options, block, args.rounds)
     if args.model != "none":  # one-token steps of a real model: 64 tokens after a real prompt, batch 1
         real = jaxspec.load(args.model)
-        prompt = real.tokenizer.encode("Explain how a hash table handles collisions.")
-        rows += compare(f"{args.model} greedy, batch 1", real.module, [prompt],
-                        dict(max_new_tokens=64, stop_at_eos=False), 1, args.rounds)
+        rows += compare(f"{args.model} greedy, batch 1", real.module, [real.tokenizer.encode(
+            "Explain how a hash table handles collisions.")], dict(max_new_tokens=64, stop_at_eos=False), 1, args.rounds)
     result = dict(benchmark="vocab_memory", title="Greedy decoding: full block logits vs the head in chunks", rows=rows,
                   chunk=CHUNK, budget=model_lib.ARGMAX_LOGITS_BYTES, rounds=args.rounds, command=command_line(__file__, argv))
     write_result(result, args.out, "vocab_memory_smoke" if args.smoke else "vocab_memory")

@@ -137,7 +137,8 @@ class DecoderLayer(nnx.Module):
 # logits would take more than this many bytes ([b, t, vocab]: 490 MB at b 8, t 120, vocab 128256),
 # each chunk's logits at most this. Only then: every chunk slices (copies) its rows of the head's
 # weight, a copy of the whole head per forward, which costs more than small logits do (SmolLM2-135M's
-# one-token forward on this project's CPU: 51 ms chunked in three, 35 ms with its head whole).
+# greedy step on this project's CPU: 45.8 ms in three chunks, 34.9 ms with its head whole;
+# benchmarks/results/vocab_memory.md).
 ARGMAX_LOGITS_BYTES = 64 << 20
 HEADS = ("logits", "argmax", "none")
 
