@@ -82,8 +82,8 @@ def test_greedy_step_never_materialises_block_logits_over_the_budget(monkeypatch
     """Where a block's logits exceed ARGMAX_LOGITS_BYTES, the compiled greedy lookahead program
     holds no [b, T, vocab] float32 buffer, only the prefill's last-token logits [b, vocab]; the
     sampled program still has the block's (its verifier reads the probabilities). Where they fit,
-    the greedy program keeps the head whole (chunks would copy its weight). Greedy output is the
-    same either way."""
+    the greedy program keeps the head whole (chunks would copy its weight). Lookahead equals
+    greedy either way."""
     prompts = [[1, 5, 9], [1, 7]]
     opts = dict(method="lookahead", window=4, ngram=3, guesses=4, max_new_tokens=6)
     # (two vocabularies: a program traced once keeps the budget it was traced with)
