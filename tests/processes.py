@@ -3,10 +3,18 @@ gloo): a free coordinator port, and the processes run to the end or killed."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import tempfile
 import time
+
+
+def cpu_env(devices: int, **extra: str) -> dict:
+    """This process's environment for a JAX process on `devices` forced CPU devices: the
+    session's XLA flags (conftest's) kept, the device count added."""
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+    return dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu", **extra)
 
 
 def free_port() -> int:

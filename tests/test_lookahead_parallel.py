@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import subprocess
 import sys
@@ -37,13 +36,12 @@ from jaxspec.cli import main
 from jaxspec.decoding.parallel import shard_tree
 from jaxspec.parallel import hlo_collectives as collectives
 
-from processes import check_all_succeeded, free_port, run_processes
+from processes import check_all_succeeded, cpu_env, free_port, run_processes
 from stories import CASES, CHECKPOINT, REFERENCE
 from test_speculative import copy_drafter
 from trees import StepLayout
 
 WORKER_DEVICES = 8
-FAST_COMPILE = "--xla_backend_optimization_level=0"
 TINY = jaxspec.ModelConfig(
     model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
     num_kv_heads=2, head_dim=8, max_position_embeddings=256, bos_token_id=1, eos_token_ids=(12, 23, 43),
@@ -138,9 +136,7 @@ def worker(tmp: Path) -> dict:
 @pytest.fixture(scope="module")
 def lp_report(tmp_path_factory) -> tuple[dict, Path]:
     tmp = tmp_path_factory.mktemp("lp")
-    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={WORKER_DEVICES} {FAST_COMPILE}"
-    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, __file__, str(tmp)], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, __file__, str(tmp)], env=cpu_env(WORKER_DEVICES), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), tmp
 
@@ -275,8 +271,7 @@ def test_two_processes_two_devices_each_print_the_greedy_tokens(lp_report):
     prompt = PROMPTS[2]
     expected = report["tiny"]["greedy"]["tokens"][2]  # single-process greedy of this prompt (rows are independent)
     port = free_port()
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}",
-               JAX_PLATFORMS="cpu")
+    env = cpu_env(2)
     argvs = [[sys.executable, "-m", "jaxspec", "generate", "--model", str(tmp / "tiny"),
               "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", str(BUDGET),
               "--method", "lookahead", "--window", "5", "--ngram", "3", "--guesses", "3", "--lp-devices", "4",

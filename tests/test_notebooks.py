@@ -2,14 +2,13 @@
 
 Each notebook picks its own small settings when `jax.default_backend() == "cpu"`; this test
 executes it in a fresh python3 kernel of this interpreter (nbclient) under a per-notebook time
-budget, and fails on the first cell that raises. XLA's backend optimisation is turned down
-for the kernels (`--xla_backend_optimization_level=0`): the notebooks spend most of their CPU
-time compiling decoding loops, and the test checks that they run, not how fast.
+budget, and fails on the first cell that raises. The kernels inherit the session's XLA flags
+(conftest: backend optimisation turned down, since the notebooks spend most of their CPU time
+compiling decoding loops, and the test checks that they run, not how fast).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -45,7 +44,6 @@ def test_notebook_is_clean(path):
 def test_notebook_runs_on_cpu(path, monkeypatch, tmp_path):
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # what a notebook writes to a temporary folder lands here
-    monkeypatch.setenv("XLA_FLAGS", (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip())
     nb = nbformat.read(path, as_version=4)
     deadline = time.monotonic() + BUDGET_SECONDS
     client = nbclient.NotebookClient(

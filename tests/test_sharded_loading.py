@@ -18,7 +18,6 @@ runs `jaxspec.cli.main`, then reports JSON.
 from __future__ import annotations
 
 import json
-import os
 import struct
 import sys
 from pathlib import Path
@@ -40,9 +39,8 @@ from jaxspec.checkpoint.llama2c import interleaved_to_rotate_half, read_llama2c
 from jaxspec.checkpoint.params import RowPermuted, abstract_model, hf_name, model_from_tensors, read_part, slice_reader
 from jaxspec.checkpoint.safetensors_io import write_safetensors
 from jaxspec.cli import main
-from processes import check_all_succeeded, free_port, run_processes
+from processes import check_all_succeeded, cpu_env, free_port, run_processes
 
-FAST_COMPILE = "--xla_backend_optimization_level=0"
 PROCESSES, LOCAL_DEVICES, TP = 2, 4, 8
 PROMPT = [1, 517, 3301, 42, 9000, 77, 1234]
 BUDGET = 8
@@ -358,8 +356,7 @@ def two_processes(small, tmp_path_factory):
     argvs += [[sys.executable, __file__, json.dumps(compare), *cli, "--tensor-parallel", str(TP),
                "--coordinator", f"127.0.0.1:{port}", "--num-processes", str(PROCESSES), "--process-id", str(i)]
               for i in range(PROCESSES)]
-    envs = [dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n} {FAST_COMPILE}",
-                 JAX_PLATFORMS="cpu") for n in (1, *[LOCAL_DEVICES] * PROCESSES)]
+    envs = [cpu_env(n) for n in (1, *[LOCAL_DEVICES] * PROCESSES)]
     for env in envs[1:]:  # the pair keeps auto's measurements (process 0 writes them)
         env["JAXSPEC_AUTO_CACHE"] = str(tmp / "auto.json")
     # The one-device reference first, then the pair: two processes, not three, share the cores

@@ -12,18 +12,17 @@ vocabulary split).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
 import jaxspec
+from processes import cpu_env
 from stories import CASES, CHECKPOINT, needs_stories
 from test_cli import assert_one_line_error, run_cli
 
 WORKER_DEVICES = 8
-FAST_COMPILE = "--xla_backend_optimization_level=0"
 PROMPTS = [[1, 5, 9, 20], [1, 30], [1, 12, 40, 7, 3], [1, 50, 17]]
 BUDGET = 12
 LOOKAHEAD = dict(window=4, ngram=3, guesses=4)
@@ -147,9 +146,8 @@ def worker() -> dict:
 
 @pytest.fixture(scope="module")
 def tp_report() -> dict:
-    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={WORKER_DEVICES} {FAST_COMPILE}"
-    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, __file__], env=cpu_env(WORKER_DEVICES), capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

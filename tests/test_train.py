@@ -8,7 +8,6 @@ Everything runs on a synthetic Python-like corpus written by the test (a few hun
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -24,7 +23,7 @@ from jaxspec.errors import CheckpointError, ConfigError
 from jaxspec.train import corpus
 from jaxspec.train.config import load_train_config, parse_train_config
 from jaxspec.train.trainer import train
-from processes import check_all_succeeded, free_port, run_processes
+from processes import check_all_succeeded, cpu_env, free_port, run_processes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -266,7 +265,7 @@ def test_sharded_training_on_8_devices_matches_1_device(corpus_dir, reference_ru
     raw = _raw_config(corpus_dir, sample_prompts=["def get_"], sample_tokens=8, steps=24)
     raw["mesh"] = {"data": 4, "fsdp": 2}
     config = _write_toml(tmp_path / "sharded.toml", raw)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = cpu_env(8)
     proc = _train_cli(config, tmp_path / "run", "--json", env=env)
     stdout, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, _stderr(proc)
@@ -281,7 +280,7 @@ def test_two_process_data_parallel_training_matches_one_process(corpus_dir, refe
     ref_out, _ = reference_run
     config = _write_toml(tmp_path / "dp.toml", _raw_config(corpus_dir, sample_prompts=["def get_"], sample_tokens=8))
     port = free_port()
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    env = cpu_env(2)
     argvs = [_train_argv(config, tmp_path / "run", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
                          "--process-id", str(i), "--json") for i in range(2)]
     finished = run_processes(argvs, env, timeout=600)  # a hung peer is killed
