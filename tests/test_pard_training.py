@@ -343,11 +343,11 @@ def _chat_recipe(steps: int = 4):
     """configs/pard2_smollm2.toml itself, only the target (the shipped 5M-parameter default model)
     and the budget made tiny."""
     return load_drafter_config(SMOLLM2_RECIPE, {
-        "target": {"path": "pycode-5M"}, "drafter": {"vocab": 96}, "pard": {"num_blocks": 4},
+        "target": {"path": "pycode-5M"}, "drafter": {"vocab": 96, "vocab_coverage": 0.0}, "pard": {"num_blocks": 4},
         "data": {"seq_len": 32},
         "chat": {"questions": 12, "code_prompts": 16, "question_tokens": 16, "reply_tokens": 32, "batch_size": 8,
                  "heldout_fraction": 0.25},
-        "optim": {"warmup_steps": 1},
+        "optim": {"warmup_steps": 1, "schedule_steps": 4},  # one schedule, whatever steps this run stops at
         "train": {"steps": steps, "batch_size": 4, "log_every": 2, "eval_every": 100, "eval_batches": 1,
                   "checkpoint_every": 2, "export_dtype": "float32"}})
 
@@ -380,9 +380,12 @@ def test_chat_recipe_runs_end_to_end_and_each_stage_resumes_to_the_same_result(t
         (killed / "data" / name).unlink()
     train_drafter(_chat_recipe(steps=2), killed, export=False, **quiet)
     resumed = train_drafter(cfg, killed, resume=True, **quiet)
-    for name in ("train.npy", "heldout.npy"):
+    for name in ("train.npy", "heldout.npy", "train_reply.npy", "heldout_reply.npy"):
         np.testing.assert_array_equal(np.load(killed / "data" / name), np.load(data / name))
     assert resumed.final_loss == pytest.approx(full.final_loss, rel=1e-5)
+    lrs = [[r["lr"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "lr" in r]
+           for run in (killed, tmp_path / "full")]
+    assert lrs[0] == lrs[1] and len(lrs[0]) == 4  # the same schedule, step for step
     a, b = read_safetensors(resumed.export_dir / "model.safetensors"), read_safetensors(full.export_dir / "model.safetensors")
     assert a.keys() == b.keys() and EMBED_NAME not in a  # shared embeddings are not stored
     for k in a:

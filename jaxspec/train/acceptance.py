@@ -44,10 +44,12 @@ class AcceptanceStats:
 
 def acceptance(correct: Bool[np.ndarray, "b n"], block_ids: Int[np.ndarray, "b n"],
                positions: Int[np.ndarray, "b n"], num_blocks: int, seq_len: int,
-               first_context: int | np.ndarray = 1, last_context: int | np.ndarray | None = None
-               ) -> AcceptanceStats:
+               first_context: int | np.ndarray = 1, last_context: int | np.ndarray | None = None,
+               scored_tokens: Bool[np.ndarray, "b L1"] | None = None) -> AcceptanceStats:
     """Accepted drafts per context n = first_context .. last_context (default and at most
-    seq_len-K+1, where the last draft's row exists); both may be per-sequence arrays."""
+    seq_len-K+1, where the last draft's row exists); both may be per-sequence arrays.
+    `scored_tokens`: only contexts whose first draft x_n is one of these count (a chat's
+    reply tokens: a drafter is used on replies, never to draft the prompt)."""
     b = correct.shape[0]
     grid = np.zeros((b, num_blocks, seq_len), bool)
     rows, cols = np.nonzero(block_ids >= 0)
@@ -58,6 +60,8 @@ def acceptance(correct: Bool[np.ndarray, "b n"], block_ids: Int[np.ndarray, "b n
     total = 0
     for i in range(b):
         n = np.arange(max(int(first[i]), 1), min(int(last[i]), seq_len - num_blocks + 1) + 1)
+        if scored_tokens is not None:
+            n = n[np.asarray(scored_tokens[i], bool)[n]]
         if len(n) == 0:
             continue
         chain = grid[i, np.arange(num_blocks)[None, :], n[:, None] - 1 + np.arange(num_blocks)[None, :]]

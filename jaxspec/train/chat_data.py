@@ -18,7 +18,8 @@ resumable after a kill (every batch is its own file, written atomically, and is 
    `reply_tokens`, batched through `jaxspec.generate`.
 5. **pack**: each conversation (rendered prompt + reply through its end of turn) joined into
    `train.npy` / `heldout.npy` token streams (the held-out prompts chosen by a hash of
-   their text), the format of `corpus.PackedData`, plus `conversations.jsonl` to read.
+   their text), the format of `corpus.PackedData`, each with a mask of its reply tokens
+   (`reply_mask_name`), plus `conversations.jsonl` to read.
 """
 
 from __future__ import annotations
@@ -244,6 +245,12 @@ def generate_replies(target, prompts: list[dict], cfg: ChatDataConfig, folder: P
     return replies
 
 
+def reply_mask_name(split: str) -> str:
+    """The file beside `{split}.npy` marking which of its tokens are the target's reply (1) and
+    which the rendered prompt (0): the drafter trains and is scored on reply tokens only."""
+    return f"{split}_reply.npy"
+
+
 def fingerprint(cfg: ChatDataConfig, target_digest: str, seed: int) -> str:
     return hashlib.sha256(json.dumps([dataclasses.asdict(cfg), target_digest, seed]).encode()).hexdigest()[:16]
 
@@ -290,10 +297,12 @@ def prepare(target, cfg: ChatDataConfig, folder: Path, seed: int, target_digest:
     replies = generate_replies(target, prompts, cfg, stages, seed, eos, clock, progress)
 
     streams: dict[str, list[int]] = {"train": [], "heldout": []}
+    is_reply: dict[str, list[int]] = {"train": [], "heldout": []}  # 1 on the target's reply tokens
     with open(folder / "conversations.tmp", "w") as f:
         for p, reply in zip(prompts, replies):
             split = "heldout" if is_heldout(p["text"], cfg.heldout_fraction) else "train"
             streams[split] += p["ids"] + reply
+            is_reply[split] += [0] * len(p["ids"]) + [1] * len(reply)
             f.write(json.dumps({"split": split, "source": p["source"], "temperature": p["temperature"],
                                 "prompt": p["text"], "reply": target.tokenizer.decode(reply)}) + "\n")
     (folder / "conversations.tmp").replace(folder / "conversations.jsonl")
@@ -301,6 +310,9 @@ def prepare(target, cfg: ChatDataConfig, folder: Path, seed: int, target_digest:
         tmp = folder / f"{name}.tmp.npy"
         np.save(tmp, np.asarray(ids, np.uint32 if target.config.vocab_size >= 2**16 - 1 else np.uint16))
         tmp.replace(folder / f"{name}.npy")
+        tmp = folder / f"{name}_reply.tmp.npy"
+        np.save(tmp, np.asarray(is_reply[name], np.uint8))
+        tmp.replace(folder / reply_mask_name(name))
     meta = {"fingerprint": key, "source": "chat", "prompts": {"self-written": sum(s == "self-written" for s, _ in sources),
                                                                "stdlib": sum(s == "stdlib" for s, _ in sources)},
             "questions_asked": cfg.questions, "benchmark_overlap": overlap, "too_long": too_long,

@@ -61,6 +61,10 @@ class OptimConfig:
     b2: float = 0.95
     clip_norm: float = 1.0
     grad_accum: int = 1  # micro-batches per optimizer step
+    # The learning-rate schedule's length (0 = the first run's [train] steps). Fixed when a run
+    # starts: a resumed run with another [train] steps stops elsewhere on the same schedule (past
+    # its end the rate stays at the final value), so a kill + resume equals an uninterrupted run.
+    schedule_steps: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,12 +125,12 @@ _CHOICES = {
     ("train", "export_dtype"): ("float32", "bfloat16"),
 }
 # Fields that may be 0 (or -1 for mesh.data); every other number must be positive.
-_NON_NEGATIVE = {("optim", "warmup_steps"), ("optim", "weight_decay"), ("train", "seed"),
+_NON_NEGATIVE = {("optim", "warmup_steps"), ("optim", "weight_decay"), ("train", "seed"), ("optim", "schedule_steps"),
                  ("optim", "final_lr_fraction"), ("optim", "clip_norm"),
                  # drafter configs (jaxspec.train.drafter_config): loss weights and gating may be 0
                  ("pard", "ce_alpha"), ("pard", "kd_alpha"), ("pard", "gate_prob"),
                  ("distill", "greedy_sequences"), ("distill", "sampled_sequences"), ("distill", "fraction"),
-                 ("drafter", "vocab"), ("chat", "questions"), ("chat", "code_prompts"), ("chat", "sampled_fraction"),
+                 ("drafter", "vocab"), ("drafter", "vocab_coverage"), ("chat", "questions"), ("chat", "code_prompts"), ("chat", "sampled_fraction"),
                  ("chat", "heldout_fraction")}
 _FRACTIONS = {("data", "heldout_fraction"), ("optim", "final_lr_fraction"), ("optim", "b1"), ("optim", "b2")}
 
@@ -239,6 +243,21 @@ def _key_name(key: str) -> str:
 def _short(value: Any, limit: int = 60) -> str:
     text = json.dumps(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+SCHEDULE_KEY = "resolved_schedule_steps"  # what a trainer records in config.json beside the config
+
+
+def resolve_schedule_steps(out: Path, optim: OptimConfig, steps: int, resume: bool) -> int:
+    """The run's schedule length: the one its saved config.json records when resuming (a run
+    from before this was recorded: as before, [train] steps), else [optim] schedule_steps or
+    [train] steps."""
+    path = Path(out) / "config.json"
+    if resume and path.exists():
+        saved = json.loads(path.read_text(encoding="utf-8")).get(SCHEDULE_KEY)
+        if saved:
+            return int(saved)
+    return optim.schedule_steps or steps
 
 
 def check_resume_config(out: Path, config: dict, resumable: frozenset = RESUMABLE_KEYS,

@@ -28,7 +28,14 @@ class DrafterInitConfig:
     # HF folder of a smaller model / an earlier drafter with the target's tokenizer
     init: str = "scratch"
     vocab: int = 0  # draft vocabulary V': the head covers the V' most frequent training tokens (0 = all)
+    # > 0 (instead of vocab): V' = the fewest most frequent ids covering this fraction of the
+    # scored training tokens (a chat's replies), rounded up to a multiple of 256
+    vocab_coverage: float = 0.0
     shared_embeddings: bool = False  # keep the token embeddings the target's (frozen; not stored with the drafter)
+    # init = "target:N": the target's final norm, scaled by this, on layer N's output. The target's
+    # head on an early layer's unscaled output is far too sharp (SmolLM2, N = 2: KL to the target
+    # 16.5 nats, a first loss of 13-22); 0.25 puts the first drafts near the target's entropy.
+    final_norm_scale: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +51,13 @@ class PardConfig:
     target_features: bool = True  # false: a target-independent-only drafter (no projection)
     feature_scale: float = 0.02
     attention: str = "xla"  # "pallas": the PARD Pallas kernel
+    # true: the target's outputs (features, next-token log-probs, argmax, the top-k of its
+    # draft-vocabulary distribution) are computed once over the data and read by every step
+    # (`target_cache`), and KD is against the renormalised top-k; false: the target runs
+    # inside every step (exact KD over the whole draft vocabulary), as for a corpus larger
+    # than the steps will ever read
+    precompute_target: bool = False
+    teacher_top_k: int = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +145,13 @@ def parse_drafter_config(raw: dict, where: str = "<config>") -> DrafterTrainConf
             raise bad("[distill] continues corpus prefixes; with [data] corpus = \"chat\" set its sequences to 0")
         if c.sampled_fraction > 1 or c.heldout_fraction >= 1:
             raise bad("[chat] needs sampled_fraction in [0, 1] and heldout_fraction in [0, 1)")
+    dr = cfg.drafter
+    if dr.vocab_coverage and (dr.vocab or not 0 < dr.vocab_coverage <= 1):
+        raise bad("[drafter] vocab_coverage must be in (0, 1] and replaces vocab: set one of them")
+    if dr.final_norm_scale <= 0:
+        raise bad(f"[drafter] final_norm_scale must be > 0, got {dr.final_norm_scale}")
+    if p.teacher_top_k < 1:
+        raise bad(f"[pard] teacher_top_k must be >= 1, got {p.teacher_top_k}")
     if cfg.drafter.shared_embeddings and cfg.drafter.init == "scratch":
         raise bad("[drafter] shared_embeddings needs the target's embedding width: use init = \"target:N\"")
     d = cfg.distill

@@ -35,9 +35,9 @@ from jaxspec.drafter import Drafter, default_target_layers, load_drafter
 from jaxspec.errors import CheckpointError, ConfigError
 from jaxspec.loading import Model
 from jaxspec.model import Transformer
-from jaxspec.train import chat_data, corpus, distill_data
+from jaxspec.train import chat_data, corpus, distill_data, target_cache
 from jaxspec.train.acceptance import AcceptanceStats, acceptance
-from jaxspec.train.config import TokenizerConfig, check_resume_config
+from jaxspec.train.config import SCHEDULE_KEY, TokenizerConfig, check_resume_config, resolve_schedule_steps
 from jaxspec.train.drafter_config import RESUMABLE_DRAFTER_KEYS, DrafterTrainConfig
 from jaxspec.train.loop import LoopHooks, run_loop, start_or_resume
 from jaxspec.train.metrics import append_metric, plot_losses
@@ -84,6 +84,7 @@ def init_drafter(cfg: DrafterTrainConfig, target: Model) -> Transformer:
         module = base.module
         module.layers = nnx.List(list(module.layers)[:num])
         module.config = dataclasses.replace(target.config, num_layers=num)
+        scale_final_norm(module, cfg.drafter.final_norm_scale)
         base = Model.from_module(module, tokenizer=target.tokenizer)
     else:
         base = jaxspec.load(cfg.drafter.init)
@@ -103,11 +104,21 @@ def init_drafter(cfg: DrafterTrainConfig, target: Model) -> Transformer:
     return nnx.merge(graphdef, nnx.from_flat_state(list(fresh_flat.items())))
 
 
+def scale_final_norm(module: Transformer, scale: float) -> None:
+    """Multiply the final norm's effective weight by `scale` (Gemma's norms apply 1 + w)."""
+    if scale == 1.0:
+        return
+    w = module.norm.weight[...]
+    module.norm.weight.set_value((1.0 + w) * scale - 1.0 if module.norm.gemma else w * scale)
+
+
 def init_projection(cfg: DrafterTrainConfig, feature_size: int, hidden_size: int) -> jax.Array:
     """The feature projection: a drafter's own when [drafter] init is a drafter folder with a
-    projection of this shape (continuing a drafter, e.g. on a retrained target), else
-    Normal(0.02) like every other matrix (the 0.02 feature scale on top keeps the fused
-    offset small next to the token embeddings at initialisation)."""
+    projection of this shape (continuing a drafter, e.g. on a retrained target), else zeros:
+    the target's features are raw residual streams (SmolLM2: norms 100-692), so any random
+    projection starts as noise larger than the token embeddings (Normal(0.02) and the 0.02
+    feature scale gave an offset of norm ~7.7 against embeddings of ~2.8); from zeros the
+    drafter starts as its target-independent self and learns what the features add."""
     if cfg.drafter.init != "scratch":
         try:
             saved = load_drafter(cfg.drafter.init).projection
@@ -115,99 +126,176 @@ def init_projection(cfg: DrafterTrainConfig, feature_size: int, hidden_size: int
             saved = None
         if saved is not None and saved.shape == (feature_size, hidden_size):
             return jnp.asarray(saved, jnp.float32)
-    return 0.02 * jax.random.normal(jax.random.key(cfg.train.seed + 1), (feature_size, hidden_size), jnp.float32)
+    return jnp.zeros((feature_size, hidden_size), jnp.float32)
 
 
-def draft_vocabulary(tokens: np.ndarray, size: int, vocab_size: int, always: tuple[int, ...] = ()) -> np.ndarray | None:
+def draft_vocabulary(tokens: np.ndarray, size: int, vocab_size: int, always: tuple[int, ...] = (),
+                     coverage: float = 0.0) -> np.ndarray | None:
     """FR-Spec's draft vocabulary: the `size` most frequent ids of `tokens` (ties: lower id
-    first), `always` (the end-of-turn ids) included; None when `size` is 0 or covers everything."""
+    first), `always` (the end-of-turn ids) included; None when `size` is 0 or covers everything.
+    `coverage` > 0 instead: the fewest most frequent ids whose occurrences make up that fraction
+    of `tokens`, rounded up to a multiple of 256 (never beyond the ids that occur)."""
+    counts = np.bincount(np.asarray(tokens, np.int64), minlength=vocab_size)[:vocab_size]
+    if coverage:
+        ranked = np.sort(counts)[::-1]
+        need = int(np.searchsorted(np.cumsum(ranked), coverage * counts.sum() - 1e-9)) + 1
+        size = min(-(-need // 256) * 256, int((counts > 0).sum()) + len(always))
     if size == 0 or size >= vocab_size:
         return None
-    counts = np.bincount(np.asarray(tokens, np.int64), minlength=vocab_size)[:vocab_size]
     counts[list(always)] = counts.max() + 1
     return np.sort(np.argsort(-counts, kind="stable")[:size]).astype(np.int32)
+
+
+def vocab_coverage(tokens: np.ndarray, draft_vocab: np.ndarray | None) -> float:
+    """The fraction of `tokens` inside the draft vocabulary (1 without one)."""
+    tokens = np.asarray(tokens)
+    if draft_vocab is None or len(tokens) == 0:
+        return 1.0
+    return float(np.isin(tokens, draft_vocab).mean())
 
 
 def _embedding(params) -> jax.Array:
     return next(x for path, x in jax.tree_util.tree_leaves_with_path(params) if "embed_tokens" in jax.tree_util.keystr(path))
 
 
-def keep_target_embeddings(drafter_params, target_params):
-    """Shared embeddings: the drafter's token-embedding rows below the mask id set back to the
-    target's after every update (only the mask row trains), so the export need not store them."""
-    table = _embedding(target_params)
-    return jax.tree_util.tree_map_with_path(
-        lambda path, x: x.at[:table.shape[0]].set(table.astype(x.dtype)) if "embed_tokens" in jax.tree_util.keystr(path)
-        else x, drafter_params)
+@dataclasses.dataclass(frozen=True)
+class DrafterParts:
+    """How the drafter's weights split into what trains and what is frozen.
+
+    With shared embeddings the token-embedding table is the target's and never changes, so
+    it is not a parameter at all (Adam over SmolLM2's 28M-row table cost 3x the 8.4M trainable
+    parameters for nothing): the optimizer sees the drafter without its table, the mask token's
+    row(s) (`mask_rows`) and the projection; the table is rebuilt inside the step as the
+    target's rows + the mask rows. Without shared embeddings the whole drafter trains."""
+
+    graphdef: Any
+    shared: bool
+    embed_template: Any = None  # the embedding's nnx.State, shapes only (shared)
+
+    @classmethod
+    def split(cls, module: Transformer, shared: bool) -> tuple["DrafterParts", dict]:
+        if not shared:
+            graphdef, state = nnx.split(module)
+            return cls(graphdef, False), {"drafter": state}
+        graphdef, embed, rest = nnx.split(module, nnx.PathContains("embed_tokens"), ...)
+        table = _embedding(embed)
+        vocab = table.shape[0] - 1  # the mask row(s) follow the target's rows
+        template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), embed)
+        return cls(graphdef, True, template), {"drafter": rest, "mask_rows": jnp.asarray(table[vocab:])}
+
+    def module(self, params: dict, frozen_table: jax.Array | None, dtype=jnp.float32) -> Transformer:
+        cast = lambda tree: jax.tree.map(lambda x: x.astype(dtype), tree)  # noqa: E731
+        if not self.shared:
+            return nnx.merge(self.graphdef, cast(params["drafter"]))
+        table = jnp.concatenate([frozen_table.astype(dtype), params["mask_rows"].astype(dtype)])
+        return nnx.merge(self.graphdef, jax.tree.map(lambda _: table, self.embed_template), cast(params["drafter"]))
+
+    def full_state(self, params: dict, frozen_table: jax.Array | None):
+        """The whole drafter's nnx.State (host float32), as `Drafter.save` stores it."""
+        host = jax.tree.map(lambda x: jnp.asarray(host_copy(x), jnp.float32), params)
+        table = None if frozen_table is None else jnp.asarray(frozen_table, jnp.float32)
+        return nnx.split(self.module(host, table))[1]
 
 
-def make_drafter_steps(drafter_graphdef, target_graphdef, cfg: DrafterTrainConfig, layers: tuple[int, ...],
-                       optimizer, compute_dtype, param_shardings, opt_shardings, draft_vocab: np.ndarray | None = None):
+def sparse_kd(student_logits: jax.Array, topk_logp: jax.Array, topk_cols: jax.Array, temperature: float) -> jax.Array:
+    """T^2 KL(p || q) per row, p = the teacher's top-k renormalised (at temperature T), q the
+    student's distribution at those columns."""
+    p_log = jax.nn.log_softmax(topk_logp / temperature, axis=-1)
+    q_log = jnp.take_along_axis(jax.nn.log_softmax(student_logits / temperature, axis=-1), topk_cols, axis=-1)
+    return temperature * temperature * (jnp.exp(p_log) * (p_log - q_log)).sum(-1)
+
+
+def make_drafter_steps(parts: DrafterParts, target_graphdef, target_vocab_size: int, cfg: DrafterTrainConfig,
+                       layers: tuple[int, ...], optimizer, compute_dtype, param_shardings, opt_shardings,
+                       draft_vocab: np.ndarray | None = None):
     """Jitted (train_step, eval_step) closed over both model graphs and the static settings.
     `draft_vocab`: the drafter's head covers these ids only (CE on the rows whose label it
-    covers, KD against the target's distribution restricted to them)."""
+    covers, KD against the target's distribution restricted to them). `frozen` (their second
+    argument) is the target's params (the target runs in the step) or, with [pard]
+    precompute_target, {"embed": the target's embedding table} (the batch then carries the
+    target's outputs, `target_cache`)."""
     p = cfg.pard
     loss_cfg = LossConfig(cat=p.cat, ce_alpha=p.ce_alpha, kd_alpha=p.kd_alpha, temperature=p.temperature)
     k = p.num_blocks
     vocab = None if draft_vocab is None else jnp.asarray(draft_vocab)
+    precomputed = p.precompute_target
 
-    def forward(params, target_params, batch, keep):
-        target = nnx.merge(target_graphdef, target_params)
-        t_logits, features = target_outputs(target, batch["inputs"], layers)
+    def teacher(frozen, batch):
+        """(features [b L f], gold log-probs [b L], the target's argmax per row [b n], and its
+        distribution per row: full V' logits [b n V'] or the top-k (logp, columns))."""
+        if precomputed:
+            return (batch["features"], batch["gold_logp"], batch["teacher_argmax"],
+                    (batch["topk_logp"], batch["topk_cols"]))
+        t_logits, features = target_outputs(nnx.merge(target_graphdef, frozen), batch["inputs"], layers)
+        rows = jnp.take_along_axis(t_logits, batch["positions"][..., None], axis=1)
+        return (features, gold_log_probs(t_logits, batch["next_tokens"]), jnp.argmax(rows, -1),
+                rows if vocab is None else rows[..., vocab])
+
+    def frozen_table(frozen):
+        if not parts.shared:
+            return None
+        return frozen["embed"] if precomputed else _embedding(frozen)
+
+    def forward(params, frozen, batch, keep):
+        features, gold, argmax, dist = teacher(frozen, batch)
         projection = params.get("projection")
         rows = None if projection is None else aligned_features(features, batch["block_ids"], batch["positions"], keep)
-        drafter = nnx.merge(drafter_graphdef, jax.tree.map(lambda x: x.astype(compute_dtype), params["drafter"]))
+        drafter = parts.module(params, frozen_table(frozen), compute_dtype)
         logits = drafter_logits(drafter, projection, p.feature_scale, batch["tokens"], batch["positions"],
                                 batch["block_ids"], rows, vocab)
-        teacher = jnp.take_along_axis(t_logits, batch["positions"][..., None], axis=1)
-        return logits, teacher, gold_log_probs(t_logits, batch["next_tokens"])
+        return logits, gold, argmax, dist
 
-    def block_agreement(logits, teacher, batch):
-        """Per block: fraction of rows whose draft is the target's argmax (teacher-forced)."""
-        drafts = jnp.argmax(logits[..., :teacher.shape[-1]], -1) if vocab is None else vocab[jnp.argmax(logits, -1)]
-        correct = (drafts == jnp.argmax(teacher, -1)) & batch["valid"]
+    def block_agreement(logits, argmax, batch):
+        """Per block: fraction of scored rows whose draft is the target's argmax (teacher-forced)."""
+        drafts = jnp.argmax(logits[..., :target_vocab_size], -1) if vocab is None else vocab[jnp.argmax(logits, -1)]
+        correct = (drafts == argmax) & batch["valid"]
         onehot = jax.nn.one_hot(batch["block_ids"], k) * batch["valid"][..., None]
         return (onehot * correct[..., None]).sum((0, 1)) / jnp.maximum(onehot.sum((0, 1)), 1), correct
 
-    def micro_loss(params, target_params, batch, key):
+    def student_columns(logits):
+        """The drafter's float32 logits over what it drafts (V', or the target's vocabulary)."""
+        return (logits if vocab is not None else logits[..., :target_vocab_size]).astype(jnp.float32)
+
+    def micro_loss(params, frozen, batch, key):
         keep = (jax.random.uniform(key, batch["tokens"].shape[:1]) >= p.gate_prob).astype(jnp.float32)
-        logits, teacher, gold = forward(params, target_params, batch, keep)
+        logits, gold, argmax, dist = forward(params, frozen, batch, keep)
         weights = row_weights(gold, batch["block_ids"], batch["positions"], batch["valid"], k, p.cat)
         labels, ce_valid = batch["labels"], None
-        if vocab is not None:  # labels as draft-vocabulary columns; teacher restricted to them
-            column = jnp.full((teacher.shape[-1],), -1, jnp.int32).at[vocab].set(jnp.arange(vocab.shape[0]))
+        if vocab is not None:  # labels as draft-vocabulary columns
+            column = jnp.full((target_vocab_size,), -1, jnp.int32).at[vocab].set(jnp.arange(vocab.shape[0]))
             labels, ce_valid = jnp.maximum(column[labels], 0), column[labels] >= 0
-        loss, metrics = pard_loss(logits, labels, weights, teacher if vocab is None else teacher[..., vocab],
-                                  loss_cfg, ce_valid)
-        metrics["block_agreement"] = block_agreement(logits, teacher, batch)[0]
+        if isinstance(dist, tuple):
+            loss, metrics = pard_loss(logits, labels, weights, None, loss_cfg, ce_valid,
+                                      kd_rows=sparse_kd(student_columns(logits), *dist, p.temperature))
+        else:
+            loss, metrics = pard_loss(logits, labels, weights, dist, loss_cfg, ce_valid)
+        metrics["block_agreement"] = block_agreement(logits, argmax, batch)[0]
         return loss, metrics
 
-    def train_step(params, opt_state, target_params, micro_batches, key):
+    def train_step(params, opt_state, frozen, micro_batches, key):
         def accumulate(carry, xs):
             batch, mkey = xs
-            (loss, metrics), grads = jax.value_and_grad(micro_loss, has_aux=True)(params, target_params, batch, mkey)
+            (loss, metrics), grads = jax.value_and_grad(micro_loss, has_aux=True)(params, frozen, batch, mkey)
             return jax.tree.map(jnp.add, carry, (loss, metrics, grads)), None
 
         n = micro_batches["tokens"].shape[0]
         keys = jax.random.split(key, n)
-        loss_shape, metrics_shape = jax.eval_shape(micro_loss, params, target_params,
+        loss_shape, metrics_shape = jax.eval_shape(micro_loss, params, frozen,
                                                    jax.tree.map(lambda x: x[0], micro_batches), keys[0])
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss_shape, metrics_shape, params))
         (loss, metrics, grads), _ = jax.lax.scan(accumulate, zeros, (micro_batches, keys))
         loss, metrics, grads = jax.tree.map(lambda g: g / n, (loss, metrics, grads))
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        if cfg.drafter.shared_embeddings:
-            params = {**params, "drafter": keep_target_embeddings(params["drafter"], target_params)}
         params = jax.lax.with_sharding_constraint(params, param_shardings)
         opt_state = jax.lax.with_sharding_constraint(opt_state, opt_shardings)
         return params, opt_state, {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads)}
 
-    def eval_step(params, target_params, batch, use_features):
+    def eval_step(params, frozen, batch, use_features):
         """Row correctness against the target's argmax, with / without target features."""
         keep = jnp.full(batch["tokens"].shape[:1], 1.0 if use_features else 0.0)
-        logits, teacher, _ = forward(params, target_params, batch, keep)
-        return block_agreement(logits, teacher, batch)[1]
+        logits, _, argmax, _ = forward(params, frozen, batch, keep)
+        return block_agreement(logits, argmax, batch)[1]
 
     return (jax.jit(train_step, donate_argnums=(0, 1)),
             jax.jit(eval_step, static_argnames=("use_features",)))
@@ -251,14 +339,18 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
         raise CheckpointError(f"{out} already holds checkpoints; pass --resume to continue that run "
                               "or choose another --out")
     if resume:  # first, before any file is touched: a resumed run keeps its target, drafter and data
-        check_resume_config(out, cfg.to_dict(), RESUMABLE_DRAFTER_KEYS, derived=("resolved_target_layers",))
+        check_resume_config(out, cfg.to_dict(), RESUMABLE_DRAFTER_KEYS,
+                            derived=("resolved_target_layers", SCHEDULE_KEY))
+    schedule_steps = resolve_schedule_steps(out, cfg.optim, cfg.train.steps, resume)
     say = log if is_main else (lambda *a, **k: None)
     target = jaxspec.load(cfg.target.path, dtype="float32")
     layers = resolve_target_layers(cfg, target.config.num_layers)
+    clock = None
     if cfg.data.corpus == "chat":  # the target's replies to chat prompts (`chat_data`)
         data_meta = chat_data.prepare(target, cfg.chat, out / "data", cfg.train.seed,
                                       distill_data.params_digest(target.params), log=say, progress=progress and is_main)
         fingerprint = data_meta["fingerprint"]
+        clock = chat_data.StageClock(next((out / "data").glob(f"chat-{fingerprint}")) / "timing.json")
     else:
         tok_path = target_tokenizer(target)
         fingerprint = hashlib.sha256(json.dumps(dataclasses.asdict(cfg.data), sort_keys=True).encode()
@@ -269,41 +361,65 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     out.mkdir(parents=True, exist_ok=True)  # prepare_data made it, once the corpus was found
     train_data = corpus.PackedData(out / "data" / "train.npy", cfg.data.seq_len)
     heldout = corpus.PackedData(out / "data" / "heldout.npy", cfg.data.seq_len)
+    # Which tokens are trained on and scored: a chat's replies (never its prompt or template), or all.
+    reply_masks = cfg.data.corpus == "chat"
+    train_scored = (corpus.PackedData(out / "data" / chat_data.reply_mask_name("train"), cfg.data.seq_len)
+                    if reply_masks else None)
+    heldout_scored = (corpus.PackedData(out / "data" / chat_data.reply_mask_name("heldout"), cfg.data.seq_len)
+                      if reply_masks else None)
     generated = distill_data.prepare(target, train_data, cfg.distill, out / "data", cfg.data.seq_len, cfg.train.seed,
                                      fingerprint, write=is_main, log=say, progress=progress and is_main)
-    draft_vocab = draft_vocabulary(train_data.tokens, cfg.drafter.vocab, target.config.vocab_size,
-                                   tuple(target.config.eos_token_ids))
+    scored_train_tokens = (np.asarray(train_data.tokens)[np.asarray(train_scored.tokens, bool)] if reply_masks
+                           else train_data.tokens)
+    draft_vocab = draft_vocabulary(scored_train_tokens, cfg.drafter.vocab, target.config.vocab_size,
+                                   tuple(target.config.eos_token_ids), coverage=cfg.drafter.vocab_coverage)
+    scored_heldout_tokens = (np.asarray(heldout.tokens)[np.asarray(heldout_scored.tokens, bool)] if reply_masks
+                             else heldout.tokens)
+    coverage = {"train": round(vocab_coverage(scored_train_tokens, draft_vocab), 4),
+                "heldout": round(vocab_coverage(scored_heldout_tokens, draft_vocab), 4)}
+
+    p = cfg.pard
+    caches = None
+    if p.precompute_target:  # the target's outputs, once per data set (`target_cache`)
+        if generated is not None:
+            raise ConfigError("[pard] precompute_target covers the [data] sequences; set [distill] sequences to 0")
+        digest = distill_data.params_digest(target.params)
+        caches = {}
+        for split, data in (("train", train_data), ("heldout", heldout)):
+            key = target_cache.fingerprint_of(fingerprint + split, digest, layers, draft_vocab, p.teacher_top_k,
+                                              cfg.data.seq_len)
+            caches[split] = target_cache.prepare(target, data, layers, draft_vocab, p.teacher_top_k,
+                                                 out / "data" / f"target-{split}-{key}", key, log=say,
+                                                 progress=progress and is_main, clock=clock)
 
     mesh = make_mesh(cfg.mesh)
-    run, p = cfg.train, cfg.pard
+    run = cfg.train
     if run.batch_size % mesh.size:
         raise ConfigError(f"[train] batch_size ({run.batch_size}) must be a multiple of the device count "
                           f"({mesh.size})")
     compute_dtype = DTYPES[run.dtype]
     module = init_drafter(cfg, target)
-    drafter_graphdef, drafter_params = nnx.split(module)
-    if compute_dtype != jnp.float32:
-        drafter_graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(module.config, dtype=compute_dtype,
-                                                                        rngs=nnx.Rngs(0))))[0]
-    if p.attention != "xla":
-        drafter_graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(
-            module.config, dtype=compute_dtype, attention=p.attention, rngs=nnx.Rngs(0))))[0]
-    params: dict[str, Any] = {"drafter": drafter_params}
+    if p.attention != "xla" or compute_dtype != jnp.float32:  # the same weights, another dtype / kernel
+        module = nnx.merge(nnx.split(nnx.eval_shape(lambda: Transformer(
+            module.config, dtype=compute_dtype, attention=p.attention, rngs=nnx.Rngs(0))))[0], nnx.split(module)[1])
+    parts, params = DrafterParts.split(module, cfg.drafter.shared_embeddings)
     if p.target_features:
         params["projection"] = init_projection(cfg, len(layers) * target.config.hidden_size,
                                                module.config.hidden_size)
-    target_params = jax.device_put(target.params, NamedSharding(mesh, P()))
-    optimizer = make_optimizer(cfg.optim, run.steps)
+    replicated = NamedSharding(mesh, P())
+    frozen = ({"embed": jax.device_put(_embedding(target.params), replicated)} if p.precompute_target
+              else jax.device_put(target.params, replicated))
+    optimizer = make_optimizer(cfg.optim, schedule_steps)
     begin = start_or_resume(params, optimizer, mesh, out, keep=run.keep_checkpoints, resume=resume,
                             is_main=is_main, say=say, steps=run.steps)
     if is_main:  # after the restore, which refuses a run shorter than its checkpoint
-        (out / "config.json").write_text(json.dumps({**cfg.to_dict(), "resolved_target_layers": list(layers)},
-                                                    indent=1))
+        (out / "config.json").write_text(json.dumps({**cfg.to_dict(), "resolved_target_layers": list(layers),
+                                                     SCHEDULE_KEY: schedule_steps}, indent=1))
     start, records, metrics_path, checkpoints = begin.start, begin.records, begin.metrics_path, begin.checkpoints
     param_shardings, opt_shardings = begin.param_shardings, begin.opt_shardings
 
-    train_step, eval_step = make_drafter_steps(drafter_graphdef, target.graphdef, cfg, layers, optimizer,
-                                               compute_dtype, param_shardings, opt_shardings, draft_vocab)
+    train_step, eval_step = make_drafter_steps(parts, target.graphdef, target.config.vocab_size, cfg, layers,
+                                               optimizer, compute_dtype, param_shardings, opt_shardings, draft_vocab)
     accum, batch = cfg.optim.grad_accum, run.batch_size
     counts = cod_counts(cfg.data.seq_len, p.num_blocks, p.cod_ratio, p.cod_min)
     micro_sharding, eval_sharding = batch_sharding(mesh, leading=1), batch_sharding(mesh)
@@ -313,50 +429,67 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     from_corpus = examples_per_step - from_generated
     data_summary = {"corpus_tokens": len(train_data.tokens), "corpus_files": len(data_meta["train_files"]),
                     "chat": data_meta if cfg.data.corpus == "chat" else None,
-                    "draft_vocab": None if draft_vocab is None else len(draft_vocab),
+                    "draft_vocab": None if draft_vocab is None else len(draft_vocab), "vocab_coverage": coverage,
+                    "scored_train_tokens": len(scored_train_tokens),
                     "generated": 0 if generated is None else generated.num_sequences,
-                    "from_generated": from_generated, "examples_per_step": examples_per_step}
+                    "from_generated": from_generated, "examples_per_step": examples_per_step,
+                    "schedule_steps": schedule_steps}
+    say(f"draft vocabulary: {data_summary['draft_vocab'] or 'the whole vocabulary'}, covering "
+        f"{coverage['train']:.1%} of the scored training tokens and {coverage['heldout']:.1%} held out")
     mask_id = target.config.vocab_size
 
-    def sequences_for(step: int) -> np.ndarray:
-        parts = []
-        if from_corpus:
-            parts.append(train_data.batch(corpus.training_order(train_data.num_sequences, run.seed,
-                                                                step * from_corpus, from_corpus)))
-        if from_generated:
-            parts.append(generated.batch(corpus.training_order(generated.num_sequences, run.seed + 1,
-                                                               step * from_generated, from_generated)))
-        return np.concatenate(parts)
+    def host_batch(data, scored, cache, ids, counts, rng) -> dict[str, np.ndarray]:
+        """One PARD batch of sequences `ids`, with the target's outputs when precomputed."""
+        host = make_batch(data.batch(ids), counts, mask_id, rng,
+                          None if scored is None else scored.batch(ids).astype(bool))
+        arrays = host.arrays()
+        if cache is not None:
+            outs = cache.batch(ids)
+            rows = lambda x: np.take_along_axis(x, host.positions.reshape(x.shape[:1] + (-1,) + (1,) * (x.ndim - 2)),  # noqa: E731
+                                                axis=1)
+            arrays.update(features=outs["features"], gold_logp=outs["gold_logp"], teacher_argmax=rows(outs["argmax"]),
+                          topk_logp=rows(outs["topk_logp"]), topk_cols=rows(outs["topk_cols"]))
+        return arrays
 
     def batch_for(step: int) -> dict[str, jax.Array]:
-        host = make_batch(sequences_for(step), counts, mask_id, np.random.default_rng([run.seed, step, 7]))
-        return {k: global_array(v.reshape(accum, batch, *v.shape[1:]), micro_sharding)
-                for k, v in host.arrays().items()}
+        rng = np.random.default_rng([run.seed, step, 7])
+        parts_ = []
+        if from_corpus:
+            ids = corpus.training_order(train_data.num_sequences, run.seed, step * from_corpus, from_corpus)
+            parts_.append(host_batch(train_data, train_scored, caches and caches["train"], ids, counts, rng))
+        if from_generated:
+            ids = corpus.training_order(generated.num_sequences, run.seed + 1, step * from_generated, from_generated)
+            parts_.append(host_batch(generated, None, None, ids, counts, rng))
+        host = {k: np.concatenate([q[k] for q in parts_]) for k in parts_[0]}
+        return {k: global_array(v.reshape(accum, batch, *v.shape[1:]), micro_sharding) for k, v in host.items()}
 
     def evaluate(params, num_batches: int | None) -> dict:
-        """Teacher-forced acceptance on held-out text (reference: the target's argmax)."""
+        """Teacher-forced acceptance on held-out sequences (reference: the target's argmax),
+        counting only contexts whose first draft is a scored token (a reply's)."""
         total = heldout.num_sequences // batch
-        n = total if num_batches is None else min(num_batches, total)
+        n = total if not num_batches else min(num_batches, total)
         stats = {"td": AcceptanceStats(0, np.zeros(p.num_blocks + 1, np.int64))}
         stats["ti"] = stats["td"]
         full = full_counts(cfg.data.seq_len, p.num_blocks)
         for i in range(n):
-            host = make_batch(heldout.batch(range(i * batch, (i + 1) * batch)), full, mask_id,
-                              np.random.default_rng(0))
-            dev = {k: global_array(v, eval_sharding) for k, v in host.arrays().items()}
+            ids = np.arange(i * batch, (i + 1) * batch)
+            host = host_batch(heldout, None, caches and caches["heldout"], ids, full, np.random.default_rng(0))
+            dev = {k: global_array(v, eval_sharding) for k, v in host.items()}
+            scored = None if heldout_scored is None else heldout_scored.batch(ids).astype(bool)
             for mode in ("td", "ti") if p.target_features else ("ti",):
-                correct = np.asarray(host_copy(eval_step(params, target_params, dev, use_features=mode == "td")))
-                stats[mode] = stats[mode] + acceptance(correct, host.block_ids, host.positions, p.num_blocks,
-                                                       cfg.data.seq_len)
+                correct = np.asarray(host_copy(eval_step(params, frozen, dev, use_features=mode == "td")))
+                stats[mode] = stats[mode] + acceptance(correct, host["block_ids"], host["positions"], p.num_blocks,
+                                                       cfg.data.seq_len, scored_tokens=scored)
         out = {}
         for mode, s in stats.items():
             if s.contexts:
                 out[f"accept_len_{mode}"] = s.mean_length
                 out[f"position_rates_{mode}"] = [round(float(x), 4) for x in s.position_rates()]
+                out["eval_contexts"] = s.contexts
         return out
 
     base_key = jax.random.key(run.seed)
-    schedule = learning_rate_schedule(cfg.optim, run.steps)
+    schedule = learning_rate_schedule(cfg.optim, schedule_steps)
     tokens_per_step = examples_per_step * sum(counts)
     live = {"params": begin.params, "opt_state": begin.opt_state}  # updated by every step
     if start == 0 and run.steps > 0:  # the untrained baseline, for the acceptance curve
@@ -365,7 +498,7 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
             append_metric(metrics_path, records[-1])
 
     def one_step(step: int):
-        live["params"], live["opt_state"], m = train_step(live["params"], live["opt_state"], target_params,
+        live["params"], live["opt_state"], m = train_step(live["params"], live["opt_state"], frozen,
                                                           batch_for(step), jax.random.fold_in(base_key, step))
         return m
 
@@ -386,7 +519,7 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
                              is_main=is_main, progress=progress, desc="train-drafter")
     params = live["params"]
 
-    final = evaluate(params, run.eval_batches)
+    final = evaluate(params, None)  # every held-out sequence
     records.append({"step": run.steps, **final, "final": True})
     if is_main:
         append_metric(metrics_path, records[-1])
@@ -395,7 +528,10 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
         + ", ".join(f"{k} {v:.3f}" for k, v in final.items() if k.startswith("accept_len")))
     export_dir = None
     if export and is_main:
-        export_dir = export_drafter(cfg, params, module.config, target, layers, out / "drafter", run.export_dtype,
+        table = frozen["embed"] if p.precompute_target else _embedding(target.params)
+        state = parts.full_state(params, table if parts.shared else None)
+        export_dir = export_drafter(cfg, {**params, "drafter": state}, module.config, target, layers, out / "drafter",
+                                    run.export_dtype,
                                     card=drafter_card(cfg, layers, target, final, seconds, records, data_summary),
                                     draft_vocab=draft_vocab)
         say(f"exported {export_dir}")

@@ -48,19 +48,24 @@ class PardBatch:
     positions: Int[np.ndarray, "b n"]
     block_ids: Int[np.ndarray, "b n"]
     labels: Int[np.ndarray, "b n"]  # x_{t+1}
-    valid: Bool[np.ndarray, "b n"]
+    valid: Bool[np.ndarray, "b n"]  # a real row whose label is scored (padding and unscored labels: False)
 
     def arrays(self) -> dict[str, np.ndarray]:
         return dataclasses.asdict(self)
 
 
-def cod_rows(rng: np.random.Generator, counts: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """(block ids, positions) of one sequence's kept rows, block by block, positions sorted."""
+def cod_rows(rng: np.random.Generator, counts: tuple[int, ...], scored: np.ndarray | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """(block ids, positions) of one sequence's kept rows, block by block, positions sorted.
+    `scored` ([L] bool): mask rows are kept only at positions t whose label is scored (the
+    others would only be computed to be weighted 0); block 0 is always whole (it is the context)."""
     seq_len = counts[0]
     kept = np.arange(seq_len)
     blocks, positions = [np.zeros(seq_len, np.int32)], [kept.astype(np.int32)]
     for i, count in enumerate(counts[1:], start=1):
         candidates = kept[kept + 1 < seq_len] + 1
+        if scored is not None:
+            candidates = candidates[scored[candidates]]
         take = min(count, len(candidates))
         if take < len(candidates):
             candidates = np.sort(rng.choice(candidates, size=take, replace=False))
@@ -72,23 +77,28 @@ def cod_rows(rng: np.random.Generator, counts: tuple[int, ...]) -> tuple[np.ndar
 
 
 def make_batch(sequences: Int[np.ndarray, "b L1"], counts: tuple[int, ...], mask_token_id: int,
-               rng: np.random.Generator) -> PardBatch:
+               rng: np.random.Generator, scored_tokens: Bool[np.ndarray, "b L1"] | None = None) -> PardBatch:
     """The PARD batch of `sequences` (L + 1 tokens each) with COD rows drawn from `rng`.
 
     `counts = (L, L-1, ..., L-K+1)` keeps every row (no COD): the full layout minus the
-    rows without context, as used to measure acceptance.
+    rows without context, as used to measure acceptance. `scored_tokens`: which tokens are
+    trained on as labels (a chat's reply tokens; None: all): a row is `valid` only where its
+    label is one, and COD keeps mask rows only there.
     """
     sequences = np.asarray(sequences, np.int64)
     b, seq_len = sequences.shape[0], sequences.shape[1] - 1
     if counts[0] != seq_len:
         raise ConfigError(f"COD counts are for sequences of {counts[0]} tokens, the batch has {seq_len}")
-    rows = [cod_rows(rng, counts) for _ in range(b)]
+    scored = None if scored_tokens is None else np.asarray(scored_tokens, bool)[:, 1:]  # row t's label is x_{t+1}
+    rows = [cod_rows(rng, counts, None if scored is None else scored[i]) for i in range(b)]
     block_ids = np.stack([r[0] for r in rows])
     positions = np.stack([r[1] for r in rows])
     valid = block_ids >= 0
+    if scored is not None:
+        valid &= np.take_along_axis(scored, positions, axis=1)
     real = np.take_along_axis(sequences, positions, axis=1)
     labels = np.take_along_axis(sequences, positions + 1, axis=1)
-    tokens = np.where(block_ids == 0, real, np.where(valid, mask_token_id, 0))
+    tokens = np.where(block_ids == 0, real, np.where(block_ids > 0, mask_token_id, 0))
     return PardBatch(inputs=sequences[:, :-1].astype(np.int32), next_tokens=sequences[:, 1:].astype(np.int32),
                      tokens=tokens.astype(np.int32), positions=positions, block_ids=block_ids,
                      labels=np.where(valid, labels, 0).astype(np.int32), valid=valid)

@@ -96,14 +96,17 @@ def drafter_logits(drafter: Transformer, projection: Float[Array, "f d"] | None,
 
 
 def pard_loss(logits: Float[Array, "b n V1"], labels: Int[Array, "b n"], weights: Float[Array, "b n"],
-              teacher_logits: Float[Array, "b n V"], loss: LossConfig,
-              ce_valid: Bool[Array, "b n"] | None = None) -> tuple[Float[Array, ""], dict]:
+              teacher_logits: Float[Array, "b n V"] | None, loss: LossConfig,
+              ce_valid: Bool[Array, "b n"] | None = None,
+              kd_rows: Float[Array, "b n"] | None = None) -> tuple[Float[Array, ""], dict]:
     """ce_alpha * sum(w CE)/sum(w) + kd_alpha * sum(w T^2 KL(p_T^T || p_D^T))/sum(w).
 
     Only the first V (target-vocabulary) logits are scored: the mask id is an input, never
     a draft. `weights` is 0 on rows that do not count; `ce_valid` false: the label cannot be
-    drafted (outside a draft vocabulary), so the row has no CE term (KD still applies)."""
-    vocab = teacher_logits.shape[-1]
+    drafted (outside a draft vocabulary), so the row has no CE term (KD still applies).
+    `kd_rows`: each row's KD term computed elsewhere (a top-k teacher), instead of
+    `teacher_logits`; the logits are then the draft vocabulary's, all scored."""
+    vocab = logits.shape[-1] if teacher_logits is None else teacher_logits.shape[-1]
     logits = logits[..., :vocab].astype(jnp.float32)
     denom = jnp.maximum(weights.sum(), WEIGHT_FLOOR)
     logp = jax.nn.log_softmax(logits, axis=-1)
@@ -112,7 +115,11 @@ def pard_loss(logits: Float[Array, "b n V1"], labels: Int[Array, "b n"], weights
     ce_loss = (ce_weights * ce).sum() / jnp.maximum(ce_weights.sum(), WEIGHT_FLOOR)
     total = loss.ce_alpha * ce_loss
     metrics = {"ce": ce_loss}
-    if loss.kd_alpha > 0:
+    if loss.kd_alpha > 0 and kd_rows is not None:
+        kd_loss = (weights * kd_rows).sum() / denom
+        total = total + loss.kd_alpha * kd_loss
+        metrics["kd"] = kd_loss
+    elif loss.kd_alpha > 0:
         t = loss.temperature
         teacher = jax.nn.log_softmax(teacher_logits.astype(jnp.float32) / t, axis=-1)
         student = jax.nn.log_softmax(logits / t, axis=-1)

@@ -29,7 +29,7 @@ from flax import nnx
 from jaxspec.errors import CheckpointError
 from jaxspec.model import Transformer
 from jaxspec.train import corpus
-from jaxspec.train.config import OptimConfig, TrainConfig, check_resume_config
+from jaxspec.train.config import SCHEDULE_KEY, OptimConfig, TrainConfig, check_resume_config, resolve_schedule_steps
 from jaxspec.train.loop import LoopHooks, run_loop, start_or_resume
 from jaxspec.train.metrics import append_metric, plot_losses
 from jaxspec.train.objective import token_nats
@@ -119,7 +119,8 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
         raise CheckpointError(f"{out} already holds checkpoints; pass --resume to continue that run "
                               "or choose another --out")
     if resume:  # first, before any file is touched: a resumed run keeps its model, tokenizer and data
-        check_resume_config(out, cfg.to_dict())
+        check_resume_config(out, cfg.to_dict(), derived=(SCHEDULE_KEY,))
+    schedule_steps = resolve_schedule_steps(out, cfg.optim, cfg.train.steps, resume)
     say = log if is_main else (lambda *a, **k: None)
 
     def prepare():
@@ -151,11 +152,11 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
                           f"({mesh.size})")
     compute_dtype = DTYPES[run.dtype]
     params, graphdef = init_params(cfg)
-    optimizer = make_optimizer(cfg.optim, run.steps)
+    optimizer = make_optimizer(cfg.optim, schedule_steps)
     begin = start_or_resume(params, optimizer, mesh, out, keep=run.keep_checkpoints, resume=resume,
                             is_main=is_main, say=say, steps=run.steps)
     if is_main:  # after the restore, which refuses a run shorter than its checkpoint
-        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+        (out / "config.json").write_text(json.dumps({**cfg.to_dict(), SCHEDULE_KEY: schedule_steps}, indent=1))
     records, metrics_path, checkpoints = begin.records, begin.metrics_path, begin.checkpoints
     param_shardings, opt_shardings = begin.param_shardings, begin.opt_shardings
 
@@ -184,7 +185,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, log: C
         count = n * batch * cfg.data.seq_len
         return nats / count, nats / math.log(2) / max(nbytes, 1.0)
 
-    schedule = learning_rate_schedule(cfg.optim, run.steps)
+    schedule = learning_rate_schedule(cfg.optim, schedule_steps)
     live = {"params": begin.params, "opt_state": begin.opt_state}  # updated by every step
 
     def one_step(step: int):

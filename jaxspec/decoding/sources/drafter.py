@@ -9,16 +9,17 @@ K/V are committed to the drafter's cache: mask slots never are.
 
 Target-dependent mode (PARD-2): the token at position t enters the drafter with the target's
 hidden states at `target_layers` for token t-1 (zeros at t = 0), projected and added to its
-embedding; masks get the last real token's feature. The verification forward returns those
+embedding; masks get the feature of the last real token in the block, as in training
+(`jaxspec.train.pard_batch.feature_index`: for `[x_<n, m..]` the masks get h_{n-2}). The verification forward returns those
 hidden states along the emitted path `[last token, d_1 .. d_a]`, which are exactly the
 features of the next pending run `[d_1 .. d_a, bonus]`, so no feature history is kept.
 Target-independent mode is the same with no features (the projection has no bias:
 features 0 = no offset).
 
-`bonus_in_context=False` is the variant whose features all match the trainer's convention
-(`jaxspec.train.pard_batch.feature_index`: a mask gets the hidden state OF the last real
-token, which the target has not computed for a bonus token): the drafter then reads only
-target-verified tokens, `[last, d_1 .. d_a] + m x K`, and does not see the bonus.
+`bonus_in_context=False` is the variant in which the drafter reads only target-verified
+tokens, `[last, d_1 .. d_a] + m x K`, and does not see the bonus (the first mask stands at the
+bonus's slot). Both variants give the masks the feature of the last real token of the block,
+the training convention; with the bonus in context that is the bonus's own feature.
 
 Drafts are the argmax, or with `sampled` one draw per position from the warped q (for the
 speculative-sampling verifier, which needs q). The pending run is held in a fixed `[b, P]`
@@ -52,11 +53,10 @@ class DraftSpec:
     target_vocab_size: int
     target_layers: tuple[int, ...]  # () = target-independent mode
     feature_scale: float
-    # True: the pending run ends with the bonus token (its feature is exact) and the masks get
-    # the bonus's own feature, h_{n-2}; the trainer (`pard_batch.feature_index`) gave masks the
-    # hidden state OF the last real token, h_{n-1}, which the target has not computed for a
-    # bonus token. False: the drafter sees only target-verified tokens, so every feature is
-    # the trained one, but it does not see the bonus (K masks, the first at the bonus's slot).
+    # True: the pending run ends with the bonus token x_{n-1}, and the masks get its feature
+    # h_{n-2}, as the trainer gives them (`pard_batch.feature_index`). False: the drafter sees
+    # only target-verified tokens and not the bonus (K masks, the first at the bonus's slot);
+    # the masks get the last verified token's feature, again the trained convention.
     bonus_in_context: bool = True
     # > 0: the head covers only this many ids (`Drafter.draft_vocab`; the rows travel with the
     # weights). Part of the spec because it is part of the compiled program's identity.
@@ -80,7 +80,7 @@ class DraftState:
     pending: Int[Array, "b p"]  # real tokens not yet in the drafter cache (bonus in context: ends with the last token)
     pending_count: Int[Array, " b"]  # >= 1
     features: Float[Array, "b p f"]  # target feature of each pending token (f = 0: target-independent)
-    mask_feature: Float[Array, "b f"]  # the feature every mask of the next drafter block gets
+    bonus_feature: Float[Array, "b f"]  # the target's state of the last accepted token: the bonus's feature
     stats: dict
 
 
@@ -181,7 +181,7 @@ class PardDrafter:
         if self.count_wins:  # steps whose emitted run came from this branch (greedy: strictly the longest)
             stats["drafter_wins"] = jnp.zeros((batch,), jnp.int32)
         return DraftState(cache=cache, pending=pending, pending_count=jnp.ones((batch,), jnp.int32),
-                          features=features, mask_feature=hidden[rows, last], stats=stats)
+                          features=features, bonus_feature=hidden[rows, last], stats=stats)
 
     def propose(self, draft: DraftState, step: Step, weights):
         """One drafter forward: K drafts (and q when sampled); the pending run is committed."""
@@ -191,7 +191,9 @@ class PardDrafter:
         m = spec.num_masks
         relation, offsets, read = drafter_block(draft.pending_count, pending_len, m, spec.bonus_in_context)
         tokens = jnp.concatenate([draft.pending, jnp.full((batch, m), spec.mask_token_id, jnp.int32)], axis=1)
-        features = jnp.concatenate([draft.features, jnp.repeat(draft.mask_feature[:, None], m, axis=1)], axis=1)
+        # Every mask gets the feature of the block's last real token (the training convention).
+        last_feature = jnp.take_along_axis(draft.features, (draft.pending_count - 1)[:, None, None], axis=1)
+        features = jnp.concatenate([draft.features, jnp.repeat(last_feature, m, axis=1)], axis=1)
         out = drafter(tokens, draft.cache.lengths[:, None] + offsets, relation, draft.cache,
                       embed_offset=self._offset(projection, features), head="none")
         logits = self._draft_logits(drafter, out, read, head)
@@ -213,8 +215,8 @@ class PardDrafter:
 
         With the bonus in context the run is the emitted tokens `[d_1 .. d_a, bonus]`, each
         paired with its predecessor's state (`path_hidden[:, i]`); otherwise it is
-        `[last, d_1 .. d_a]`, paired with the previous mask feature and `path_hidden[:, :a]`.
-        Either way the masks get `path_hidden[:, a]`."""
+        `[last, d_1 .. d_a]`, paired with the previous bonus feature and `path_hidden[:, :a]`.
+        The next bonus's feature is `path_hidden[:, a]`."""
         spec, n_acc, path_hidden = self.spec, outcome.n_acc, outcome.path_hidden
         batch, pending_len = draft.pending.shape
         rows = jnp.arange(batch)
@@ -222,7 +224,7 @@ class PardDrafter:
             tokens, features = outcome.emitted, path_hidden
         else:
             tokens = outcome.path_tokens
-            features = jnp.concatenate([draft.mask_feature[:, None], path_hidden[:, :-1]], axis=1)
+            features = jnp.concatenate([draft.bonus_feature[:, None], path_hidden[:, :-1]], axis=1)
         pad = pending_len - tokens.shape[1]
         # The drafter's own accepted run: the emitted one if its path won, else (greedy) the
         # longest prefix of its drafts the target agreed with; sampling verifies only the lead path.
@@ -240,7 +242,7 @@ class PardDrafter:
             stats["drafter_wins"] = stats["drafter_wins"] + wins
         return draft.replace(pending=jnp.pad(tokens, ((0, 0), (0, pad))), pending_count=n_acc + 1,
                              features=jnp.pad(features, ((0, 0), (0, pad), (0, 0))),
-                             mask_feature=path_hidden[rows, n_acc], stats=stats), ()
+                             bonus_feature=path_hidden[rows, n_acc], stats=stats), ()
 
     def finish(self, draft: DraftState) -> dict:
         """accept_length: mean tokens per target step (bonus included)."""
