@@ -41,11 +41,16 @@ METHODS = {
     "lookahead (15,5,15)": ("lookahead", {"window": 15, "ngram": 5, "guesses": 15}),
     "lookahead (7,4,7)": ("lookahead", {"window": 7, "ngram": 4, "guesses": 7}),
     "lookahead (5,3,5)": ("lookahead", {"window": 5, "ngram": 3, "guesses": 5}),
-    "prompt lookup (N=4,G=8)": ("prompt-lookup", {"ngram": 4, "guesses": 8}),
+    **{f"prompt lookup (N={n},G={g})": ("prompt-lookup", {"ngram": n, "guesses": g})
+       for n, g in ((4, 8), (5, 1), (5, 2), (4, 1))},
     "jacobi (W=8)": ("jacobi", {"window": 8}),
     # the shipped PARD-2 drafter (jaxspec/assets/smollm2-135m-instruct-pard2, found for the model by name)
     **{f"speculative TD (K={k})": ("speculative", {"draft_len": k}) for k in (2, 4, 8)},
     **{f"speculative TI (K={k})": ("speculative", {"draft_len": k, "target_features": False}) for k in (2, 4, 8)},
+    # the drafter's chain and prompt-lookup candidates verified in one step
+    **{f"speculative TD (K={k}) + lookup (N={n},G={g})":
+       ("speculative", {"draft_len": k, "lookup_ngram": n, "lookup_guesses": g})
+       for k in (2, 3, 4) for n in (4, 5) for g in (1, 2)},
     "hybrid (5,3,5) K=4": ("hybrid", {"window": 5, "ngram": 3, "guesses": 5, "draft_len": 4}),
     # the setting auto picks per request (its one-time measurements reported apart)
     "auto": ("auto", {}),

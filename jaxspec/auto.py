@@ -157,9 +157,12 @@ def candidates(model, lookahead_only: bool = False) -> list[Candidate]:
             n, g = (int(x) for x in key.split("_")[2:])
             out.append(Candidate("prompt-lookup", dict(ngram=n, guesses=g), perf.prompt_lookup_block_tokens(n, g),
                                  s))
-        elif key.startswith("speculative_"):
-            k = int(key.split("_")[1])
-            out.append(Candidate("speculative", dict(draft_len=k), k + 1, s, drafter_tokens=k + 1))
+        elif key.startswith("speculative_"):  # speculative_K, or speculative_K_lookup_N_G
+            k, *lookup = (int(x) for x in key.split("_")[1:] if x != "lookup")
+            options = dict(draft_len=k) if not lookup else dict(draft_len=k, lookup_ngram=lookup[0],
+                                                                lookup_guesses=lookup[1])
+            block = k + 1 + (perf.prompt_lookup_block_tokens(*lookup) - 1 if lookup else 0)
+            out.append(Candidate("speculative", options, block, s, drafter_tokens=k + 1))
     return out
 
 

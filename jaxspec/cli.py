@@ -163,6 +163,10 @@ def _add_decoding_options(g: argparse.ArgumentParser) -> None:
     sp.add_argument("--draft-len", dest="draft_len", type=int, help="K drafts per step (default: the drafter's)")
     sp.add_argument("--target-independent", dest="target_features", action="store_false", default=None,
                     help="draft without the target's hidden states (no projection needed)")
+    sp.add_argument("--lookup-guesses", dest="lookup_guesses", type=int,
+                    help="speculative: also verify up to G prompt-lookup candidates per step (default 0: none)")
+    sp.add_argument("--lookup-ngram", dest="lookup_ngram", type=int,
+                    help="speculative: prompt-lookup n-gram size N (candidates of N-1 tokens; default 5)")
 
 
 def _add_distributed_options(parser: argparse.ArgumentParser) -> None:
@@ -185,7 +189,8 @@ def _initialize_distributed(args) -> None:
 METHOD_FLAGS = {"window": "--window", "ngram": "--ngram", "guesses": "--guesses",
                 "pool_from_prompt": "--no-pool-from-prompt", "verify_window": "--no-verify-window",
                 "lp_devices": "--lp-devices", "drafter": "--drafter", "draft_len": "--draft-len",
-                "target_features": "--target-independent"}
+                "target_features": "--target-independent", "lookup_guesses": "--lookup-guesses",
+                "lookup_ngram": "--lookup-ngram"}
 
 
 def _method_options(args) -> dict:
@@ -308,7 +313,8 @@ def _identical_to_greedy(model, prompt_ids, tokens, greedy_tokens) -> str:
 
 
 def _stats_line(model, out, prompt_ids, greedy=None) -> str:
-    setting = out.method + (f" K={out.options['draft_len']}" if "draft_len" in out.options else "")
+    setting = out.method + (f" K={out.options['draft_len']}" if "draft_len" in out.options else "") + (
+        f" + lookup G={out.options['lookup_guesses']}" if out.options.get("lookup_guesses") else "")
     line = (f"[{setting}] {len(out.tokens)} tokens in {out.steps} steps (S {out.compression:.2f}), "
             f"{out.tokens_per_second:.1f} tokens/s")
     if out.auto is not None:

@@ -23,6 +23,11 @@ that any LLaMA loader reads, plus `projection.safetensors` (tensor `projection`,
 embeddings are the target's (`shared_embeddings`, trained frozen) stores neither them nor a
 tokenizer: `draft.safetensors` holds the mask token's embedding row (and `draft_vocab`), and
 `load_drafter(folder, target=model)` takes the rest from the target.
+
+The authors' own drafter folders (AMD-AGI/PARD: `amd/PARD-*`, `amd/PARD2-*`, a plain HF model
+whose config.json has `pard_token` / `spd_type`) load through the same `load_drafter`, mapped
+onto this format at load time, and `Drafter.save(folder, format="pard")` writes that layout
+(`jaxspec.pard_format`).
 """
 
 from __future__ import annotations
@@ -54,7 +59,9 @@ class Drafter:
     model: Model
     mask_token_id: int
     target_vocab_size: int
-    target_layers: tuple[int, ...]  # target layer indices (jaxspec `hidden_layers` convention)
+    # target layer indices (jaxspec `hidden_layers` convention: i = output of layer i; the
+    # target's num_layers = its final norm's output, HF's hidden_states[-1])
+    target_layers: tuple[int, ...]
     target_hidden_size: int
     feature_scale: float = 0.02
     draft_len: int = 8  # K the drafter was trained with (the default at decode time)
@@ -98,14 +105,24 @@ class Drafter:
             raise GenerationError(
                 f"drafter projection expects target hidden size {self.target_hidden_size}, the target has "
                 f"{target.hidden_size}; use target-independent mode or the matching target")
-        if max(self.target_layers, default=0) >= target.num_layers:
+        if max(self.target_layers, default=0) > target.num_layers:
             raise GenerationError(
                 f"drafter reads target layers {list(self.target_layers)} but the target has only "
                 f"{target.num_layers}; use target-independent mode or the matching target")
 
-    def save(self, folder: str | os.PathLike, dtype: str = "float32") -> Path:
+    def save(self, folder: str | os.PathLike, dtype: str = "float32", format: str = "jaxspec",
+             target=None) -> Path:
+        """Write the drafter: `format="jaxspec"` (this module's format) or `"pard"`, the authors'
+        layout (`jaxspec.pard_format.export_pard`; `target`, the Model it drafts for, names the
+        target layers in HF's indexing)."""
         import ml_dtypes
 
+        if format == "pard":
+            from jaxspec.pard_format import export_pard
+
+            return export_pard(self, folder, target=target, dtype=dtype)
+        if format != "jaxspec":
+            raise CheckpointError(f"drafter format must be \"jaxspec\" or \"pard\", got {format!r}")
         np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}[dtype]
         if self.shared_embeddings:  # everything but the target's embedding rows (and its tokenizer)
             folder = save_hf_folder(self.model.module, folder, dtype=dtype)
@@ -171,8 +188,8 @@ def _pard_entry(folder: Path) -> dict:
     try:
         return json.loads((folder / "config.json").read_text())["pard"]
     except (OSError, KeyError, json.JSONDecodeError, TypeError):
-        raise CheckpointError(f"{folder} is not a PARD drafter (config.json has no \"pard\" entry); "
-                              "train one with `jaxspec train-drafter`") from None
+        raise CheckpointError(f"{folder} is not a PARD drafter (config.json has neither a \"pard\" entry nor "
+                              "the authors' \"pard_token\"); train one with `jaxspec train-drafter`") from None
 
 
 def _load_shared(folder: Path, target: Model | None, dtype: str, attention: str) -> Model:
@@ -194,9 +211,16 @@ def _load_shared(folder: Path, target: Model | None, dtype: str, attention: str)
 
 def load_drafter(path: str | os.PathLike, *, dtype: str = "float32", attention: str = "xla",
                  target_independent: bool = False, target: Model | None = None) -> Drafter:
-    """A drafter folder (see the module docstring); `target_independent` skips the projection;
-    `target`: the model it drafts for (needed when the drafter shares the target's embeddings)."""
+    """A drafter folder (see the module docstring) or an authors'-format PARD / PARD-2 folder
+    (`jaxspec.pard_format`); `target_independent` skips the projection; `target`: the model it
+    drafts for (needed when the drafter shares the target's embeddings, and to place an
+    authors' PARD-2 drafter's target layers)."""
+    from jaxspec.pard_format import is_amd_folder, load_amd_drafter
+
     folder = Path(path)
+    if is_amd_folder(folder):
+        return load_amd_drafter(folder, target=target, target_independent=target_independent, dtype=dtype,
+                                attention=attention)
     pard = _pard_entry(folder)
     if pard.get("shared_embeddings"):
         model = _load_shared(folder, target, dtype, attention)

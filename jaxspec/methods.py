@@ -17,8 +17,8 @@ from jaxspec.config import ModelConfig
 from jaxspec.decoding import engine as engine_lib
 from jaxspec.decoding import parallel
 from jaxspec.decoding.engine import Engine, EngineState
-from jaxspec.decoding.options import (DEFAULT_DRAFTER, DrafterOptions, HybridOptions, JacobiOptions,
-                                      LookaheadOptions, NoOptions, Options, PromptLookupOptions, lookahead_defaults)
+from jaxspec.decoding.options import (DEFAULT_DRAFTER, HybridOptions, JacobiOptions, LookaheadOptions, NoOptions,
+                                      Options, PromptLookupOptions, SpeculativeOptions, lookahead_defaults)
 from jaxspec.decoding.sources.drafter import PardDrafter
 from jaxspec.decoding.sources.jacobi import JacobiGuess
 from jaxspec.decoding.sources.pool import NGramCandidates
@@ -34,10 +34,13 @@ class Method:
     options: type[Options]
     # (options, sampled) -> the draft sources, in block order
     sources: Callable[[Any, bool], tuple] = lambda options, sampled: ()
-    sampled_verifier: Any = MultiDraft()
+    # options -> the verifier when sampling: Algorithm 4 for deterministic branches, speculative
+    # sampling for one chain drawn from a drafter's q
+    sampled_verifier: Callable[[Any], Any] = lambda options: MultiDraft()
 
     def engine(self, options: Options, greedy: bool) -> Engine:
-        return Engine(sources=self.sources(options, not greedy), verifier=Greedy() if greedy else self.sampled_verifier)
+        return Engine(sources=self.sources(options, not greedy),
+                      verifier=Greedy() if greedy else self.sampled_verifier(options))
 
     @property
     def option_names(self) -> tuple[str, ...]:
@@ -51,15 +54,24 @@ def lookahead_sources(o) -> tuple:
     return (window, *pool)
 
 
+def speculative_sources(o, sampled: bool) -> tuple:
+    """The drafter's chain, after (G > 0) the prompt-lookup candidates (from the prompt and the output)."""
+    if not o.lookup_guesses:
+        return (PardDrafter(o.draft_spec(), sampled=sampled),)
+    return (NGramCandidates(ngram=o.lookup_ngram, guesses=o.lookup_guesses),
+            PardDrafter(o.draft_spec(), count_wins=True))
+
+
 METHODS: dict[str, Method] = {
     "autoregressive": Method(NoOptions),
     "lookahead": Method(LookaheadOptions, lambda o, sampled: lookahead_sources(o)),
     "prompt-lookup": Method(PromptLookupOptions,
                             lambda o, sampled: (NGramCandidates(ngram=o.ngram, guesses=o.guesses),) if o.guesses else ()),
     "jacobi": Method(JacobiOptions, lambda o, sampled: (JacobiGuess(window=o.window),)),
-    # Sampling: drafts drawn from the drafter's q, verified by speculative sampling.
-    "speculative": Method(DrafterOptions, lambda o, sampled: (PardDrafter(o.draft_spec(), sampled=sampled),),
-                          sampled_verifier=Speculative()),
+    # Sampling: drafts drawn from the drafter's q, verified by speculative sampling; with prompt-lookup
+    # candidates beside it, the drafter's argmax is one deterministic branch among them (Algorithm 4).
+    "speculative": Method(SpeculativeOptions, lambda o, sampled: speculative_sources(o, sampled),
+                          sampled_verifier=lambda o: MultiDraft() if o.lookup_guesses else Speculative()),
     # Sampling: the drafter's argmax is one more deterministic branch for Algorithm 4.
     "hybrid": Method(HybridOptions, lambda o, sampled: (*lookahead_sources(o),
                                                         PardDrafter(o.draft_spec(), count_wins=True))),

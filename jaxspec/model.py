@@ -149,7 +149,9 @@ class ForwardOutput:
     preds: Int[Array, "b t"] | None  # the logits' argmax; head="argmax" only
     final: Float[Array, "b t d"]  # the last norm's output: `Transformer.head_logits` maps it to logits
     block_kv: BlockKV
-    hidden_states: tuple  # outputs of the layers named in `hidden_layers` (index -1 = last norm input)
+    # outputs of the layers named in `hidden_layers` (index -1 = last norm input; index
+    # num_layers = the final norm's output, HF's hidden_states[-1])
+    hidden_states: tuple
 
 
 class Transformer(nnx.Module):
@@ -180,7 +182,8 @@ class Transformer(nnx.Module):
         head: str = "logits",
     ) -> ForwardOutput:
         """`embed_offset` is added to the token embeddings (PARD-2 drafters add projected
-        target features there); `hidden_layers` names layers whose outputs are returned.
+        target features there); `hidden_layers` names layers whose outputs are returned
+        (negative: from the last; `num_layers`: the final norm's output, `final`).
         `head`: "logits" (float32 logits), "argmax" (their argmax, `head_argmax`: the logits are
         never materialised) or "none" (only `final`, for a caller that needs a few rows' logits)."""
         if head not in HEADS:
@@ -204,7 +207,7 @@ class Transformer(nnx.Module):
             preds=self.head_argmax(x) if head == "argmax" else None,
             final=x,
             block_kv=BlockKV(k=jnp.stack(ks), v=jnp.stack(vs)),
-            hidden_states=tuple(hidden[i % n] for i in hidden_layers),
+            hidden_states=tuple(x if i == n else hidden[i % n] for i in hidden_layers),
         )
 
     def head_logits(self, x: Float[Array, "... d"]) -> Float[Array, "... vocab"]:

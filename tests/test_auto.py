@@ -46,6 +46,18 @@ def test_candidates_follow_the_fitted_table(pycode):
     assert all(c.method != "speculative" for c in auto.candidates(pycode, lookahead_only=True))
 
 
+def test_the_drafter_beside_prompt_lookup_is_a_candidate(pycode, monkeypatch):
+    """A `speculative_K_lookup_N_G` row is the drafter's chain beside G prompt-lookup candidates:
+    its target block is the root, K drafts and G (N-1)-grams; its drafter forward K + 1 tokens."""
+    monkeypatch.setattr(auto, "expectations", lambda key: {"lookahead_slope": 0.2, "speculative_4_lookup_5_2": 2.1})
+    found = {c.label: c for c in auto.candidates(pycode)}
+    combined = found["speculative (4,5,2)"]
+    assert combined.options == {"draft_len": 4, "lookup_ngram": 5, "lookup_guesses": 2}
+    assert (combined.block_tokens, combined.drafter_tokens, combined.expected_s) == (1 + 4 + 2 * 4, 5, 2.1)
+    out = jaxspec.generate(pycode, "def f(x):", max_new_tokens=12, method=combined.method, **combined.options)
+    assert out.tokens == jaxspec.generate(pycode, "def f(x):", max_new_tokens=12).tokens
+
+
 def _fake_costs(monkeypatch, per_token: float):
     """An accelerator-like forward: seconds = 1 + per_token * T (flat at small T)."""
     monkeypatch.setattr(auto, "_MEASURED", {})

@@ -112,7 +112,8 @@ def check_stats(out: jaxspec.GenerateOutput, draft_len: int) -> None:
 # (method, target_features, bonus_in_context): each is one program; both drafters share it
 # (same structure, weights are arguments). The stories test runs the hybrid with the bonus.
 GREEDY_CASES = [("speculative", True, True), ("speculative", False, True), ("speculative", True, False),
-                ("hybrid", True, False)]
+                ("hybrid", True, False), ("speculative+lookup", True, True)]
+LOOKUP = {"lookup_guesses": 2, "lookup_ngram": 3}  # prompt-lookup candidates beside the drafter's chain
 
 
 @pytest.mark.parametrize("method, target_features, bonus_in_context", GREEDY_CASES,
@@ -122,7 +123,8 @@ def test_greedy_equals_plain_greedy_and_rows_finish_apart(tiny, drafters, method
                                                           bonus_in_context):
     """EOS_PROMPTS stop after 1, 2 and ~30 tokens: rows finish at different steps (row 0 at its
     prefill token), and the long row runs many multi-token steps."""
-    options = HYBRID if method == "hybrid" else {}
+    options = HYBRID if method == "hybrid" else LOOKUP if method == "speculative+lookup" else {}
+    method = method.split("+")[0]
     solo = [greedy(tiny, [p], 40, stop_at_eos=True)[0] for p in EOS_PROMPTS]
     assert all(row[-1] in EOS for row in solo) and len({len(r) for r in solo}) == 3  # the data's premise
     for kind, drafter in drafters.items():
@@ -234,9 +236,10 @@ def test_cli_json_reports_acceptance(tmp_path, capsys):
 SAMPLED = {  # name -> (method, options)
     "speculative": ("speculative", dict(draft_len=3)),
     "hybrid": ("hybrid", dict(draft_len=3, window=3, ngram=3, guesses=4)),
+    "speculative+lookup": ("speculative", dict(draft_len=3, lookup_guesses=2, lookup_ngram=3)),
 }
 SAMPLED_CASES = [("speculative", "T1.0"), ("speculative", "top_k3"), ("speculative", "top_p0.8"),
-                 ("hybrid", "T1.0")]
+                 ("hybrid", "T1.0"), ("speculative+lookup", "T1.0")]
 
 
 @pytest.fixture(scope="module")

@@ -262,6 +262,23 @@ class DrafterOptions(Options):
 
 
 @dataclasses.dataclass(frozen=True)
+class SpeculativeOptions(DrafterOptions):
+    """A drafter's K-token chain, and (`lookup_guesses` G > 0) next to it in the same step up
+    to G prompt-lookup candidates: (N-1)-grams of the conversation so far that continue the last
+    token (`lookup_ngram` N). Copying from the prompt is free and strong on chat replies, which
+    quote it; the drafter covers what is new. The target verifies every path at once and keeps
+    the longest accepted one, so the output is unchanged."""
+
+    lookup_guesses: int = 0
+    lookup_ngram: int = 5
+
+    def __post_init__(self):
+        DrafterOptions.__post_init__(self)
+        _check_int("speculative", "lookup_guesses", self.lookup_guesses, 0)
+        _check_int("speculative", "lookup_ngram", self.lookup_ngram, 2)
+
+
+@dataclasses.dataclass(frozen=True)
 class HybridOptions(DrafterOptions, LookaheadOptions):
     """A drafter's branch next to lookahead's window and pool: the fields of both."""
 

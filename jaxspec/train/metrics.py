@@ -42,7 +42,19 @@ def plot_losses(records: list[dict], png: Path, title: str, ylabel: str = "nats 
         return
     train_pts = [(r["step"], r["loss"]) for r in records if "loss" in r]
     eval_pts = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    curves = {mode: [(r["step"], r[f"accept_len_{mode}"]) for r in records if f"accept_len_{mode}" in r]
+              for mode in ("td", "ti")}
+    if any(curves.values()):  # a drafter: its held-out acceptance beside the loss (the learning curve)
+        fig, (ax, right) = plt.subplots(1, 2, figsize=(12, 4))
+        for mode, pts in curves.items():
+            if pts:
+                right.plot(*zip(*pts), "o-", label=f"{mode.upper()} acceptance length")
+        right.set_xlabel("step")
+        right.set_ylabel("tokens per verification step (held out)")
+        right.grid(alpha=0.3)
+        right.legend()
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4))
     if train_pts:
         ax.plot(*zip(*train_pts), label="train loss", lw=1)
     if eval_pts:

@@ -1,0 +1,149 @@
+"""What XLA:CPU's own options do to a drafted step's cost on this CPU: c(T), the target's forward of T
+tokens in one-token forwards, and greedy decoding's tokens/s, per option set, with the tokens
+checked identical to the default's.
+
+Each option set runs in a fresh process (XLA_FLAGS is read once, when JAX starts); the sets
+are interleaved round by round (default, A, B, ..., default, A, B, ...) so a machine that gets
+slower affects them alike, and each figure is the best over rounds. In each process: SmolLM2's
+forward of T = 1, 2, 3, 5, 9 tokens after a 256-token context (`auto`'s own forward programs, the
+median of 25 round-robin runs), then greedy decoding of the real_bench quick split's chats x 48
+tokens, whose token lists every option set must reproduce exactly.
+
+    python benchmarks/cpu_options.py                   # every option set below, 2 rounds
+    python benchmarks/cpu_options.py --sets default,xnnpack --rounds 1
+
+Writes benchmarks/results/cpu_options.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SIZES = (1, 2, 3, 5, 9)
+NEW_TOKENS = 48
+ROUNDS = 25
+OPTION_SETS = {
+    "default": "",
+    "xnnpack": "--xla_cpu_use_xnnpack=true",
+    "xnn dot fusion": "--xla_cpu_experimental_xnn_fusion_type=dot",
+    "ynn dot fusion": "--xla_cpu_experimental_ynn_fusion_type=dot",
+    "onednn": "--xla_cpu_use_onednn=true",
+    "onednn custom calls": "--xla_cpu_experimental_onednn_custom_call=true",
+    "eigen single-threaded": "--xla_cpu_multi_thread_eigen=false",
+    "vector width 512": "--xla_cpu_prefer_vector_width=512",
+}
+
+
+def child(model_name: str) -> dict:
+    import jaxspec
+    from jaxspec import auto
+    from jaxspec.real_prompts import chat_prompts
+
+    import jax
+    import numpy as np
+
+    model = jaxspec.load(model_name)
+    # auto's own forward programs, timed here round-robin for ROUNDS rounds (auto itself stops
+    # after 0.1 s of timing: too few rounds to compare option sets), the median kept
+    dtype = model.module.embed_tokens.embedding.dtype
+    programs = [auto._forward(model.graphdef, model.params, 1, 512, t, model.config, dtype) for t in SIZES]
+    for program, args in programs:
+        jax.block_until_ready(program(*args))
+    times = [[] for _ in SIZES]
+    for _ in range(ROUNDS):
+        for i, (program, args) in enumerate(programs):
+            t0 = time.perf_counter()
+            jax.block_until_ready(program(*args))
+            times[i].append(time.perf_counter() - t0)
+    seconds = {t: float(np.median(x)) for t, x in zip(SIZES, times)}
+    prompts = [model.tokenizer.encode_chat(c["messages"]) for c in chat_prompts("quick")]
+    jaxspec.generate(model, prompts[0], max_new_tokens=NEW_TOKENS, stop_at_eos=False)  # compile
+    tokens, best = [], float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        outs = [jaxspec.generate(model, p, max_new_tokens=NEW_TOKENS, stop_at_eos=False).tokens for p in prompts]
+        best = min(best, time.perf_counter() - t0)
+        tokens = outs
+    return {"forward_seconds": {str(t): s for t, s in seconds.items()}, "tokens": tokens,
+            "greedy_tokens_per_second": len(prompts) * NEW_TOKENS / best}
+
+
+def run_set(name: str, flags: str, model: str) -> dict:
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()}
+    out = subprocess.run([sys.executable, __file__, "--child", "--model", model], env=env, capture_output=True,
+                         text=True)
+    if out.returncode:
+        return {"error": (out.stderr.strip().splitlines() or ["?"])[-1][:300]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--sets", help=f"comma-separated subset of: {', '.join(OPTION_SETS)}")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--name", default="cpu_options")
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.model)))
+        return 0
+    names = args.sets.split(",") if args.sets else list(OPTION_SETS)
+    if unknown := [n for n in names if n not in OPTION_SETS]:
+        raise SystemExit(f"--sets: unknown {unknown}; known: {', '.join(OPTION_SETS)}")
+    if "default" not in names:
+        names.insert(0, "default")
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for r in range(args.rounds):
+        for n in names:
+            t0 = time.time()
+            runs[n].append(run_set(n, OPTION_SETS[n], args.model))
+            print(f"round {r + 1} {n}: {time.time() - t0:.0f} s", file=sys.stderr)
+    reference = next((x["tokens"] for x in runs["default"] if "tokens" in x), None)
+    rows = {}
+    for n, results in runs.items():
+        ok = [x for x in results if "tokens" in x]
+        if not ok:
+            rows[n] = {"flags": OPTION_SETS[n], "error": results[0]["error"]}
+            continue
+        fwd = {t: min(x["forward_seconds"][str(t)] for x in ok) for t in SIZES}  # the best round's median
+        rows[n] = {"flags": OPTION_SETS[n], "forward_ms": {t: round(1e3 * s, 2) for t, s in fwd.items()},
+                   "c": {t: round(fwd[t] / fwd[1], 3) for t in SIZES},
+                   "greedy_tokens_per_second": round(max(x["greedy_tokens_per_second"] for x in ok), 2),
+                   "tokens_identical": all(x["tokens"] == reference for x in ok)}
+    base = rows["default"]
+    result = {"benchmark": args.name, "model": args.model, "rounds": args.rounds, "sizes": list(SIZES),
+              "new_tokens": NEW_TOKENS, "command": "python benchmarks/cpu_options.py " + " ".join(argv or sys.argv[1:]),
+              "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = [f"# XLA:CPU options and c(T) ({args.model}, {args.rounds} interleaved rounds, minimum of each)", "",
+             f"`{result['command']}`, {result['date']}. c(T) = forward of T tokens / forward of 1 token "
+             "(256-token context, median of 25); greedy tokens/s over the quick chats x 48 tokens; tokens identical to the "
+             "default options' on every prompt.", "",
+             "| options | XLA_FLAGS | 1-token forward (ms) | " + " | ".join(f"c({t})" for t in SIZES[1:])
+             + " | greedy tok/s | vs default | identical |",
+             "|---|---|---:|" + "---:|" * (len(SIZES) - 1) + "---:|---:|---|"]
+    for n, row in rows.items():
+        if "error" in row:
+            lines.append(f"| {n} | `{row['flags']}` | failed: {row['error'][:80]} |")
+            continue
+        lines.append(f"| {n} | `{row['flags'] or '(none)'}` | {row['forward_ms'][1]:.1f} | "
+                     + " | ".join(f"{row['c'][t]:.2f}" for t in SIZES[1:])
+                     + f" | {row['greedy_tokens_per_second']:.1f} | "
+                     f"{row['greedy_tokens_per_second'] / base['greedy_tokens_per_second']:.2f}x | "
+                     f"{'yes' if row['tokens_identical'] else 'NO'} |")
+    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
