@@ -423,7 +423,7 @@ def load_amd_drafter(path: str | os.PathLike, *, target=None, target_independent
         tensors["lm_head.weight"] = convert(tensors["lm_head.weight"])
     module = model_from_tensors(dataclasses.replace(cfg, vocab_size=vocab + 1), tensors, dtype=DTYPES[dtype],
                                 attention=attention, source=str(folder))
-    tokenizer = target.tokenizer if target is not None else find_tokenizer(folder)
+    tokenizer = tokenizer if tokenizer is not None else find_tokenizer(folder)
     model = Model.from_module(module, tokenizer=tokenizer, dtype=dtype, source=str(folder))
 
     draft_vocab = None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import shutil
+import types
 from pathlib import Path
 
 import jax
@@ -353,4 +353,7 @@ def test_malformed_folders_are_clear_errors(folders, tmp_path):
         jaxspec.generate(f.target, PROMPTS[:1], method="speculative", drafter=str(junk), max_new_tokens=4)
     with pytest.raises(CheckpointError, match="target=model"):  # relative layers, no target to place them
         load_drafter(f.pard2)
+    wider = dataclasses.replace(f.target, tokenizer=types.SimpleNamespace(vocab_size=D_PARD + 1))
+    with pytest.raises(GenerationError, match="tokenizer"):  # a target with tokens the drafter cannot embed
+        load_drafter(f.pard, target=wider)
     assert load_drafter(tmp_path / "no_warp", target_independent=True).projection is None
