@@ -26,7 +26,7 @@ from flax import nnx
 import jaxspec
 from harness import RESULTS, chat_cases, code_cases, command_line, repo_relative, write_result
 from jaxspec.drafter import load_drafter
-from jaxspec.train.acceptance import acceptance
+from jaxspec.train.acceptance import accepted_drafts, stats_of
 from jaxspec.train.pard_batch import full_counts, make_batch
 from jaxspec.train.pard_objective import aligned_features, drafter_logits, target_outputs
 
@@ -39,8 +39,37 @@ def greedy_sequences(target, ids: list[list[int]], new_tokens: int) -> list[tupl
     return [(list(p) + list(g), len(p)) for p, g in zip(ids, gen.tokens)]
 
 
+def lookup_accepted(sequences, num_blocks: int, ngram: int, guesses: int) -> list[np.ndarray]:
+    """Per sequence, the drafts prompt lookup would get accepted at each context n (the same
+    contexts as `measure`): its candidates are the continuations, inside the text so far, of the
+    `guesses` most recent earlier occurrences of the last token (distinct ones), each N-1 tokens
+    long and cut to K (jaxspec's pool, `NGramCandidates`, keyed by the last token); the longest
+    matching prefix is accepted."""
+    width = min(num_blocks, ngram - 1)
+    out = []
+    for seq, first in sequences:
+        seq = np.asarray(seq)
+        counts = []
+        for n in range(max(first, 1), len(seq) - num_blocks + 1):
+            key, seen, best = seq[n - 1], set(), 0
+            for j in range(n - 2, -1, -1):  # most recent first; the continuation must be known text
+                if seq[j] != key or j + 1 + width > n:
+                    continue
+                cont = tuple(seq[j + 1:j + 1 + width])
+                if cont in seen:
+                    continue
+                seen.add(cont)
+                match = np.cumprod(np.asarray(cont) == seq[n:n + width]).sum()
+                best = max(best, int(match))
+                if len(seen) == guesses:
+                    break
+            counts.append(best)
+        out.append(np.asarray(counts, np.int64))
+    return out
+
+
 def measure(target, drafter, sequences, num_blocks: int, use_features: bool, chunk: int = 4) -> list:
-    """Acceptance stats of `drafter` over all contexts of each sequence (one AcceptanceStats per sequence)."""
+    """Accepted drafts of `drafter` at every context of each sequence (one array per sequence)."""
     d_graph, d_params = drafter.model.graphdef, drafter.model.params
     layers = drafter.target_layers
     projection = drafter.projection if use_features else None
@@ -71,15 +100,15 @@ def measure(target, drafter, sequences, num_blocks: int, use_features: bool, chu
         first = np.asarray([p for _, p in part])
         last = np.asarray([len(seq) - num_blocks for seq, _ in part])  # draft K of context n predicts s_{n+K-1}
         for i in range(len(sequences[start:start + chunk])):
-            per_sequence.append(acceptance(correct[i:i + 1], batch.block_ids[i:i + 1], batch.positions[i:i + 1],
-                                           num_blocks, seq_len, first_context=first[i], last_context=last[i]))
+            per_sequence += accepted_drafts(correct[i:i + 1], batch.block_ids[i:i + 1], batch.positions[i:i + 1],
+                                            num_blocks, seq_len, first_context=first[i], last_context=last[i])
     return per_sequence
 
 
 def bootstrap(per_sequence: list, draws: int = 2000, seed: int = 0) -> dict:
     """95% percentile intervals of the acceptance length and each a_k, resampling prompts (the
     contexts of one prompt are correlated, so prompts, not contexts, are the independent units)."""
-    counts = np.stack([s.accepted for s in per_sequence])  # [prompts, K + 1]
+    counts = np.stack([s.accepted for s in per_sequence])  # [prompts, K + 1] (one AcceptanceStats per prompt)
     rng = np.random.default_rng(seed)
     picks = counts[rng.integers(0, len(counts), (draws, len(counts)))].sum(axis=1)  # [draws, K + 1]
     lengths = (picks * (np.arange(picks.shape[1]) + 1)).sum(1) / picks.sum(1)
@@ -108,26 +137,41 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
     ap.add_argument("--name", default="pard_ablation", help="result files' name")
     ap.add_argument("--note", default="", help="what the drafters are (kept in the results and the report)")
+    ap.add_argument("--lookup", metavar="N,G", help="also prompt lookup (n-gram size N, G candidates) alone and "
+                    "beside each drafter (per context the longer accepted run of the two)")
     args = ap.parse_args(argv)
 
     target = jaxspec.load(args.target)
     cases = chat_cases(target, args.chat, args.prompts) if args.chat else code_cases(target, args.prompts)
     sequences = greedy_sequences(target, [list(c.ids) for c in cases], args.new_tokens)
     rows = []
+
+    def row(name: str, folder: str | None, mode: str, k: int, accepted: list[np.ndarray]) -> None:
+        per_sequence = [stats_of([a], k) for a in accepted]
+        stats = stats_of(accepted, k)
+        rows.append({"drafter": name, "folder": folder, "mode": mode, "k": k,
+                     "contexts": stats.contexts, "accept_length": round(stats.mean_length, 4),
+                     # None where no context got that far (JSON has no NaN)
+                     "position_rates": [round(float(x), 4) if x == x else None for x in stats.position_rates()],
+                     "accepted_histogram": stats.accepted.tolist(), **bootstrap(per_sequence)})
+        print(f"{name:>8} {MODES.get(mode, mode):>18}: {stats.mean_length:.3f} tokens/step", file=sys.stderr)
+
+    lookup = tuple(int(x) for x in args.lookup.split(",")) if args.lookup else None
+    looked_up = {}
     for spec in args.drafter:
         name, folder = spec.split("=", 1)
         drafter = load_drafter(folder, target=target)
         drafter.check_compatible(target.config)
         k = args.k or drafter.draft_len
+        if lookup and k not in looked_up:
+            looked_up[k] = lookup_accepted(sequences, k, *lookup)
+            row(f"prompt lookup (N={lookup[0]},G={lookup[1]})", None, "-", k, looked_up[k])
         for mode in [m for m in MODES if m == "ti" or drafter.projection is not None]:  # TD needs the features
-            per_sequence = measure(target, drafter, sequences, k, use_features=mode == "td")
-            stats = sum(per_sequence[1:], per_sequence[0])
-            rows.append({"drafter": name, "folder": repo_relative(folder), "mode": mode, "k": k,
-                         "contexts": stats.contexts, "accept_length": round(stats.mean_length, 4),
-                         # None where no context got that far (JSON has no NaN)
-                         "position_rates": [round(float(x), 4) if x == x else None for x in stats.position_rates()],
-                         "accepted_histogram": stats.accepted.tolist(), **bootstrap(per_sequence)})
-            print(f"{name:>8} {MODES[mode]:>18}: {stats.mean_length:.3f} tokens/step", file=sys.stderr)
+            accepted = measure(target, drafter, sequences, k, use_features=mode == "td")
+            row(name, repo_relative(folder), mode, k, accepted)
+            if lookup:
+                row(f"{name} + prompt lookup (N={lookup[0]},G={lookup[1]})", repo_relative(folder), mode, k,
+                    [np.maximum(a, b) for a, b in zip(accepted, looked_up[k])])
     result = {"benchmark": "pard_ablation", "title": f"PARD-2 drafters on {args.target}: teacher-forced acceptance",
               "command": command_line(__file__, argv), "target": args.target, "prompts": len(cases),
               "prompt_files": [c.name for c in cases], "new_tokens": args.new_tokens,

@@ -201,7 +201,7 @@ def draft_vocab(r: dict) -> list[str]:
     return lines
 
 
-PARD_MODES = {"td": "target-dependent", "ti": "target-independent"}
+PARD_MODES = {"td": "target-dependent", "ti": "target-independent", "-": "no drafter"}
 
 
 def pard_ablation(r: dict) -> list[str]:
@@ -249,7 +249,7 @@ def plot_pard_ablation(r: dict, path: Path) -> None:
             ci = np.array([[np.nan, np.nan] if c is None else c
                            for c in row.get("position_rates_ci") or [None] * len(rates)])
             ax.errorbar(np.arange(1, len(rates) + 1), rates, yerr=np.abs(ci.T - rates),
-                        fmt="o-" if row["mode"] == "td" else "s--", capsize=2, markersize=3,
+                        fmt={"td": "o-", "ti": "s--"}.get(row["mode"], "^:"), capsize=2, markersize=3,
                         label=f"{row['drafter']} ({PARD_MODES[row['mode']]}): {row['accept_length']:.2f}")
         ax.set(xlabel="draft position k", ylabel="acceptance rate a_k", ylim=(0, 1),
                title=f"PARD-2 drafters for {r['target']}: per-position acceptance")

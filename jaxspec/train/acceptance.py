@@ -42,30 +42,41 @@ class AcceptanceStats:
         return AcceptanceStats(self.contexts + other.contexts, self.accepted + other.accepted)
 
 
-def acceptance(correct: Bool[np.ndarray, "b n"], block_ids: Int[np.ndarray, "b n"],
-               positions: Int[np.ndarray, "b n"], num_blocks: int, seq_len: int,
-               first_context: int | np.ndarray = 1, last_context: int | np.ndarray | None = None,
-               scored_tokens: Bool[np.ndarray, "b L1"] | None = None) -> AcceptanceStats:
-    """Accepted drafts per context n = first_context .. last_context (default and at most
-    seq_len-K+1, where the last draft's row exists); both may be per-sequence arrays.
-    `scored_tokens`: only contexts whose first draft x_n is one of these count (a chat's
-    reply tokens: a drafter is used on replies, never to draft the prompt)."""
+def accepted_drafts(correct: Bool[np.ndarray, "b n"], block_ids: Int[np.ndarray, "b n"],
+                    positions: Int[np.ndarray, "b n"], num_blocks: int, seq_len: int,
+                    first_context: int | np.ndarray = 1, last_context: int | np.ndarray | None = None,
+                    scored_tokens: Bool[np.ndarray, "b L1"] | None = None) -> list[np.ndarray]:
+    """Per sequence, the drafts greedy verification accepts at each counted context n =
+    first_context .. last_context (default and at most seq_len-K+1, where the last draft's row
+    exists); both may be per-sequence arrays. `scored_tokens`: only contexts whose first draft
+    x_n is one of these count (a chat's reply tokens: a drafter is used on replies, never to
+    draft the prompt)."""
     b = correct.shape[0]
     grid = np.zeros((b, num_blocks, seq_len), bool)
     rows, cols = np.nonzero(block_ids >= 0)
     grid[rows, block_ids[rows, cols], positions[rows, cols]] = correct[rows, cols]
-    counts = np.zeros(num_blocks + 1, np.int64)
     first = np.broadcast_to(np.asarray(first_context), (b,))
     last = np.broadcast_to(np.asarray(seq_len - num_blocks + 1 if last_context is None else last_context), (b,))
-    total = 0
+    out = []
     for i in range(b):
         n = np.arange(max(int(first[i]), 1), min(int(last[i]), seq_len - num_blocks + 1) + 1)
         if scored_tokens is not None:
             n = n[np.asarray(scored_tokens[i], bool)[n]]
-        if len(n) == 0:
-            continue
         chain = grid[i, np.arange(num_blocks)[None, :], n[:, None] - 1 + np.arange(num_blocks)[None, :]]
-        accepted = np.cumprod(chain, axis=1).sum(axis=1)
-        counts += np.bincount(accepted, minlength=num_blocks + 1)
-        total += len(n)
-    return AcceptanceStats(total, counts)
+        out.append(np.cumprod(chain, axis=1).sum(axis=1))
+    return out
+
+
+def stats_of(accepted: list[np.ndarray], num_blocks: int) -> AcceptanceStats:
+    """AcceptanceStats of per-context accepted-draft counts."""
+    every = np.concatenate([np.asarray(a, np.int64) for a in accepted]) if accepted else np.zeros(0, np.int64)
+    return AcceptanceStats(len(every), np.bincount(every, minlength=num_blocks + 1)[:num_blocks + 1])
+
+
+def acceptance(correct: Bool[np.ndarray, "b n"], block_ids: Int[np.ndarray, "b n"],
+               positions: Int[np.ndarray, "b n"], num_blocks: int, seq_len: int,
+               first_context: int | np.ndarray = 1, last_context: int | np.ndarray | None = None,
+               scored_tokens: Bool[np.ndarray, "b L1"] | None = None) -> AcceptanceStats:
+    """The statistics of `accepted_drafts` (same arguments) over all counted contexts."""
+    return stats_of(accepted_drafts(correct, block_ids, positions, num_blocks, seq_len, first_context,
+                                    last_context, scored_tokens), num_blocks)
