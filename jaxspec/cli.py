@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a model from a config in configs/ (tokenizer, data, model)")
     t.add_argument("--config", required=True, help="training config TOML, e.g. configs/pycode.toml")
     t.add_argument("--out", help="run folder (default: runs/<config name>)")
-    t.add_argument("--steps", type=int, help="override [train] steps (the schedule's length)")
+    t.add_argument("--steps", type=int, help="override [train] steps: where the run stops (the schedule is fixed when a run starts: [optim] schedule_steps)")
     t.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value (a TOML value: --set pard.cat=false --set optim.learning_rate=1e-3);"
                         " repeatable")
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("train-drafter", help="train a PARD-2 drafter for a target (configs/pard2_*.toml)")
     d.add_argument("--config", required=True, help="drafter training TOML, e.g. configs/pard2_pycode.toml")
     d.add_argument("--out", help="run folder (default: runs/<config name>)")
-    d.add_argument("--steps", type=int, help="override [train] steps (the schedule's length)")
+    d.add_argument("--steps", type=int, help="override [train] steps: where the run stops (the schedule is fixed when a run starts: [optim] schedule_steps)")
     d.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value (a TOML value: --set pard.cat=false --set optim.learning_rate=1e-3);"
                         " repeatable")
