@@ -11,11 +11,18 @@ on, to the character:
 - the template sees `messages`, `add_generation_prompt`, `tools` and `documents` (None), the named
   special tokens (`bos_token`, `eos_token`, `unk_token`, `pad_token`, ...) and any extra keyword
   given to `render`; extra keywords win over special tokens of the same name.
+
+Rendering is bounded (a template comes with a checkpoint, and a server renders it for every
+request): at most `RENDER_SECONDS` and `RENDER_CHARS` of output, checked as the output is
+produced and at every step of a `range` loop, so a template of nested long loops fails with a
+PromptError instead of holding the thread.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +35,20 @@ from jaxspec.errors import ConfigError, JaxspecError, PromptError
 # Names a message's reasoning may be given under; transformers copies it to the first (which
 # templates read) and to "thinking" (which gpt-oss templates read). We do the same.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+RENDER_SECONDS = 2.0
+RENDER_CHARS = 1 << 22
+_deadline = threading.local()  # this thread's render deadline (time.monotonic())
+
+
+class _TemplateTooSlow(Exception):
+    """The template ran past `RENDER_SECONDS` or `RENDER_CHARS`."""
+
+
+def _check_deadline() -> None:
+    if time.monotonic() > getattr(_deadline, "at", float("inf")):
+        raise _TemplateTooSlow(f"rendering took more than {RENDER_SECONDS:g} s")
 
 
 class _TemplateRaised(Exception):
@@ -57,6 +78,15 @@ def _compile(source: str):
         return datetime.now().strftime(format)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    sandbox_range = env.globals["range"]
+
+    def bounded_range(*args):  # the sandbox's range (at most MAX_RANGE items), checking the deadline
+        for i, item in enumerate(sandbox_range(*args)):
+            if i % 1024 == 0:
+                _check_deadline()
+            yield item
+
+    env.globals["range"] = bounded_range
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
@@ -117,8 +147,20 @@ class ChatTemplate:
         messages = _checked_messages(messages)
         template = _compile(self.source)
         variables = {"tools": None, "documents": None, **self.special_tokens, **extra}
+        _deadline.at = time.monotonic() + RENDER_SECONDS
         try:
-            return template.render(messages=messages, add_generation_prompt=bool(add_generation_prompt), **variables)
+            pieces, size = [], 0
+            for piece in template.generate(messages=messages, add_generation_prompt=bool(add_generation_prompt),
+                                           **variables):
+                size += len(piece)
+                if size > RENDER_CHARS:
+                    raise _TemplateTooSlow(f"the rendered prompt passed {RENDER_CHARS} characters")
+                _check_deadline()
+                pieces.append(piece)
+            return "".join(pieces)
+        except _TemplateTooSlow as e:
+            raise PromptError(f"the chat template did not finish: {e}; the template loops too long for "
+                              "these messages") from None
         except _TemplateRaised as e:
             raise PromptError(f"the chat template rejected these messages: {_one_line(e)}") from None
         except JaxspecError:
@@ -129,6 +171,8 @@ class ChatTemplate:
         except (TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError) as e:
             raise PromptError(f"the chat template failed on these messages ({type(e).__name__}: {_one_line(e)}); "
                               "check the roles and contents it expects") from None
+        finally:
+            _deadline.at = float("inf")
 
 
 def chat_template_source(value: Any) -> str | None:

@@ -44,6 +44,16 @@ def _window(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"--window must be an integer or auto, got {text!r}") from None
 
 
+def _top_k(text: str) -> int:
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--top-k must be an integer, got {text!r}") from None
+    if not 0 <= k < 2**31:
+        raise argparse.ArgumentTypeError(f"--top-k must be in [0, 2**31) (0 = off), got {text}")
+    return k
+
+
 def _seed(text: str) -> int:
     # jax.random.key takes a 32-bit seed here (larger ints overflow or silently alias smaller ones).
     try:
@@ -53,6 +63,18 @@ def _seed(text: str) -> int:
     if not 0 <= seed < 2**32:
         raise argparse.ArgumentTypeError(f"--seed must be an integer in [0, 2**32), got {text!r}")
     return seed
+
+
+def _recipe(text: str) -> str:
+    """--config: a TOML file, else a recipe shipped in the package by name (`pycode`, `pycode.toml`
+    or `configs/pycode.toml`: the wheel holds configs/*.toml as `jaxspec/configs`)."""
+    if Path(text).exists():
+        return text
+    from importlib import resources
+
+    name = Path(text).name if Path(text).suffix == ".toml" else f"{Path(text).name}.toml"
+    shipped = resources.files("jaxspec") / "configs" / name
+    return str(shipped) if shipped.is_file() else text  # (a missing file: the config loader names it)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_distributed_options(g)
 
     t = sub.add_parser("train", help="train a model from a config in configs/ (tokenizer, data, model)")
-    t.add_argument("--config", required=True, help="training config TOML, e.g. configs/pycode.toml")
+    t.add_argument("--config", required=True, type=_recipe,
+                   help="training config TOML, e.g. configs/pycode.toml, or a shipped recipe's name (pycode)")
     t.add_argument("--out", help="run folder (default: runs/<config name>)")
     t.add_argument("--steps", type=int, help="override [train] steps: where the run stops (the schedule is fixed when a run starts: [optim] schedule_steps)")
     t.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -88,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_distributed_options(t)
 
     d = sub.add_parser("train-drafter", help="train a PARD-2 drafter for a target (configs/pard2_*.toml)")
-    d.add_argument("--config", required=True, help="drafter training TOML, e.g. configs/pard2_pycode.toml")
+    d.add_argument("--config", required=True, type=_recipe,
+                   help="drafter training TOML, e.g. configs/pard2_pycode.toml, or a shipped recipe's name "
+                        "(pard2_pycode, pard2_smollm2)")
     d.add_argument("--out", help="run folder (default: runs/<config name>)")
     d.add_argument("--steps", type=int, help="override [train] steps: where the run stops (the schedule is fixed when a run starts: [optim] schedule_steps)")
     d.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -128,6 +153,23 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--chunk-steps", type=int, default=4, help="decoding steps between two host syncs")
     v.add_argument("--max-groups", type=int, default=4,
                    help="slot groups kept compiled at once (one per method / greedy-or-sampled / ignore_eos)")
+    sec = v.add_argument_group("security and limits (docs/serving.md, Security)")
+    sec.add_argument("--api-key", default=os.environ.get("JAXSPEC_API_KEY"),
+                     help="require Authorization: Bearer KEY (default: $JAXSPEC_API_KEY; none: no key)")
+    sec.add_argument("--allowed-hosts", default=None,
+                     help="comma-separated Host header names answered (default: the bound address and localhost; *: any)")
+    sec.add_argument("--allowed-origins", default="",
+                     help="comma-separated browser origins allowed cross-origin (CORS); default: none")
+    sec.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    sec.add_argument("--body-timeout", type=float, default=30.0, help="seconds a request body may take to arrive")
+    sec.add_argument("--header-timeout", type=float, default=10.0,
+                     help="seconds a connection may take to send its request headers")
+    sec.add_argument("--max-plans", type=int, default=8,
+                     help="distinct per-request method settings compiled in the server's life (the rest: 400)")
+    sec.add_argument("--drafter-dir", action="append", default=[], metavar="FOLDER",
+                     help="a drafter folder requests may name (by its folder name); repeatable")
+    sec.add_argument("--allow-special-tokens", action="store_true",
+                     help="let chat content spell special tokens such as <|im_end|> (default: refused)")
     v.add_argument("--drain-seconds", type=float, default=600.0,
                    help="on SIGTERM, how long requests in flight may take to finish")
     _add_decoding_options(v)
@@ -139,7 +181,7 @@ def _add_decoding_options(g: argparse.ArgumentParser) -> None:
                    help="decoding method: auto (the fastest on this device, greedy unless another is measured "
                         "faster), autoregressive|greedy, lookahead, prompt-lookup, jacobi, speculative, hybrid")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=0, help="0 = off")
+    g.add_argument("--top-k", type=_top_k, default=0, help="0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     g.add_argument("--seed", type=_seed, default=0, help="random seed for sampling, in [0, 2**32)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -517,21 +559,39 @@ def _serve(args) -> int:
                               "serve decodes on one device)")
     if not 0 <= args.port < 65536:
         raise GenerationError(f"--port must be in [0, 65535], got {args.port}")
+    for flag, value in (("--max-body-bytes", args.max_body_bytes), ("--body-timeout", args.body_timeout),
+                        ("--header-timeout", args.header_timeout)):
+        if not value > 0:
+            raise GenerationError(f"{flag} must be > 0, got {value}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise GenerationError("--api-key (or JAXSPEC_API_KEY) is empty")
     try:
         from jaxspec.serving import app, make_server
     except ImportError as e:
         raise GenerationError(str(e)) from None
+    hosts = [h.strip().lower() for h in args.allowed_hosts.split(",") if h.strip()] if args.allowed_hosts \
+        else app.default_hosts(args.host)
+    limits = app.Limits(api_key=args.api_key, allowed_hosts=tuple(hosts),
+                        allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
+                        max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout,
+                        header_timeout_s=args.header_timeout)
+    try:  # the port first: a busy one is said before a minute of loading and compiling
+        sock = app.listen(args.host, args.port)
+    except OSError as e:
+        raise GenerationError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     name = args.model or jaxspec.loading.DEFAULT_MODEL
     model = jaxspec.load(name, dtype=args.dtype, attention=args.attention)
     server = make_server(model, args.served_model_name or name, method=args.method, method_options=method_options,
                          slots=args.slots, context=args.context, chunk_steps=args.chunk_steps,
-                         temperature=args.temperature, max_groups=args.max_groups)
+                         temperature=args.temperature, max_groups=args.max_groups, limits=limits,
+                         max_plans=args.max_plans, drafter_dirs=args.drafter_dir,
+                         special_tokens=args.allow_special_tokens)
     if server.auto_reason:
         options = ", ".join(f"{k}={v}" for k, v in server.settings.method_options)
         print(f"jaxspec: --method auto chose {server.settings.method}" + (f" ({options})" if options else "")
               + f" for requests that name no method: {server.auto_reason}", file=sys.stderr)
     try:
-        app.run(server, args.host, args.port, drain_seconds=args.drain_seconds)
+        app.run(server, args.host, args.port, drain_seconds=args.drain_seconds, sock=sock)
     except OSError as e:
         raise GenerationError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     return 0

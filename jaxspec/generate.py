@@ -122,6 +122,16 @@ def _choose(model: Model, prompt, rows: list[list[int]], max_new_tokens: int, me
     return choice.method, {**options, **choice.options}, choice
 
 
+def _check_length(model: Model, rows: list[list[int]], max_new_tokens: int) -> None:
+    longest = max(len(r) for r in rows)
+    limit = model.config.max_position_embeddings
+    if longest + max_new_tokens > limit:
+        raise PromptError(
+            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+            f"max length {limit}; shorten the prompt or lower max_new_tokens"
+        )
+
+
 def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "autoregressive",
             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
             stop_at_eos: bool = True, stop_ids: Sequence[int] = (), **method_options) -> Request:
@@ -129,11 +139,15 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
 
     Integer arguments take Python, numpy or jax integers (0-d arrays too); numbers take floats
     as well; anything else is a GenerationError naming the type given and what is expected."""
+    if not isinstance(model, Model):
+        raise GenerationError(f"model must be a loaded model (model = jaxspec.load(name or path)), "
+                              f"got {describe(model)}")
     if not isinstance(method, str):
         raise GenerationError(f"method must be a method name (str), got {describe(method)}")
     method_options = {k: plain_option(v) for k, v in method_options.items()}
     max_new_tokens = int_arg("max_new_tokens", max_new_tokens, "an integer >= 1", lambda n: n >= 1)
     rows, batched = normalize_prompts(model, prompt)
+    _check_length(model, rows, max_new_tokens)  # before `auto` runs anything of that length
     choice = None
     if method == "auto" or (method == "lookahead" and method_options.get("window") == "auto"):
         # (plain Python values: the choice is cached by them; arrays, even 0-d, are not hashable)
@@ -159,7 +173,7 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
                      for t in stop_ids)
     # Range checks (and their messages) are SamplingParams.create's; the types are checked here.
     temperature = number_arg("temperature", temperature, "a number >= 0 (0 = greedy)")
-    top_k = int_arg("top_k", top_k, "an integer >= 0 (0 = off)", lambda n: True)
+    top_k = int_arg("top_k", top_k, "an integer in [0, 2**31) (0 = off)", lambda n: n < 2**31)
     top_p = number_arg("top_p", top_p, "a number in (0, 1] (1 = off)")
     sampling = SamplingParams.create(temperature, top_k, top_p)
     longest = max(len(r) for r in rows)

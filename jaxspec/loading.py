@@ -118,8 +118,14 @@ class Model:
 
 
 def resolve(path_or_name: str | os.PathLike) -> Path:
+    if not isinstance(path_or_name, (str, os.PathLike)):
+        raise CheckpointError(f"a model is named by a str or a path, got {type(path_or_name).__name__}; pass an "
+                              f"HF folder, a .gguf file, a llama2.c .bin or one of: {', '.join(NAMED_MODELS)}")
     path = Path(path_or_name)
     if path.exists():
+        if not (path.is_dir() or path.is_file()):  # a FIFO, a device, a socket: reading it may never end
+            raise CheckpointError(f"{path} is neither a folder nor a regular file; pass an HF folder, a .gguf "
+                                  "file or a llama2.c .bin")
         return path
     if str(path_or_name) in NAMED_MODELS:
         named = NAMED_MODELS[str(path_or_name)]()

@@ -39,18 +39,30 @@ def resolve_auto(model, slots: int, context: int) -> tuple[str, dict, str]:
 
 def make_server(model, model_id: str, *, method: str = "auto", method_options: dict | None = None, slots: int = 8,
                 context: int | None = None, chunk_steps: int = 4, temperature: float = 0.0, max_groups: int = 4,
-                warm: bool = True):
-    """A `Server` for `model` (checked settings; the default plan compiled when `warm`)."""
+                warm: bool = True, limits=None, max_plans: int = 8, drafter_dirs=(), special_tokens: bool = False):
+    """A `Server` for `model` (checked settings; the default plan compiled when `warm`).
+    `limits`: an `app.Limits` (API key, allowed hosts and origins, body size and timeouts);
+    `drafter_dirs`: drafter folders requests may name (by folder name) besides the shipped ones;
+    `special_tokens`: let chat content spell special tokens (off: refused)."""
+    from pathlib import Path
+
     from jaxspec.serving.app import Server
 
     limit = model.config.max_position_embeddings
     context = min(limit, 2048) if context is None else context
     for name, value, low, high in (("slots", slots, 1, 4096), ("context", context, 2, limit),
-                                   ("chunk_steps", chunk_steps, 1, 1 << 20), ("max_groups", max_groups, 1, 64)):
+                                   ("chunk_steps", chunk_steps, 1, 1 << 20), ("max_groups", max_groups, 1, 64),
+                                   ("max_plans", max_plans, 1, 1024)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise GenerationError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
     if not 0 <= temperature <= 2:
         raise GenerationError(f"temperature must be in [0, 2], got {temperature}")
+    drafters = {}
+    for folder in drafter_dirs:
+        path = Path(folder)
+        if not path.is_dir():
+            raise GenerationError(f"--drafter-dir {folder}: not a folder")
+        drafters[path.resolve().name] = str(path.resolve())
     options = dict(method_options or {})
     reason = None
     if method == "auto":
@@ -59,8 +71,9 @@ def make_server(model, model_id: str, *, method: str = "auto", method_options: d
         method, options, reason = resolve_auto(model, slots, context)
     settings = ServeSettings(model_id=model_id, slots=slots, context=context, chunk_steps=chunk_steps, method=method,
                              method_options=tuple(sorted(options.items())), temperature=temperature,
-                             max_groups=max_groups)
-    server = Server(model, settings, eos_ids(model))
+                             max_groups=max_groups, max_plans=max_plans, drafters=tuple(sorted(drafters.items())),
+                             special_tokens=special_tokens)
+    server = Server(model, settings, eos_ids(model), limits)
     server.auto_reason = reason
     if warm:
         server.warm()

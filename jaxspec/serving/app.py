@@ -8,13 +8,22 @@ the model steps, S (tokens per step), the token ids, the seed, the time to the f
 A client that disconnects cancels its job (its slot is freed at the next chunk); SIGTERM
 stops accepting connections, lets the requests in flight finish (uvicorn's graceful
 shutdown), then stops the scheduler.
+
+What a client can send is bounded before it costs the server anything (`Guard`, `Limits`):
+the Host header (DNS rebinding), the Origin (cross-site requests), the API key, the body's
+size and the time it may take to arrive (and the headers' time: `_Protocol`); the body is
+parsed and checked on a worker thread, never on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import dataclasses
+import hmac
 import json
+import logging
 import secrets
 import signal
 import socket
@@ -27,7 +36,7 @@ from jaxspec.serving.scheduler import Delta, Failure, Finish, Job, Scheduler
 try:
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.requests import Request
+    from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 except ImportError as e:  # pragma: no cover  (the CLI turns this into one line)
@@ -35,17 +44,87 @@ except ImportError as e:  # pragma: no cover  (the CLI turns this into one line)
 
 DISCONNECT_POLL_S = 0.25
 LISTEN_BACKLOG = 2048  # uvicorn's own default
+log = logging.getLogger("jaxspec.serve")
 
 
 def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
 
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Who may talk to the server and how much they may send (`jaxspec serve` flags)."""
+
+    api_key: str | None = None  # required as `Authorization: Bearer <key>` (not on /health)
+    allowed_hosts: tuple[str, ...] = ("127.0.0.1", "localhost", "::1")  # Host header names; "*": any
+    allowed_origins: tuple[str, ...] = ()  # browser origins allowed (CORS); none: cross-origin refused
+    max_body_bytes: int = 1 << 20
+    body_timeout_s: float = 30.0  # the whole body, once the headers are in
+    header_timeout_s: float = 10.0  # a connection's request headers, from connect (or the last answer)
+
+
+def default_hosts(host: str) -> tuple[str, ...]:
+    """The bound address and localhost's names (a server bound to all interfaces answers only to
+    those names until the operator lists its public ones)."""
+    return tuple(dict.fromkeys((host.strip("[]"), "127.0.0.1", "localhost", "::1")))
+
+
+class Guard:
+    """ASGI middleware: the Host allow-list, the Origin check (and CORS preflight when origins
+    are allowed), the API key. Refusals are in OpenAI's error shape."""
+
+    def __init__(self, app, limits: Limits):
+        self.app, self.limits = app, limits
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        lim = self.limits
+        host = headers.get("host", "")
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        name = name.strip("[]").lower()
+        if "*" not in lim.allowed_hosts and name not in lim.allowed_hosts:
+            return await _error(ApiError(403, f"Host {host!r} is not served here (--allowed-hosts)",
+                                         code="host_not_allowed"))(scope, receive, send)
+        origin = headers.get("origin")
+        cors = {}
+        if origin is not None:
+            if origin not in lim.allowed_origins and "*" not in lim.allowed_origins:
+                return await _error(ApiError(403, f"cross-origin requests from {origin!r} are not allowed "
+                                             "(--allowed-origins)", code="origin_not_allowed"))(scope, receive, send)
+            cors = {"access-control-allow-origin": origin, "vary": "Origin"}
+            if scope["method"] == "OPTIONS":
+                preflight = JSONResponse({}, status_code=204, headers={
+                    **cors, "access-control-allow-methods": "GET, POST",
+                    "access-control-allow-headers": "authorization, content-type", "access-control-max-age": "600"})
+                return await preflight(scope, receive, send)
+        if lim.api_key is not None and scope["path"] != "/health":
+            given = headers.get("authorization", "")
+            token = given[7:] if given.lower().startswith("bearer ") else ""
+            if not hmac.compare_digest(token.encode(), lim.api_key.encode()):
+                return await _error(ApiError(401, "a valid API key is needed: Authorization: Bearer <key>",
+                                             kind="invalid_request_error", code="invalid_api_key"))(scope, receive, send)
+        if not cors:
+            return await self.app(scope, receive, send)
+
+        async def send_cors(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  *((k.encode(), v.encode()) for k, v in cors.items())]}
+            await send(message)
+
+        return await self.app(scope, receive, send_cors)
+
+
 class Server:
     """The served model, its request parser and its scheduler."""
 
-    def __init__(self, model, settings: ServeSettings, eos_ids: tuple[int, ...]):
-        self.model, self.settings = model, settings
+    def __init__(self, model, settings: ServeSettings, eos_ids: tuple[int, ...], limits: Limits | None = None):
+        self.model, self.settings, self.limits = model, settings, limits or Limits()
+        # Bodies are decoded and checked here, one at a time, off the event loop (a plan's
+        # first use resolves and binds its weights: one thread keeps that simple).
+        self.parser = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxspec-parse")
         self.requests = Requests(model, settings, eos_ids)
         self.scheduler = Scheduler(model, slots=settings.slots, context=settings.context,
                                    chunk_steps=settings.chunk_steps, max_groups=settings.max_groups)
@@ -76,14 +155,15 @@ class Server:
 
     async def _complete(self, request: Request, chat: bool):
         try:
-            raw = await request.body()
-            try:
-                body = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ApiError(400, f"the request body is not valid JSON: {e}") from None
-            parsed = self.requests.parse(body, chat)
+            raw = await self._body(request)
+            parsed = await asyncio.get_running_loop().run_in_executor(self.parser, self._parse, raw, chat)
         except ApiError as e:
             return _error(e)
+        except ClientDisconnect:
+            client = request.client
+            log.warning("jaxspec: %s went away while sending its request body",
+                        f"{client.host}:{client.port}" if client else "a client")
+            return JSONResponse({}, status_code=499)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         job = Job(prompt=parsed.prompt, limit=parsed.limit, seed=parsed.seed, sampling=parsed.sampling,
@@ -98,6 +178,39 @@ class Server:
             return StreamingResponse(self._stream(job, parsed, events, ident), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         return await self._whole(request, job, parsed, events, ident)
+
+    async def _body(self, request: Request) -> bytes:
+        """The body, at most `max_body_bytes` (413), within `body_timeout_s` (408)."""
+        lim = self.limits
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > lim.max_body_bytes):
+            raise ApiError(413, f"the request body is larger than this server's limit of {lim.max_body_bytes} "
+                           "bytes (--max-body-bytes)", code="request_too_large")
+        chunks, size = [], 0
+
+        async def read():
+            nonlocal size
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > lim.max_body_bytes:
+                    raise ApiError(413, f"the request body is larger than this server's limit of "
+                                   f"{lim.max_body_bytes} bytes (--max-body-bytes)", code="request_too_large")
+                chunks.append(chunk)
+
+        try:
+            await asyncio.wait_for(read(), lim.body_timeout_s)
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {lim.body_timeout_s:g} s "
+                           "(--body-timeout)", code="request_timeout") from None
+        return b"".join(chunks)
+
+    def _parse(self, raw: bytes, chat: bool) -> Parsed:
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as e:  # (JSONDecodeError, bad UTF-8, an int past the digit limit)
+            raise ApiError(400, f"the request body is not valid JSON: {type(e).__name__}: "
+                           f"{str(e)[:200]}") from None
+        return self.requests.parse(body, chat)
 
     # ----------------------------------------------------------------------------- answers
     def _extension(self, job: Job, parsed: Parsed, finish: Finish) -> dict:
@@ -188,8 +301,8 @@ class Server:
             yield
             self.scheduler.stop()  # after uvicorn's drain: nothing is in flight any more
 
-        return Starlette(routes=routes, exception_handlers={HTTPException: not_found, Exception: internal},
-                         lifespan=lifespan)
+        return Guard(Starlette(routes=routes, exception_handlers={HTTPException: not_found, Exception: internal},
+                               lifespan=lifespan), self.limits)
 
 
 def _sse(payload: dict) -> str:
@@ -199,6 +312,43 @@ def _sse(payload: dict) -> str:
 def _plain(options: dict) -> dict:
     """Method options as JSON values (a loaded drafter is named by its folder)."""
     return {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v) for k, v in options.items()}
+
+
+def _protocol(header_timeout_s: float):
+    """uvicorn's HTTP/1.1 protocol with a deadline for a request's headers: a connection that
+    has not sent a whole request head within `header_timeout_s` of connecting (or of its last
+    answer) is closed, so slow or idle connections cannot pile up."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Protocol(H11Protocol):
+        def _arm(self):
+            cycle = self.cycle
+            self._header_timer = self.loop.call_later(header_timeout_s, self._headers_late, cycle)
+
+        def _headers_late(self, cycle):
+            if self.cycle is cycle and (cycle is None or cycle.response_complete) and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self):
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc):
+            self._header_timer.cancel()
+            super().connection_lost(exc)
+
+    return Protocol
+
+
+def _config(server: "Server", **kwargs):
+    import uvicorn
+
+    return uvicorn.Config(server.app(), log_level="warning", http=_protocol(server.limits.header_timeout_s),
+                          **kwargs)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -224,7 +374,7 @@ def background(server: Server, host: str = "127.0.0.1", port: int = 0):
     sock = listen(host, port)
     bound = sock.getsockname()
     server.scheduler.start()
-    uv = uvicorn.Server(uvicorn.Config(server.app(), log_level="warning"))
+    uv = uvicorn.Server(_config(server))
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, name="jaxspec-http", daemon=True)
     thread.start()
     while not uv.started and thread.is_alive():
@@ -237,14 +387,15 @@ def background(server: Server, host: str = "127.0.0.1", port: int = 0):
         server.scheduler.stop()
 
 
-def run(server: Server, host: str, port: int, drain_seconds: float = 600.0) -> None:
+def run(server: Server, host: str, port: int, drain_seconds: float = 600.0, sock: socket.socket | None = None) -> None:
+    """Serve until SIGINT / SIGTERM. `sock`: already bound (`listen`, before the model was
+    loaded, so a busy port is said at once)."""
     import uvicorn
 
-    sock = listen(host, port)
+    sock = listen(host, port) if sock is None else sock
     bound = sock.getsockname()
-    app = server.app()
     server.scheduler.start()
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=drain_seconds)
+    config = _config(server, timeout_graceful_shutdown=drain_seconds)
     print(f"jaxspec: serving {server.settings.model_id} at http://{bound[0]}:{bound[1]}/v1 "
           f"({server.settings.slots} slots, context {server.settings.context})", file=sys.stderr, flush=True)
     # uvicorn drains on SIGINT / SIGTERM, then re-raises the signal: a drained stop exits 0.

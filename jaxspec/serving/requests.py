@@ -31,6 +31,7 @@ CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprob
                                "tool_choice", "parallel_tool_calls"}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "best_of", "suffix"}
 MAX_STOPS = 4  # as OpenAI
+BOOL_OPTIONS = ("pool_from_prompt", "verify_window", "target_features")  # method options that are true/false
 
 
 class ApiError(Exception):
@@ -59,6 +60,9 @@ class ServeSettings:
     method_options: tuple = ()  # ((name, value), ...)
     temperature: float = 0.0  # for requests that give none (0 = greedy: lossless against greedy)
     max_groups: int = 4
+    max_plans: int = 8  # distinct (method, options, greedy, ignore_eos) the server compiles in its life
+    drafters: tuple = ()  # ((name, folder), ...): drafter folders the operator offers besides the shipped ones
+    special_tokens: bool = False  # chat content may spell special tokens (off: such content is refused)
 
 
 @dataclasses.dataclass
@@ -138,8 +142,17 @@ class Requests:
         self._plans: dict[tuple, Plan] = {}
 
     def plan(self, method: str, options: dict, greedy: bool, ignore_eos: bool) -> Plan:
-        """The decoding plan (engine, weights), checked against the memory guard once per plan."""
+        """The decoding plan (engine, weights), checked against the memory guard once per plan.
+
+        At most `max_plans` distinct plans are ever made (each is a program compiled on the
+        scheduler thread, which stalls the running streams while it compiles): past that a new
+        one is refused before anything is resolved, loaded or compiled."""
         key = (method, tuple(sorted(options.items())), greedy, ignore_eos)
+        if key not in self._plans and len(self._plans) >= self.settings.max_plans:
+            raise ApiError(400, f"this server decodes with at most {self.settings.max_plans} method settings "
+                           "(method, method_options, greedy or sampled, ignore_eos) and has them all; use one "
+                           "already in use or the server's default (no method)", "method_options",
+                           "too_many_method_settings")
         if key not in self._plans:
             model, s = self.model, self.settings
             name, spec, resolved = resolve_method(method, model.config, options, model.drafters, model)
@@ -190,7 +203,10 @@ class Requests:
 
         try:
             if chat:
-                prompt = chat_prompt(model, _messages(body.get("messages")))
+                messages = _messages(body.get("messages"))
+                if not s.special_tokens:
+                    self._no_special_tokens(messages)
+                prompt = chat_prompt(model, messages)
             else:
                 prompt = self._prompt(body.get("prompt"))
         except JaxspecError as e:
@@ -209,11 +225,11 @@ class Requests:
 
         temperature = _number(body, "temperature", s.temperature, 0, 2, "a number in [0, 2]")
         top_p = _number(body, "top_p", 1.0, 1e-9, 1, "a number in (0, 1]")
-        top_k = _integer(body, "top_k", 0, 0, 2**31, "an integer >= 0 (0 = off)")
+        top_k = _integer(body, "top_k", 0, 0, 2**31 - 1, "an integer in [0, 2**31) (0 = off)")
         seed = _integer(body, "seed", None, 0, 2**32 - 1, "an integer in [0, 2**32)")
         seed = random_seed() if seed is None else seed
         stops = body.get("stop")
-        stops = [stops] if isinstance(stops, str) else (stops or [])
+        stops = [stops] if isinstance(stops, str) else ([] if stops is None else stops)
         if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(x, str) and x for x in stops):
             raise bad(f"stop must be a non-empty str or a list of up to {MAX_STOPS} of them", "stop")
         stop_ids = _typed(body, "stop_token_ids", list, "a list of token ids", [])
@@ -228,6 +244,12 @@ class Requests:
                           if v is not None and not isinstance(v, (str, int, float, bool))), None)
         if bad_value is not None:
             raise bad(f"method_options.{bad_value} must be a number, a str or true/false", "method_options")
+        for name in BOOL_OPTIONS:
+            if method_options.get(name) is not None and not isinstance(method_options[name], bool):
+                raise bad(f"method_options.{name} must be true or false, got {method_options[name]!r}",
+                          "method_options")
+        if method_options.get("drafter") is not None:
+            method_options = {**method_options, "drafter": self._drafter(method_options["drafter"])}
         if method == "auto" and method_options:
             raise bad("method 'auto' takes no method_options (it is the server's measured choice)", "method_options")
         if method is None or method == "auto":
@@ -246,6 +268,39 @@ class Requests:
                       stop_strings=tuple(stops), stop_ids=frozenset(stop_ids), stream=stream,
                       include_usage=bool(options.get("include_usage", False)), chat=chat)
 
+    def _drafter(self, value) -> str:
+        """A request's drafter: a shipped drafter's name or one the operator listed
+        (`--drafter-dir`), by name; never a path of the client's (nothing is read from a folder
+        the operator did not offer, and the answer is the same whatever exists on disk)."""
+        from jaxspec.decoding.options import SHIPPED_DRAFTERS
+
+        offered = dict(self.settings.drafters)
+        if isinstance(value, str) and value in offered:
+            return offered[value]
+        if isinstance(value, str) and value in SHIPPED_DRAFTERS.values():
+            return value
+        names = sorted(set(SHIPPED_DRAFTERS.values()) | set(offered))
+        raise bad(f"method_options.drafter must name a drafter this server offers: {', '.join(names)} "
+                  "(the operator adds folders with --drafter-dir)", "method_options", "unknown_drafter")
+
+    def _no_special_tokens(self, messages: list[dict]) -> None:
+        """Chat content that spells a special token (e.g. `<|im_end|>`) would become that token
+        (the rendered template is tokenized whole, as transformers does), letting a user forge a
+        turn: refused unless the operator allows it (`--allow-special-tokens`)."""
+        tokenizer = self.model.tokenizer
+        specials = getattr(tokenizer, "special_texts", None)
+        if specials is None:
+            specials = tuple(t for t in _special_texts(tokenizer) if t)
+            try:
+                tokenizer.special_texts = specials
+            except AttributeError:
+                pass
+        for i, m in enumerate(messages):
+            hit = next((t for t in specials if t in m["content"]), None)
+            if hit is not None:
+                raise bad(f"messages[{i}].content contains the special token {hit!r}; special tokens are not "
+                          "accepted in chat content on this server", "messages", "special_token_in_content")
+
     def _prompt(self, prompt) -> list[int]:
         """A completion prompt: a str, a list of token ids, or a one-item list of either."""
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -258,5 +313,17 @@ class Requests:
             raise bad("prompt must be a str or a list of token ids", "prompt")
         if not isinstance(prompt, (str, list)):
             raise bad(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}", "prompt")
+        if len(prompt) == 0:
+            raise bad("prompt is empty; send at least one character or token id", "prompt")
         rows, _ = normalize_prompts(self.model, prompt)
         return rows[0]
+
+
+def _special_texts(tokenizer) -> list[str]:
+    """The text of every special (added) token a tokenizer parses out of plain text."""
+    if tokenizer is None:
+        return []
+    backend = getattr(tokenizer, "_tok", None)
+    if backend is not None and hasattr(backend, "get_added_tokens_decoder"):
+        return [t.content for t in backend.get_added_tokens_decoder().values() if t.special]
+    return [t for t in getattr(tokenizer, "special_tokens", {}).values() if isinstance(t, str)]

@@ -216,7 +216,7 @@ class Scheduler:
 
     def _admit(self, waiting: list[Job]) -> None:
         for job in waiting:
-            admitted = job.cancelled
+            admitted = dropped = job.cancelled  # dropped: cancelled before it had a slot
             if not job.cancelled:
                 try:
                     group = self.group(job.plan)
@@ -235,7 +235,7 @@ class Scheduler:
             if admitted:
                 with self.cond:
                     self.waiting.remove(job)
-                if job.cancelled:
+                if dropped:  # (a job cancelled once in its slot is counted where its slot is freed)
                     self.counters["cancelled"] += 1
 
     def _insert(self, group: SlotGroup, slot: int, job: Job) -> None:
