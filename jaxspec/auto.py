@@ -56,7 +56,7 @@ from jaxspec import auto_store, compile_cache, perf
 from jaxspec.kv_cache import KVCache
 from jaxspec.masks import TreeMask
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "auto.toml"
+CONFIG = Path(__file__).resolve().parent / "configs" / "auto.toml"  # jaxspec/configs (-> configs/), in the wheel
 MARGIN = 1.1  # the measured speed-up a setting must reach to be chosen over greedy
 # The forward's c is a lower bound of a step's (on this project's CPU the bookkeeping adds
 # 35-40% for pycode-5M): only a candidate predicted this much faster is worth timing.

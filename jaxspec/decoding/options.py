@@ -22,7 +22,7 @@ from jaxspec.loading import ASSETS, Model
 from jaxspec.loading import resolve as resolve_model
 from jaxspec.parallel import check_lp_devices
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # jaxspec/configs (-> configs/), in the wheel
 # The drafter used for a target when none is given: the default model's PARD-2 drafter,
 # shipped inside the package (its name can be passed instead of a path).
 DEFAULT_DRAFTER = "pycode-5M-pard2"
