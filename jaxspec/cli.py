@@ -65,6 +65,18 @@ def _seed(text: str) -> int:
     return seed
 
 
+def _recipe(text: str) -> str:
+    """--config: a TOML file, else a recipe shipped in the package by name (`pycode`, `pycode.toml`
+    or `configs/pycode.toml`: the wheel holds configs/*.toml as `jaxspec/configs`)."""
+    if Path(text).exists():
+        return text
+    from importlib import resources
+
+    name = Path(text).name if Path(text).suffix == ".toml" else f"{Path(text).name}.toml"
+    shipped = resources.files("jaxspec") / "configs" / name
+    return str(shipped) if shipped.is_file() else text  # (a missing file: the config loader names it)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="jaxspec", description="Lossless fast LLM decoding in JAX.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -85,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_distributed_options(g)
 
     t = sub.add_parser("train", help="train a model from a config in configs/ (tokenizer, data, model)")
-    t.add_argument("--config", required=True, help="training config TOML, e.g. configs/pycode.toml")
+    t.add_argument("--config", required=True, type=_recipe,
+                   help="training config TOML, e.g. configs/pycode.toml, or a shipped recipe's name (pycode)")
     t.add_argument("--out", help="run folder (default: runs/<config name>)")
     t.add_argument("--steps", type=int, help="override [train] steps: where the run stops (the schedule is fixed when a run starts: [optim] schedule_steps)")
     t.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -98,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_distributed_options(t)
 
     d = sub.add_parser("train-drafter", help="train a PARD-2 drafter for a target (configs/pard2_*.toml)")
-    d.add_argument("--config", required=True, help="drafter training TOML, e.g. configs/pard2_pycode.toml")
+    d.add_argument("--config", required=True, type=_recipe,
+                   help="drafter training TOML, e.g. configs/pard2_pycode.toml, or a shipped recipe's name "
+                        "(pard2_pycode, pard2_smollm2)")
     d.add_argument("--out", help="run folder (default: runs/<config name>)")
     d.add_argument("--steps", type=int, help="override [train] steps: where the run stops (the schedule is fixed when a run starts: [optim] schedule_steps)")
     d.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=VALUE",
