@@ -1,10 +1,12 @@
-"""`jaxspec.load`: a checkpoint (HF folder, GGUF file, llama2.c .bin, or a known name) -> `Model`."""
+"""`jaxspec.load`: a checkpoint (HF folder, GGUF file, llama2.c .bin, an HF hub id in the local cache,
+or a known name) -> `Model`."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -126,16 +128,83 @@ def resolve(path_or_name: str | os.PathLike) -> Path:
         if not (path.is_dir() or path.is_file()):  # a FIFO, a device, a socket: reading it may never end
             raise CheckpointError(f"{path} is neither a folder nor a regular file; pass an HF folder, a .gguf "
                                   "file or a llama2.c .bin")
-        return path
+        if path.is_dir() and path.name.startswith("models--"):
+            path = _cache_snapshot(path)  # an HF cache repo folder: the snapshot refs/main names
+        return _model_in_folder(path)
     if str(path_or_name) in NAMED_MODELS:
         named = NAMED_MODELS[str(path_or_name)]()
         if not named.exists():
             raise CheckpointError(f"model {path_or_name!r} is expected at {named}, which does not exist")
         return named
+    if HUB_ID.fullmatch(str(path_or_name)):
+        return _model_in_folder(_hub_snapshot(str(path_or_name)))
     raise CheckpointError(
-        f"model path {str(path_or_name)!r} does not exist; pass an HF folder, a .gguf file, a llama2.c .bin "
-        f"or one of: {', '.join(NAMED_MODELS)}"
+        f"model path {str(path_or_name)!r} does not exist; pass an HF folder, a .gguf file, a llama2.c .bin, "
+        f"a Hugging Face hub id (org/name) or one of: {', '.join(NAMED_MODELS)}"
     )
+
+
+# A Hugging Face hub repository id, "org/name" (resolved from the local cache, never downloaded).
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache, as huggingface_hub finds it, read now rather than at import:
+    $HF_HUB_CACHE, else $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub (~/.cache/...)."""
+    env = os.environ
+    if env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE"):
+        return Path(env.get("HF_HUB_CACHE") or env["HUGGINGFACE_HUB_CACHE"]).expanduser()
+    home = env.get("HF_HOME") or Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
+    return Path(home).expanduser() / "hub"
+
+
+def _download_hint(repo_id: str) -> str:
+    return f"download it first (online): hf download {repo_id}"
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    """The local snapshot of a hub model (its main revision), through huggingface_hub, offline."""
+    cache = hf_cache_dir()
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:  # (a dependency of jaxspec; missing only from a broken install)
+        raise CheckpointError(f"model {repo_id!r} looks like a Hugging Face hub id, but huggingface_hub is not "
+                              "installed; run: pip install huggingface_hub") from None
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
+    except Exception:  # noqa: BLE001  (LocalEntryNotFoundError, a malformed id or cache entry: not there)
+        raise CheckpointError(f"model {repo_id!r} is neither a path nor in the Hugging Face cache ({cache}); "
+                              f"{_download_hint(repo_id)}") from None
+
+
+def _cache_snapshot(folder: Path) -> Path:
+    """An HF cache repo folder (`models--org--name`): the snapshot its refs/main names, else its
+    only snapshot."""
+    repo_id = "/".join(folder.name.split("--")[1:])
+    ref = folder / "refs" / "main"
+    if ref.is_file() and (folder / "snapshots" / ref.read_text().strip()).is_dir():
+        return folder / "snapshots" / ref.read_text().strip()
+    found = sorted(p for p in (folder / "snapshots").glob("*") if p.is_dir())
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise CheckpointError(f"{folder} is a Hugging Face cache folder without a snapshot; {_download_hint(repo_id)}")
+    raise CheckpointError(f"{folder}: refs/main names none of its {len(found)} snapshots; pass one, "
+                          f"e.g. {found[-1]}")
+
+
+def _model_in_folder(path: Path) -> Path:
+    """A folder without config.json that holds GGUF files (a hub repository of GGUF weights): its
+    only .gguf file; several: the error lists them."""
+    if not path.is_dir() or (path / "config.json").exists():
+        return path
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return ggufs[0]
+    if ggufs:
+        raise CheckpointError(f"{path} holds {len(ggufs)} GGUF files; pass one: "
+                              + ", ".join(str(p) for p in ggufs[:8]) + (" ..." if len(ggufs) > 8 else ""))
+    return path
 
 
 def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str = "float32", attention: str = "xla",
