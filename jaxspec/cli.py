@@ -15,7 +15,24 @@ from jaxspec.errors import ConfigError, JaxspecError
 EXIT_BAD_INPUT = 2
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """--help shows an option's default where it has one worth saying (not None, a flag's
+    True/False, an empty value, or a help text that already speaks of its default)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if (action.option_strings and default is not None and default is not argparse.SUPPRESS
+                and not isinstance(default, bool) and default not in ("", []) and "default" not in text.lower()):
+            text += " (default: %(default)s)"
+        return text
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message):  # one line instead of argparse's usage block
         print(f"jaxspec: error: {message} (see --help)", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT)
@@ -77,21 +94,39 @@ def _recipe(text: str) -> str:
     return str(shipped) if shipped.is_file() else text  # (a missing file: the config loader names it)
 
 
+def _recipe(text: str) -> str:
+    """--config: a TOML file, else a recipe shipped in the package by name (`pycode`, `pycode.toml`
+    or `configs/pycode.toml`: the wheel holds configs/*.toml as `jaxspec/configs`)."""
+    if Path(text).exists():
+        return text
+    from importlib import resources
+
+    name = Path(text).name if Path(text).suffix == ".toml" else f"{Path(text).name}.toml"
+    shipped = resources.files("jaxspec") / "configs" / name
+    return str(shipped) if shipped.is_file() else text  # (a missing file: the config loader names it)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from jaxspec import __version__
+
     parser = _Parser(prog="jaxspec", description="Lossless fast LLM decoding in JAX.")
+    parser.add_argument("--version", action="version", version=f"jaxspec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate tokens from a prompt")
     g.add_argument("--model", default=None,
-                   help="HF folder, .gguf file, llama2.c .bin, or a known name (pycode-5M, stories260K, "
-                        "smollm2-135m-instruct); default: pycode-5M")
+                   help="HF folder, .gguf file, llama2.c .bin, a Hugging Face hub id in the local cache "
+                        "(org/name), or a known name (pycode-5M, stories260K, smollm2-135m-instruct); "
+                        "default: pycode-5M")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (needs a tokenizer in the checkpoint)")
     src.add_argument("--prompt-ids", type=_ids, help="comma-separated prompt token ids, e.g. 1,14,220")
-    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (besides the prompt)")
     _add_decoding_options(g)
     g.add_argument("--no-eos-stop", action="store_true", help="do not stop at the end-of-sequence token")
     g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.add_argument("--quiet", action="store_true",
+                   help="no progress lines (loading, compiling) on stderr; they show only on a terminal")
     g.add_argument("--no-compare", dest="compare", action="store_false",
                    help="with a method other than greedy: do not also run greedy to print both statistics")
     _add_distributed_options(g)
@@ -125,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="print one JSON object with the final metrics")
 
     c = sub.add_parser("chat", help="chat with an instruction-tuned model (history kept, reply streamed)")
-    c.add_argument("--model", required=True, help="HF folder or .gguf file with a chat template, or a known name "
+    c.add_argument("--model", required=True, help="HF folder or .gguf file with a chat template, a Hugging Face hub "
+                                                  "id in the local cache (org/name), or a known name "
                                                   "(smollm2-135m-instruct)")
     c.add_argument("--message", help="one user message: print the reply and exit (default: interactive)")
     c.add_argument("--system", help="a system message before the conversation")
@@ -135,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--compare", action="store_true",
                    help="also decode each reply greedily and say whether the method's reply is identical")
     c.add_argument("--json", action="store_true", help="with --message: print one JSON object, no streaming")
+    c.add_argument("--quiet", action="store_true",
+                   help="no progress lines (loading, compiling) on stderr; they show only on a terminal")
 
     e = sub.add_parser("export", help="save a checkpoint as an HF folder that transformers loads")
     e.add_argument("--model", required=True)
@@ -184,7 +222,7 @@ def _add_decoding_options(g: argparse.ArgumentParser) -> None:
     g.add_argument("--top-k", type=_top_k, default=0, help="0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     g.add_argument("--seed", type=_seed, default=0, help="random seed for sampling, in [0, 2**32)")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the weights' dtype")
     g.add_argument("--attention", default="xla", help="attention backend (xla|pallas)")
     g.add_argument("--tensor-parallel", type=int, default=1, metavar="T",
                    help="shard the weights over T devices (GSPMD, Megatron layout; docs/scaling.md)")
@@ -283,13 +321,26 @@ def _generate(args) -> int:
     _initialize_distributed(args)
     import jaxspec
 
+    from jaxspec import progress
+
     method_options = _method_options(args)
     _warn_unused_sampling(args)
-    model = _load(args, args.model or jaxspec.loading.DEFAULT_MODEL, method_options)
+    phases = progress.Phases(progress.wanted(args.quiet or args.json))
+    name = args.model or jaxspec.loading.DEFAULT_MODEL
+    with phases.phase(f"loading {name}"):
+        model = _load(args, name, method_options)
     prompt = args.prompt if args.prompt is not None else args.prompt_ids
-    out = jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens, method=args.method,
-                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                           seed=args.seed, stop_at_eos=not args.no_eos_stop, **method_options)
+    phases.begin(("measuring (auto), " if args.method == "auto" else "") + "compiling and decoding")
+    try:
+        out = jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens, method=args.method,
+                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                               seed=args.seed, stop_at_eos=not args.no_eos_stop, **method_options)
+    except BaseException:
+        phases.abandon()
+        raise
+    measured = (out.auto or {}).get("measure_seconds") or 0.0
+    phases.end(f" ({f'auto {measured:.1f} s, ' if measured else ''}compile {out.compile_seconds:.1f} s, "
+               f"decode {out.seconds:.1f} s)")
     if args.json:
         print(json.dumps({
             "tokens": out.tokens, "text": out.text, "steps": out.steps, "compression": out.compression,
@@ -377,8 +428,13 @@ def _chat(args) -> int:
     options = dict(method=args.method, max_new_tokens=args.max_new_tokens, **_sampling(args),
                    **_method_options(args))
     _warn_unused_sampling(args)
-    model = _load(args, args.model, options)
+    from jaxspec import progress
+
+    phases = progress.Phases(progress.wanted(args.quiet or args.json))
+    with phases.phase(f"loading {args.model}"):
+        model = _load(args, args.model, options)
     messages = [{"role": "system", "content": args.system}] if args.system else []
+    first_turn = [True]  # the first reply compiles (and, under auto, measures): its wait is a phase
 
     def greedy_of(reply):
         if not args.compare:
@@ -389,10 +445,19 @@ def _chat(args) -> int:
 
     def turn(text: str) -> None:
         nonlocal messages
-        live = jaxspec.chat_stream(model, [*messages, {"role": "user", "content": text}],
-                                   chunk_steps=args.chunk_steps, **options)
-        for piece in live:
-            print(piece, end="", flush=True)
+        if first_turn:
+            first_turn.clear()
+            phases.begin(("measuring (auto) and " if args.method == "auto" else "") + "compiling")
+        try:
+            live = jaxspec.chat_stream(model, [*messages, {"role": "user", "content": text}],
+                                       chunk_steps=args.chunk_steps, **options)
+            for piece in live:
+                phases.end()  # (the first piece ends the wait)
+                print(piece, end="", flush=True)
+        except BaseException:
+            phases.abandon()
+            raise
+        phases.end()
         print()
         reply = live.reply
         messages = reply.messages

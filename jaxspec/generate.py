@@ -132,6 +132,24 @@ def _check_length(model: Model, rows: list[list[int]], max_new_tokens: int) -> N
         )
 
 
+# transformers' (and OpenAI's) generation arguments, which `generate` does not take: what to pass instead.
+FOREIGN_ARGUMENTS = {
+    "max_length": "max_new_tokens=N (the tokens generated, not counting the prompt)",
+    "max_tokens": "max_new_tokens=N",
+    "do_sample": "temperature > 0 to sample (with top_k / top_p); temperature=0, the default, decodes greedily",
+    "num_beams": "no beam search: decoding is greedy (temperature=0) or sampled (temperature > 0)",
+    "eos_token_id": "stop_ids=[...] (ids that end a row besides the model's EOS; stop_at_eos=False ignores EOS)",
+    "num_return_sequences": "a list of prompts (a batch), or one call per seed",
+    "streamer": "jaxspec.stream(model, prompt, ...), which yields the text as it is decoded",
+}
+
+
+def _refuse_foreign(method_options: dict) -> None:
+    for name in method_options:
+        if name in FOREIGN_ARGUMENTS:
+            raise GenerationError(f"{name} is a transformers argument, not jaxspec's; pass {FOREIGN_ARGUMENTS[name]}")
+
+
 def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "autoregressive",
             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
             stop_at_eos: bool = True, stop_ids: Sequence[int] = (), **method_options) -> Request:
@@ -144,6 +162,7 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
                               f"got {describe(model)}")
     if not isinstance(method, str):
         raise GenerationError(f"method must be a method name (str), got {describe(method)}")
+    _refuse_foreign(method_options)
     method_options = {k: plain_option(v) for k, v in method_options.items()}
     max_new_tokens = int_arg("max_new_tokens", max_new_tokens, "an integer >= 1", lambda n: n >= 1)
     rows, batched = normalize_prompts(model, prompt)

@@ -110,6 +110,14 @@ class Model:
         return cls(config=module.config, graphdef=graphdef, params=params, tokenizer=tokenizer,
                    dtype=dtype, attention=module.attention, source=source)
 
+    def __repr__(self) -> str:  # one line (the dataclass's would print every parameter array)
+        cfg, n = self.config, self.config.num_params
+        size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
+        mesh = "" if self.mesh is None else f", mesh={dict(self.mesh.shape)}"
+        tokenizer = "" if self.tokenizer is not None else ", no tokenizer"
+        return (f"Model({cfg.model_type}, {size} params, {cfg.num_layers} layers, vocab {cfg.vocab_size}, "
+                f"{self.dtype}, attention={self.attention}{mesh}{tokenizer}, source={self.source!r})")
+
     @property
     def module(self) -> Transformer:
         return nnx.merge(self.graphdef, self.params)

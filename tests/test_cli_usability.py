@@ -1,0 +1,95 @@
+"""Small things a new user meets first: `jaxspec --version`, defaults in --help, a one-line
+`repr(model)`, transformers' generation arguments answered with jaxspec's, and the progress
+lines of a cold start (loading, compiling) on stderr."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+
+import pytest
+from flax import nnx
+
+import jaxspec
+from jaxspec.cli import main
+
+TINY = jaxspec.ModelConfig(
+    model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+    num_kv_heads=2, head_dim=8, max_position_embeddings=128, bos_token_id=1, eos_token_ids=(2,),
+)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    model = jaxspec.Model.from_module(jaxspec.Transformer(TINY, rngs=nnx.Rngs(0)))
+    return model.save(tmp_path_factory.mktemp("tiny") / "tiny")
+
+
+def cli(argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_version(capsys):
+    code, out, _ = cli(["--version"], capsys)
+    assert code == 0 and out.strip() == f"jaxspec {jaxspec.__version__}"
+    assert jaxspec.__version__ == importlib.metadata.version("jaxspec")  # pyproject's version
+
+
+def test_help_shows_defaults(capsys):
+    code, out, _ = cli(["generate", "--help"], capsys)
+    text = " ".join(out.split())  # (argparse wraps lines)
+    assert code == 0
+    for flag, default in (("--max-new-tokens", "128"), ("--method", "auto"), ("--top-p", "1.0"), ("--dtype", "float32")):
+        block = text.split(flag, 2)[-1].split(" --", 1)[0]  # the option's own help, after the usage line
+        assert f"(default: {default})" in block, (flag, block)
+    assert "(default: None)" not in text and "(default: False)" not in text and "(default: True)" not in text
+    assert text.count("default: pycode-5M") == 1  # a help that names its default is not told twice
+
+
+def test_repr_is_one_line(folder):
+    model = jaxspec.load(folder)
+    text = repr(model)
+    assert "\n" not in text and len(text) < 300, text
+    for part in ("Model(llama", "2 layers", "vocab 64", "float32", "params", str(folder)):
+        assert part in text, (part, text)
+
+
+@pytest.mark.parametrize("name, value, names", [
+    ("max_length", 8, "max_new_tokens"), ("do_sample", True, "temperature > 0"), ("num_beams", 4, "beam"),
+    ("eos_token_id", 2, "stop_ids"),
+])
+def test_transformers_arguments_name_jaxspecs(folder, name, value, names):
+    model = jaxspec.load(folder)
+    for call in (jaxspec.generate, jaxspec.stream):
+        with pytest.raises(jaxspec.GenerationError, match=re.escape(names)) as e:
+            call(model, [1, 5], **{name: value})
+        assert str(e.value).startswith(f"{name} is a transformers argument") and "\n" not in str(e.value)
+
+
+def test_progress_lines_on_request(folder, capsys, monkeypatch):
+    argv = ["generate", "--model", str(folder), "--prompt-ids", "1,5", "--max-new-tokens", "2", "--method", "greedy"]
+    monkeypatch.setenv("JAXSPEC_PROGRESS", "1")  # (stderr is no terminal here)
+    code, _, err = cli(argv, capsys)
+    lines = err.splitlines()
+    assert code == 0
+    assert re.fullmatch(rf"jaxspec: loading {re.escape(str(folder))} \.\.\. \d+\.\d s", lines[0]), lines
+    assert re.fullmatch(r"jaxspec: compiling and decoding \.\.\. \d+\.\d s \(compile \d+\.\d s, decode \d+\.\d s\)",
+                        lines[1]), lines
+    for quiet in (["--quiet"], ["--json"]):
+        assert "jaxspec: loading" not in cli(argv + quiet, capsys)[2]
+    # An error after a phase began: the error keeps its own line.
+    code, _, err = cli(["generate", "--model", str(folder), "--prompt-ids", "1,999", "--method", "greedy"], capsys)
+    lines = err.splitlines()
+    assert code == 2 and lines[-1].startswith("jaxspec: error: ") and lines[-2] == "jaxspec: compiling and decoding ..."
+
+
+def test_no_progress_lines_when_stderr_is_not_a_terminal(folder, capsys, monkeypatch):
+    monkeypatch.delenv("JAXSPEC_PROGRESS", raising=False)
+    code, _, err = cli(["generate", "--model", str(folder), "--prompt-ids", "1,5", "--max-new-tokens", "2",
+                        "--method", "greedy"], capsys)
+    assert code == 0 and "jaxspec: loading" not in err and err.startswith("[autoregressive]")
