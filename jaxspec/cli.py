@@ -94,18 +94,6 @@ def _recipe(text: str) -> str:
     return str(shipped) if shipped.is_file() else text  # (a missing file: the config loader names it)
 
 
-def _recipe(text: str) -> str:
-    """--config: a TOML file, else a recipe shipped in the package by name (`pycode`, `pycode.toml`
-    or `configs/pycode.toml`: the wheel holds configs/*.toml as `jaxspec/configs`)."""
-    if Path(text).exists():
-        return text
-    from importlib import resources
-
-    name = Path(text).name if Path(text).suffix == ".toml" else f"{Path(text).name}.toml"
-    shipped = resources.files("jaxspec") / "configs" / name
-    return str(shipped) if shipped.is_file() else text  # (a missing file: the config loader names it)
-
-
 def build_parser() -> argparse.ArgumentParser:
     from jaxspec import __version__
 
