@@ -352,9 +352,10 @@ def _generate(args) -> int:
         runs = [out]
         if args.compare and out.method != "autoregressive":
             # Next to greedy's: the point of a lossless method is the same text in fewer steps.
-            runs.append(jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens, method="autoregressive",
-                                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                         seed=args.seed, stop_at_eos=not args.no_eos_stop))
+            with phases.phase("compiling and decoding greedily, to compare (--no-compare skips it)"):
+                runs.append(jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens,
+                                             method="autoregressive", temperature=args.temperature, top_k=args.top_k,
+                                             top_p=args.top_p, seed=args.seed, stop_at_eos=not args.no_eos_stop))
         for run in runs:
             print(f"[{run.method}] {len(run.tokens)} tokens in {run.steps} steps "
                   f"(compression {run.compression:.2f}), {run.tokens_per_second:.1f} tokens/s, "
