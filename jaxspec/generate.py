@@ -166,9 +166,14 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     method_options = {k: plain_option(v) for k, v in method_options.items()}
     max_new_tokens = int_arg("max_new_tokens", max_new_tokens, "an integer >= 1", lambda n: n >= 1)
     rows, batched = normalize_prompts(model, prompt)
-    _check_length(model, rows, max_new_tokens)  # before `auto` runs anything of that length
+    # Range checks (and their messages) are SamplingParams.create's; the types are checked here.
+    temperature = number_arg("temperature", temperature, "a number >= 0 (0 = greedy)")
+    top_k = int_arg("top_k", top_k, "an integer in [0, 2**31) (0 = off)", lambda n: n < 2**31)
+    top_p = number_arg("top_p", top_p, "a number in (0, 1] (1 = off)")
+    sampling = SamplingParams.create(temperature, top_k, top_p)
     choice = None
     if method == "auto" or (method == "lookahead" and method_options.get("window") == "auto"):
+        _check_length(model, rows, max_new_tokens)  # before `auto` runs anything of that length
         # (plain Python values: the choice is cached by them; arrays, even 0-d, are not hashable)
         plain = lambda v: tuple(np.asarray(v).tolist()) if np.ndim(v) else np.asarray(v).item()  # noqa: E731
         generation = {k: plain(v) if is_array(v) or isinstance(v, (list, tuple)) else v
@@ -190,11 +195,6 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
         raise GenerationError(f"stop_ids must be a list of token ids, got {given(stop_ids)}")
     stop_ids = tuple(int_arg("stop_ids", t, f"token ids in [0, {vocab})", lambda n: 0 <= n < vocab)
                      for t in stop_ids)
-    # Range checks (and their messages) are SamplingParams.create's; the types are checked here.
-    temperature = number_arg("temperature", temperature, "a number >= 0 (0 = greedy)")
-    top_k = int_arg("top_k", top_k, "an integer in [0, 2**31) (0 = off)", lambda n: n < 2**31)
-    top_p = number_arg("top_p", top_p, "a number in (0, 1] (1 = off)")
-    sampling = SamplingParams.create(temperature, top_k, top_p)
     longest = max(len(r) for r in rows)
     limit = model.config.max_position_embeddings
     if longest + max_new_tokens > limit:
