@@ -195,13 +195,8 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
         raise GenerationError(f"stop_ids must be a list of token ids, got {given(stop_ids)}")
     stop_ids = tuple(int_arg("stop_ids", t, f"token ids in [0, {vocab})", lambda n: 0 <= n < vocab)
                      for t in stop_ids)
+    _check_length(model, rows, max_new_tokens)
     longest = max(len(r) for r in rows)
-    limit = model.config.max_position_embeddings
-    if longest + max_new_tokens > limit:
-        raise PromptError(
-            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-            f"max length {limit}; shorten the prompt or lower max_new_tokens"
-        )
 
     greedy = temperature == 0
     engine = spec.engine(options, greedy)
