@@ -391,6 +391,8 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
             caches[split] = target_cache.prepare(target, data, layers, draft_vocab, p.teacher_top_k,
                                                  out / "data" / f"target-{split}-{key}", key, log=say,
                                                  progress=progress and is_main, clock=clock)
+        if clock is not None:  # the card's stage times: the data's and the target's outputs, all sessions
+            data_meta = {**data_meta, "stages": clock.totals}
 
     mesh = make_mesh(cfg.mesh)
     run = cfg.train
@@ -453,14 +455,14 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
 
     def batch_for(step: int) -> dict[str, jax.Array]:
         rng = np.random.default_rng([run.seed, step, 7])
-        parts_ = []
+        pieces = []
         if from_corpus:
             ids = corpus.training_order(train_data.num_sequences, run.seed, step * from_corpus, from_corpus)
-            parts_.append(host_batch(train_data, train_scored, caches and caches["train"], ids, counts, rng))
+            pieces.append(host_batch(train_data, train_scored, caches and caches["train"], ids, counts, rng))
         if from_generated:
             ids = corpus.training_order(generated.num_sequences, run.seed + 1, step * from_generated, from_generated)
-            parts_.append(host_batch(generated, None, None, ids, counts, rng))
-        host = {k: np.concatenate([q[k] for q in parts_]) for k in parts_[0]}
+            pieces.append(host_batch(generated, None, None, ids, counts, rng))
+        host = {k: np.concatenate([q[k] for q in pieces]) for k in pieces[0]}
         return {k: global_array(v.reshape(accum, batch, *v.shape[1:]), micro_sharding) for k, v in host.items()}
 
     def evaluate(params, num_batches: int | None) -> dict:
@@ -565,9 +567,14 @@ def drafter_card(cfg: DrafterTrainConfig, layers, target: Model, final: dict, se
     mode = ("CAT" if cfg.pard.cat else "uniform CE") + (" + KD" if cfg.pard.kd_alpha > 0 else "")
     run = cfg.train
     examples = run.steps * run.batch_size * cfg.optim.grad_accum
+    total = data.get("schedule_steps", run.steps)
+    schedule = "" if total == run.steps else f" of a {total}-step schedule"
+    scored = "reply " if data.get("chat") else ""
+    coverage = data.get("vocab_coverage")
     lines = [f"# {cfg.name}", "",
              f"A PARD-2 parallel drafter for `{cfg.target.path}` trained by `jaxspec train-drafter` "
-             f"({run.steps} steps, {seconds / 60:.1f} minutes{'' if cpu is None else f', {cpu / 60:.1f} CPU-minutes'}, "
+             f"({run.steps} steps{schedule}, {seconds / 60:.1f} minutes"
+             f"{'' if cpu is None else f', {cpu / 60:.1f} CPU-minutes'}, "
              f"{mode}, K = {cfg.pard.num_blocks}, init {cfg.drafter.init}).", "",
              ("Load it with `jaxspec.drafter.load_drafter(folder, target=model)`: its token embeddings are the "
               "target's, read from it." if cfg.drafter.shared_embeddings else
@@ -579,8 +586,10 @@ def drafter_card(cfg: DrafterTrainConfig, layers, target: Model, final: dict, se
              *(chat_card_lines(data["chat"]) if data.get("chat") else [
                  f"- corpus `{cfg.data.corpus}`: {data['corpus_tokens']:,} training tokens ({data['corpus_files']} files; "
                  "the target's held-out files excluded)"]),
-             *([f"- draft vocabulary: the {data['draft_vocab']:,} most frequent training tokens (of "
-                f"{target.config.vocab_size:,})"] if data.get("draft_vocab") else []),
+             *([f"- draft vocabulary: the {data['draft_vocab']:,} most frequent training {scored}tokens (of "
+                f"{target.config.vocab_size:,})" + ("" if not coverage else
+                f", covering {coverage['train']:.1%} of the training and {coverage['heldout']:.1%} of the held-out "
+                f"{scored}tokens")] if data.get("draft_vocab") else []),
              *([f"- target continuations (sequence-level distillation): {data['generated']:,} sequences of "
                 f"{cfg.data.seq_len + 1} tokens ({cfg.distill.greedy_sequences} greedy, "
                 f"{cfg.distill.sampled_sequences} sampled at T = 1) after corpus prefixes of {cfg.distill.min_prefix}-"
@@ -588,8 +597,9 @@ def drafter_card(cfg: DrafterTrainConfig, layers, target: Model, final: dict, se
                 "training examples"] if data["generated"] else
                [] if data.get("chat") else ["- no target-generated data"]),
              f"- {examples:,} training sequences of {cfg.data.seq_len} tokens ({examples * cfg.data.seq_len:,} context "
-             "tokens, each trained on K blocks under COD)", "",
-             f"## Teacher-forced acceptance on held-out {'conversations' if data.get('chat') else 'corpus text'} "
+             "tokens, each trained on K blocks under COD"
+             + (f"; labels: the {data['scored_train_tokens']:,} reply tokens only)" if data.get("chat") else ")"), "",
+             f"## Teacher-forced acceptance on held-out {'replies' if data.get('chat') else 'corpus text'} "
              "(tokens per step, bonus included; the reference at each position is the target's argmax)",
              *[f"- {k}: {v if isinstance(v, list) else round(v, 4)}" for k, v in final.items()],
              f"- final training loss: {losses[-1]:.4f}" if losses else "", "",
