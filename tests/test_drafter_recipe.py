@@ -221,3 +221,28 @@ def test_decode_time_drafts_are_the_trained_rows(pycode, bonus_in_context):
         row = np.nonzero((batch.block_ids[0] == j) & (batch.positions[0] == n - 1 + j))[0][0]
         expected.append(ids(int(np.argmax(logits[row]))))
     np.testing.assert_array_equal(drafts, expected)
+
+
+def test_a_next_stage_starts_from_an_exported_drafter_that_shares_the_targets_embeddings(pycode, tmp_path):
+    """Stage 2 (configs/pard2_smollm2_stage2.toml) starts from stage 1's export: its layers, its
+    mask row and its feature projection. The projection was first read by loading the whole
+    drafter, which needs the target when the embeddings are shared: the load failed, the
+    failure was taken for "not a drafter", and the projection silently restarted at zero."""
+    from jaxspec.drafter import Drafter
+    from jaxspec.loading import Model
+
+    vocab, hidden = pycode.config.vocab_size, pycode.config.hidden_size
+    first = init_drafter(_recipe(), pycode)
+    mask_row = np.random.default_rng(1).normal(0, 1, (hidden,)).astype(np.float32)
+    first.embed_tokens.embedding.set_value(first.embed_tokens.embedding[...].at[vocab].set(mask_row))
+    projection = jnp.asarray(np.random.default_rng(0).normal(0, 0.1, (2 * hidden, hidden)), jnp.float32)
+    folder = Drafter(model=Model.from_module(first, tokenizer=pycode.tokenizer), mask_token_id=vocab,
+                     target_vocab_size=vocab, target_layers=(1, 2), target_hidden_size=hidden,
+                     projection=projection, shared_embeddings=True).save(tmp_path / "stage1")
+    cfg = _recipe(drafter={"init": str(folder)})
+    np.testing.assert_array_equal(np.asarray(init_projection(cfg, 2 * hidden, hidden)), np.asarray(projection))
+    second = init_drafter(cfg, pycode)
+    for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(first)), nnx.to_flat_state(nnx.state(second))):
+        np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(path))
+    with pytest.raises(jaxspec.errors.ConfigError, match="projection has shape"):
+        init_projection(cfg, 3 * hidden, hidden)

@@ -31,7 +31,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxspec
-from jaxspec.drafter import Drafter, default_target_layers, load_drafter
+from jaxspec.checkpoint.safetensors_io import read_safetensors
+from jaxspec.drafter import PROJECTION_FILE, Drafter, default_target_layers, load_drafter
 from jaxspec.errors import CheckpointError, ConfigError
 from jaxspec.loading import Model
 from jaxspec.model import Transformer
@@ -86,6 +87,10 @@ def init_drafter(cfg: DrafterTrainConfig, target: Model) -> Transformer:
         module.config = dataclasses.replace(target.config, num_layers=num)
         scale_final_norm(module, cfg.drafter.final_norm_scale)
         base = Model.from_module(module, tokenizer=target.tokenizer)
+    elif is_drafter_folder(cfg.drafter.init):
+        # An earlier drafter (a next training stage): its weights, the target's embedding rows
+        # when it shares them; its projection is read by init_projection.
+        base = load_drafter(cfg.drafter.init, target=target).model
     else:
         base = jaxspec.load(cfg.drafter.init)
     if base.config.vocab_size not in (vocab, vocab + 1):
@@ -104,6 +109,14 @@ def init_drafter(cfg: DrafterTrainConfig, target: Model) -> Transformer:
     return nnx.merge(graphdef, nnx.from_flat_state(list(fresh_flat.items())))
 
 
+def is_drafter_folder(path: str) -> bool:
+    """A folder `jaxspec train-drafter` exported (its config.json carries a "pard" entry)."""
+    try:
+        return "pard" in json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def scale_final_norm(module: Transformer, scale: float) -> None:
     """Multiply the final norm's effective weight by `scale` (Gemma's norms apply 1 + w)."""
     if scale == 1.0:
@@ -114,18 +127,21 @@ def scale_final_norm(module: Transformer, scale: float) -> None:
 
 def init_projection(cfg: DrafterTrainConfig, feature_size: int, hidden_size: int) -> jax.Array:
     """The feature projection: a drafter's own when [drafter] init is a drafter folder with a
-    projection of this shape (continuing a drafter, e.g. on a retrained target), else zeros:
+    projection (continuing a drafter: a next training stage), else zeros:
     the target's features are raw residual streams (SmolLM2: norms 100-692), so any random
     projection starts as noise larger than the token embeddings (Normal(0.02) and the 0.02
     feature scale gave an offset of norm ~7.7 against embeddings of ~2.8); from zeros the
     drafter starts as its target-independent self and learns what the features add."""
-    if cfg.drafter.init != "scratch":
-        try:
-            saved = load_drafter(cfg.drafter.init).projection
-        except CheckpointError:  # a plain LM, not a drafter
-            saved = None
-        if saved is not None and saved.shape == (feature_size, hidden_size):
-            return jnp.asarray(saved, jnp.float32)
+    # (read from the file itself: loading the whole drafter needs its target when it shares the
+    # target's embeddings, and a failed load must not silently start the projection at zero)
+    path = Path(cfg.drafter.init) / PROJECTION_FILE
+    if is_drafter_folder(cfg.drafter.init) and path.exists():
+        saved = read_safetensors(path)["projection"]
+        if saved.shape != (feature_size, hidden_size):
+            raise ConfigError(f"[drafter] init {cfg.drafter.init}: its projection has shape {saved.shape}, this "
+                              f"run's target features need {(feature_size, hidden_size)}; use the same [target] "
+                              "layers as the drafter was trained with")
+        return jnp.asarray(saved, jnp.float32)
     return jnp.zeros((feature_size, hidden_size), jnp.float32)
 
 
