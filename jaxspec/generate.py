@@ -24,7 +24,7 @@ from jaxspec.memory import MemoryEstimate
 from jaxspec.decoding.engine import finish
 from jaxspec.methods import advance, begin, bind, decode, resolve_method
 from jaxspec.parallel import lp_mesh, lp_params, replicate
-from jaxspec.sampling import SamplingParams
+from jaxspec.sampling import MAX_LOGPROBS, SamplingParams, penalized
 from jaxspec.tensor_parallel import MODEL_AXIS, place_inputs
 
 
@@ -38,6 +38,9 @@ class GenerateOutput:
     method: str
     compile_seconds: float
     text: str | list[str] | None = None
+    # logprobs=k: per generated token, {"token", "logprob", "top_logprobs": [(id, logprob), ...k]},
+    # the target's own (raw) distribution at that token, whatever the method (one list per prompt)
+    logprobs: list | None = None
     options: dict = dataclasses.field(default_factory=dict)  # the method's options, defaults filled in
     extras: dict = dataclasses.field(default_factory=dict)  # method-specific statistics
     # Device memory: the estimate made before compiling (`jaxspec.memory`), the free memory it was
@@ -152,7 +155,9 @@ def _refuse_foreign(method_options: dict) -> None:
 
 def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "autoregressive",
             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-            stop_at_eos: bool = True, stop_ids: Sequence[int] = (), **method_options) -> Request:
+            stop_at_eos: bool = True, stop_ids: Sequence[int] = (), *, min_p: float = 0.0,
+            repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+            logprobs: int | None = None, **method_options) -> Request:
     """Check every argument and build the request (see `generate` for their meaning).
 
     Integer arguments take Python, numpy or jax integers (0-d arrays too); numbers take floats
@@ -170,7 +175,14 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     temperature = number_arg("temperature", temperature, "a number >= 0 (0 = greedy)")
     top_k = int_arg("top_k", top_k, "an integer in [0, 2**31) (0 = off)", lambda n: n < 2**31)
     top_p = number_arg("top_p", top_p, "a number in (0, 1] (1 = off)")
-    sampling = SamplingParams.create(temperature, top_k, top_p)
+    knobs = dict(min_p=number_arg("min_p", min_p, "a number in [0, 1] (0 = off)"),
+                 repetition_penalty=number_arg("repetition_penalty", repetition_penalty, "a number > 0 (1 = off)"),
+                 presence_penalty=number_arg("presence_penalty", presence_penalty, "a number in [-2, 2] (0 = off)"),
+                 frequency_penalty=number_arg("frequency_penalty", frequency_penalty, "a number in [-2, 2] (0 = off)"))
+    sampling = SamplingParams.create(temperature, top_k, top_p, **knobs)
+    if logprobs is not None:
+        logprobs = int_arg("logprobs", logprobs, f"None or an integer in [0, {MAX_LOGPROBS}] (the most likely "
+                           "tokens reported per token)", lambda n: 0 <= n <= MAX_LOGPROBS)
     choice = None
     if method == "auto" or (method == "lookahead" and method_options.get("window") == "auto"):
         _check_length(model, rows, max_new_tokens)  # before `auto` runs anything of that length
@@ -178,7 +190,7 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
         plain = lambda v: tuple(np.asarray(v).tolist()) if np.ndim(v) else np.asarray(v).item()  # noqa: E731
         generation = {k: plain(v) if is_array(v) or isinstance(v, (list, tuple)) else v
                       for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                       stop_at_eos=stop_at_eos, stop_ids=stop_ids).items()}
+                                       stop_at_eos=stop_at_eos, stop_ids=stop_ids, **knobs).items()}
         method, method_options, choice = _choose(model, prompt, rows, max_new_tokens, method, method_options,
                                                  generation)
     name, spec, options = resolve_method(method, model.config, method_options, model.drafters, model)
@@ -199,7 +211,8 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     longest = max(len(r) for r in rows)
 
     greedy = temperature == 0
-    engine = spec.engine(options, greedy)
+    engine = dataclasses.replace(spec.engine(options, greedy), penalties=penalized(**{
+        k: v for k, v in knobs.items() if k != "min_p"}), logprobs=-1 if logprobs is None else logprobs)
     # Bucketed shapes: nearby prompt lengths reuse one compiled program.
     p = _round_up(longest, 16)
     # Before the step's tree is built or anything compiled: refuse what cannot fit (one line).
@@ -276,22 +289,40 @@ def _output(model: Model, request: Request, state, stats: dict, seconds: float, 
     text = None
     if model.tokenizer is not None:
         text = [model.tokenizer.decode(t) for t in tokens]
+    logprobs = None
+    if state.logprobs is not None:
+        logprobs = [token_logprobs(state.logprobs, i, ids) for i, ids in enumerate(tokens)]
     return GenerateOutput(
         tokens=one(tokens), steps=one(steps), compression=one(compression), seconds=seconds,
         tokens_per_second=float(num.sum()) / max(seconds, 1e-9),
         method=request.name, compile_seconds=compile_seconds, text=None if text is None else one(text),
+        logprobs=None if logprobs is None else one(logprobs),
         options=request.options.as_dict(), extras=extras,
         memory={**request.memory.as_dict(), "compiled": compiled_memory},
         auto=None if request.auto is None else request.auto.as_dict(),
     )
 
 
+def token_logprobs(logprobs, row: int, tokens: list[int]) -> list[dict]:
+    """One row's per-token log-probabilities from a decode state's `TokenLogprobs`, as dicts."""
+    chosen, ids, top = (_host(x)[row] for x in (logprobs.chosen, logprobs.top_ids, logprobs.top))
+    return [{"token": t, "logprob": float(chosen[j]),
+             "top_logprobs": [(int(i), float(v)) for i, v in zip(ids[j], top[j])]} for j, t in enumerate(tokens)]
+
+
 def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "autoregressive",
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             stop_at_eos: bool = True, stop_ids: Sequence[int] = (), **method_options) -> GenerateOutput:
+             stop_at_eos: bool = True, stop_ids: Sequence[int] = (), *, min_p: float = 0.0,
+             repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+             logprobs: int | None = None, **method_options) -> GenerateOutput:
     """Generate with any registered method; the whole loop is one compiled `lax.while_loop`.
 
     `stop_ids`: token ids that end a row besides the model's EOS ids (e.g. a chat's end of turn).
+    `min_p` (sampling) and the penalties `repetition_penalty` (1 = off), `presence_penalty` and
+    `frequency_penalty` (0 = off) follow vLLM's definitions and apply identically in every
+    method, so each equals autoregressive decoding with the same values (greedy: token for token).
+    `logprobs=k` (0-20) reports each token's log-probability under the target and its k most likely
+    tokens (`.logprobs`).
     `method="auto"` picks the method and its options that decode fastest on this device, greedy
     unless another is measured to be clearly faster; `method="lookahead", window="auto"` picks
     (W, N, G); `.auto` of the output says what was chosen and why (`jaxspec.auto`).
@@ -300,7 +331,8 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
     calls this with the same arguments and gets the same output.
     """
     request = prepare(model, prompt, max_new_tokens, method, temperature, top_k, top_p, seed, stop_at_eos,
-                      stop_ids, **method_options)
+                      stop_ids, min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                      frequency_penalty=frequency_penalty, logprobs=logprobs, **method_options)
     key = request.compile_key("decode")
     program, compile_seconds = compile_cache.compiled_into(model.compiled, key, decode, request.args, request.statics)
     t0 = time.perf_counter()
@@ -373,13 +405,15 @@ class Stream:
 
 def stream(model: Model, prompt, max_new_tokens: int = 128, method: str = "autoregressive",
            temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-           stop_at_eos: bool = True, stop_ids: Sequence[int] = (), chunk_steps: int = 4,
-           **method_options) -> Stream:
+           stop_at_eos: bool = True, stop_ids: Sequence[int] = (), chunk_steps: int = 4, *, min_p: float = 0.0,
+           repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+           logprobs: int | None = None, **method_options) -> Stream:
     """Like `generate` for one prompt, but iterable: tokens come back every `chunk_steps` steps
     (one host sync per chunk). The tokens equal `generate`'s for the same arguments."""
     steps = int_arg("chunk_steps", chunk_steps, "an integer >= 1", lambda n: n >= 1)
     request = prepare(model, prompt, max_new_tokens, method, temperature, top_k, top_p, seed, stop_at_eos,
-                      stop_ids, **method_options)
+                      stop_ids, min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                      frequency_penalty=frequency_penalty, logprobs=logprobs, **method_options)
     if request.batched:
         raise PromptError("stream takes one prompt; use generate for a batch")
     return Stream(model, request, steps)

@@ -1,7 +1,11 @@
-"""One logits-warping function (temperature, top-k, top-p) shared by every decoding method.
+"""What the target's logits go through before a token is chosen, shared by every method:
+the penalties (repetition, presence, frequency: `penalize`), then the warping (temperature,
+top-k, top-p, min-p: `warp_logits`).
 
-Speculative methods compare the target's *warped* distribution with drafts, so all of them
-must warp identically; this module is the only place that does it.
+Speculative methods compare the target's *processed* distribution with drafts, so all of them
+must process identically; this module is the only place that does it. The penalties depend on
+the tokens before each position, so a method verifying a token tree applies them per block
+position with that position's own ancestors counted (`jaxspec.decoding.engine`).
 """
 
 from __future__ import annotations
@@ -10,11 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from jaxspec.errors import GenerationError
 
 NEG_INF = -jnp.inf
+MAX_LOGPROBS = 20  # the most likely tokens reported per generated token, at most (as OpenAI)
 
 
 @struct.dataclass
@@ -28,22 +33,57 @@ class SamplingParams:
     temperature: Float[Array, ""]
     top_k: Int[Array, ""]  # 0 = off
     top_p: Float[Array, ""]  # 1.0 = off
+    min_p: Float[Array, ""] = 0.0  # 0 = off: drop tokens below min_p x the top token's probability
+    # The penalties (vLLM's and OpenAI's definitions), read only by an engine built with
+    # `penalties=True`: repetition divides a positive logit (multiplies a negative one) of every
+    # token in the prompt or the output; frequency subtracts per occurrence in the output,
+    # presence once per token in the output.
+    repetition_penalty: Float[Array, ""] = 1.0  # 1 = off
+    presence_penalty: Float[Array, ""] = 0.0
+    frequency_penalty: Float[Array, ""] = 0.0
 
     @classmethod
-    def create(cls, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> "SamplingParams":
+    def create(cls, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+               repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
+               frequency_penalty: float = 0.0) -> "SamplingParams":
         if not temperature >= 0:
             raise GenerationError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
         if not (isinstance(top_k, int) and top_k >= 0):
             raise GenerationError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
         if not 0 < top_p <= 1:
             raise GenerationError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
+        if not 0 <= min_p <= 1:
+            raise GenerationError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
+        if not 0 < repetition_penalty <= 100:
+            raise GenerationError(f"repetition_penalty must be in (0, 100] (1 = off), got {repetition_penalty}")
+        for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
+            if not -2 <= value <= 2:
+                raise GenerationError(f"{name} must be in [-2, 2] (0 = off), got {value}")
         # (placed, not made by jnp: each jnp scalar would compile a tiny program at start-up)
-        return cls(temperature=jax.device_put(np.float32(temperature)), top_k=jax.device_put(np.int32(top_k)),
-                   top_p=jax.device_put(np.float32(top_p)))
+        f32 = lambda x: jax.device_put(np.float32(x))  # noqa: E731
+        return cls(temperature=f32(temperature), top_k=jax.device_put(np.int32(top_k)), top_p=f32(top_p),
+                   min_p=f32(min_p), repetition_penalty=f32(repetition_penalty),
+                   presence_penalty=f32(presence_penalty), frequency_penalty=f32(frequency_penalty))
+
+
+def penalized(repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0) -> bool:
+    """Whether these penalty values change anything (an engine applies penalties only if so)."""
+    return repetition_penalty != 1 or presence_penalty != 0 or frequency_penalty != 0
+
+
+def penalize(logits: Float[Array, "... vocab"], counts: Int[Array, "... vocab"], seen: Bool[Array, "... vocab"],
+             params: SamplingParams) -> Float[Array, "... vocab"]:
+    """The penalties on raw logits (float32): `counts` are each token's occurrences in the output
+    so far, `seen` the prompt's tokens. Repetition first, then frequency and presence (vLLM's order)."""
+    logits = logits.astype(jnp.float32)
+    r = params.repetition_penalty
+    repeated = seen | (counts > 0)
+    logits = jnp.where(repeated, jnp.where(logits > 0, logits / r, logits * r), logits)
+    return logits - params.frequency_penalty * counts - params.presence_penalty * (counts > 0)
 
 
 def warp_logits(logits: Float[Array, "... vocab"], params: SamplingParams) -> Float[Array, "... vocab"]:
-    """Temperature, then top-k, then top-p (nucleus); removed tokens get -inf. Float32.
+    """Temperature, then top-k, then top-p (nucleus), then min-p; removed tokens get -inf. Float32.
 
     The truncation sorts the whole vocabulary, which on a CPU costs more than the model's
     forward at a batch of 32 (SmolLM2: 0.52 -> 0.18 s per step), so it runs only where top-k or
@@ -51,7 +91,11 @@ def warp_logits(logits: Float[Array, "... vocab"], params: SamplingParams) -> Fl
     drop tail tokens whose cumulative mass rounds to 1.0)."""
     logits = logits.astype(jnp.float32) / jnp.maximum(params.temperature, 1e-6)
     truncating = (params.top_k > 0) | (params.top_p < 1)
-    return jax.lax.cond(truncating, _truncate, lambda x, _: x, logits, params)
+    logits = jax.lax.cond(truncating, _truncate, lambda x, _: x, logits, params)
+    # min-p (after top-k / top-p, as transformers): p < min_p * p_max, i.e. a logit below the
+    # top one + log(min_p); min_p = 0 gives -inf, keeping every token (no sort either way).
+    floor = jnp.max(logits, axis=-1, keepdims=True) + jnp.log(params.min_p)
+    return jnp.where(logits < floor, NEG_INF, logits)
 
 
 def _truncate(logits: Float[Array, "... vocab"], params: SamplingParams) -> Float[Array, "... vocab"]:

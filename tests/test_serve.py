@@ -156,8 +156,8 @@ def post(server, path, body) -> httpx.Response:
     ({"model": MODEL_ID, "prompt": "x", "top_p": 0}, 400, "top_p"),
     ({"model": MODEL_ID, "prompt": "x", "seed": -3}, 400, "seed"),
     ({"model": MODEL_ID, "prompt": "x", "stop": [1]}, 400, "stop"),
-    ({"model": MODEL_ID, "prompt": "x", "n": 2}, 400, "n"),
-    ({"model": MODEL_ID, "prompt": "x", "logprobs": 3}, 400, "logprobs"),
+    ({"model": MODEL_ID, "prompt": "x", "n": 5}, 400, "n"),  # (the server has 4 slots)
+    ({"model": MODEL_ID, "prompt": "x", "logprobs": 21}, 400, "logprobs"),
     ({"model": MODEL_ID, "prompt": "x", "frobnicate": 1}, 400, "frobnicate"),
     ({"model": MODEL_ID, "prompt": "x", "method": "telepathy"}, 400, "method"),
     ({"model": MODEL_ID, "prompt": "x", "method": "lookahead", "method_options": {"windw": 3}}, 400,

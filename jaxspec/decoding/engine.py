@@ -30,12 +30,12 @@ from jaxtyping import Array, Float, Int
 
 from jaxspec.decoding.prefill import concat_features, prefill
 from jaxspec.decoding.sources.base import Outcome, Start, Step
-from jaxspec.decoding.state import DecodeState, append
+from jaxspec.decoding.state import DecodeState, TokenLogprobs, append
 from jaxspec.decoding.tree import TokenTree
 from jaxspec.decoding.verify import Greedy
 from jaxspec.kv_cache import KVCache, commit, init_cache
 from jaxspec.model import Transformer
-from jaxspec.sampling import SamplingParams, next_token
+from jaxspec.sampling import SamplingParams, next_token, penalize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +45,15 @@ class Engine:
 
     sources: tuple = ()
     verifier: Any = Greedy()
+    # Logits processing (`jaxspec.sampling`) beyond warping: the penalties applied before every
+    # choice, and per generated token its log-probability and the `logprobs` most likely (-1: none).
+    penalties: bool = False
+    logprobs: int = -1
+
+    @property
+    def reads_logits(self) -> bool:
+        """Whether a step needs the block's logits (else the forward returns only their argmax)."""
+        return self.verifier.sampled or self.penalties or self.logprobs >= 0
 
     @functools.cached_property
     def tree(self) -> TokenTree:
@@ -95,6 +104,7 @@ class Chosen:
     path_hidden: Float[Array, "b e f"]
     observed: tuple  # per source: argmax at its observed tokens
     runs: Int[Array, "b s"] | None  # per source: its paths' longest accepted run (greedy)
+    logprobs: TokenLogprobs | None = None  # of the emitted tokens (an engine with logprobs)
 
 
 @struct.dataclass
@@ -103,6 +113,21 @@ class EngineState:
     sources: tuple
     block: Any  # the Block's own carry (lookahead parallelism: tokens awaiting their K/V)
     accept_histogram: Int[Array, "b e1"]  # steps that emitted k tokens
+
+
+def penalized_block(engine: Engine, logits: Float[Array, "b t v"], tokens: Int[Array, "b t"], decode: DecodeState,
+                    sampling: SamplingParams) -> Float[Array, "b t v"]:
+    """The penalties at every block position: the output so far (`decode`'s, the block's root
+    included) plus the position's own ancestors in the tree, itself included, as that position's
+    output; a chain verified this way equals the same tokens decoded one by one."""
+    batch, size = tokens.shape
+    vocab = logits.shape[-1]
+    counts = jnp.broadcast_to(decode.output_counts(vocab)[:, None], (batch, size, vocab))
+    position, ancestor = np.nonzero(engine.tree.relation()[:, 1:])
+    if len(position):
+        ids = jnp.clip(tokens[:, ancestor + 1], 0, vocab - 1)  # (padding drafts: any id, never accepted)
+        counts = counts.at[jnp.arange(batch)[:, None], position[None], ids].add(1)
+    return penalize(logits, counts, decode.seen[:, None], sampling)
 
 
 def source_runs(engine: Engine, accepted: Int[Array, "b k"], path_ids: np.ndarray) -> Int[Array, "b s"]:
@@ -127,13 +152,15 @@ class LocalBlock:
         tree, cache = engine.tree, decode.cache
         batch = tokens.shape[0]
         # Greedy verification reads only the argmax: the block's logits are never materialised.
-        sampled = engine.verifier.sampled
         out = model(tokens, cache.lengths[:, None] + jnp.asarray(tree.depths), tree.mask(batch), cache,
-                    hidden_layers=engine.hidden_layers, head="logits" if sampled else "argmax")
-        preds = jnp.argmax(out.logits, axis=-1).astype(jnp.int32) if sampled else out.preds  # [b, T]
+                    hidden_layers=engine.hidden_layers, head="logits" if engine.reads_logits else "argmax")
+        logits = out.logits
+        if engine.penalties:
+            logits = penalized_block(engine, logits, tokens, decode, sampling)
+        preds = jnp.argmax(logits, axis=-1).astype(jnp.int32) if engine.reads_logits else out.preds  # [b, T]
         paths, pred_idx = tree.paths, tree.pred_idx
         path_tokens = jnp.where(paths >= 0, tokens[:, np.maximum(paths, 0)], -1)  # [b, K, P]
-        verdict = engine.verifier(key, path_tokens, valid, out.logits, preds, pred_idx, q, sampling)
+        verdict = engine.verifier(key, path_tokens, valid, logits, preds, pred_idx, q, sampling)
         hidden = concat_features(out.hidden_states, batch, tokens.shape[1])  # f = 0 unless a source asks
         if len(paths) == 1:  # one path (greedy, speculative, Jacobi): its block indices are constants
             lo, n = int(pred_idx[0, 0]), pred_idx.shape[1]
@@ -149,10 +176,14 @@ class LocalBlock:
         runs = None
         if engine.needs_runs:
             runs = source_runs(engine, verdict.accepted, np.arange(len(paths)))
+        logprobs = None
+        if engine.logprobs >= 0:  # the target's own distribution where each emitted token was chosen
+            logprobs = TokenLogprobs.of(jnp.take_along_axis(out.logits, take[..., None], axis=1), verdict.emitted,
+                                        engine.logprobs)
         chosen = Chosen(best=verdict.best, n_acc=verdict.n_acc, emitted=verdict.emitted,
                         path_preds=path_preds, path_hidden=path_hidden,
                         observed=tuple(preds[:, tree.observed(i)] for i in range(len(engine.sources))),
-                        runs=runs)
+                        runs=runs, logprobs=logprobs)
         return chosen, cache, carry
 
 
@@ -168,9 +199,16 @@ def start(engine: Engine, model: Transformer, weights: tuple, block, prompts: In
         rng, init_key, first_key = jax.random.split(rng, 3)
     else:
         rng, first_key = jax.random.split(rng)
+    seen = None
+    raw = logits
+    if engine.penalties:  # (no output yet: only the repetition penalty on the prompt's tokens)
+        real = jnp.arange(prompts.shape[1])[None, :] < prompt_lengths[:, None]
+        seen = jnp.zeros(logits.shape, jnp.int32).at[jnp.arange(batch)[:, None], prompts].add(real) > 0
+        logits = penalize(logits, jnp.zeros(logits.shape, jnp.int32), seen, sampling)
     first = next_token(logits, first_key, sampling, greedy)
-    decode = DecodeState.start(batch, max_new_tokens, cache, rng)
-    decode, _ = append(decode, first[:, None], jnp.ones((batch,), jnp.int32), eos_ids)
+    decode = DecodeState.start(batch, max_new_tokens, cache, rng, seen=seen, top_logprobs=engine.logprobs)
+    first_logprobs = None if engine.logprobs < 0 else TokenLogprobs.of(raw[:, None], first[:, None], engine.logprobs)
+    decode, _ = append(decode, first[:, None], jnp.ones((batch,), jnp.int32), eos_ids, first_logprobs)
     decode = decode.replace(steps=jnp.ones((batch,), jnp.int32))
     begin = Start(prompts=prompts, prompt_lengths=prompt_lengths, first=first, hidden=hidden, key=init_key,
                   vocab_size=model.config.vocab_size, max_new_tokens=max_new_tokens, cache_len=cache_len,
@@ -206,7 +244,7 @@ def step(engine: Engine, model: Transformer, weights: tuple, block, state: Engin
     chosen, cache, carry = block.step(engine, model, tokens, decode, valid, q, verify_key, sampling, state.block)
 
     count = jnp.where(active, chosen.n_acc + 1, 0)
-    decode, kept = append(decode.replace(cache=cache, rng=rng), chosen.emitted, count, eos_ids)
+    decode, kept = append(decode.replace(cache=cache, rng=rng), chosen.emitted, count, eos_ids, chosen.logprobs)
     decode = decode.replace(steps=decode.steps + active)
 
     outcome = Outcome(last=last, emitted=chosen.emitted, n_acc=chosen.n_acc, kept=kept, active=active,

@@ -293,6 +293,9 @@ def _check(engine: Engine) -> None:
     if engine.verifier.sampled:
         raise GenerationError("lookahead parallelism (lp_devices > 1) supports greedy decoding only; "
                               "use temperature 0, or lp_devices=1 to sample")
+    if engine.penalties or engine.logprobs >= 0:
+        raise GenerationError("lookahead parallelism (lp_devices > 1) applies no penalties and reports no "
+                              "logprobs; use lp_devices=1 for them")
 
 
 def _on_lp_mesh(fn, lp_devices: int, tensor_parallel: int, *args):

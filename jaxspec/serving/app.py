@@ -22,6 +22,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import hmac
+import itertools
 import json
 import logging
 import secrets
@@ -165,19 +166,24 @@ class Server:
                         f"{client.host}:{client.port}" if client else "a client")
             return JSONResponse({}, status_code=499)
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-        job = Job(prompt=parsed.prompt, limit=parsed.limit, seed=parsed.seed, sampling=parsed.sampling,
-                  plan=parsed.plan, deliver=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
-                  stop_strings=parsed.stop_strings, stop_ids=parsed.stop_ids)
+        events: asyncio.Queue = asyncio.Queue()  # (choice index, event) of every choice's job
+        # n choices: n jobs, each in its own slot, with seeds seed, seed + 1, ... (2**32 wraps)
+        jobs = [Job(prompt=parsed.prompt, limit=parsed.limit, seed=(parsed.seed + i) % 2**32,
+                    sampling=parsed.sampling, plan=parsed.plan,
+                    deliver=lambda ev, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, ev)),
+                    stop_strings=parsed.stop_strings, stop_ids=parsed.stop_ids) for i in range(parsed.n)]
         try:
-            self.scheduler.submit(job)
+            for job in jobs:
+                self.scheduler.submit(job)
         except RuntimeError as e:
+            for job in jobs:
+                self.scheduler.cancel(job)
             return _error(ApiError(503, str(e), kind="server_error", code="shutting_down"))
         ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         if parsed.stream:
-            return StreamingResponse(self._stream(job, parsed, events, ident), media_type="text/event-stream",
+            return StreamingResponse(self._stream(jobs, parsed, events, ident), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return await self._whole(request, job, parsed, events, ident)
+        return await self._whole(request, jobs, parsed, events, ident)
 
     async def _body(self, request: Request) -> bytes:
         """The body, at most `max_body_bytes` (413), within `body_timeout_s` (408)."""
@@ -220,69 +226,111 @@ class Server:
                 "time_to_first_token": round(finish.stats["time_to_first_token"], 6),
                 "seconds": round(finish.stats["seconds"], 6)}
 
-    def _usage(self, parsed: Parsed, finish: Finish) -> dict:
-        n = len(finish.token_ids)
+    def _usage(self, parsed: Parsed, finishes: list[Finish]) -> dict:
+        n = sum(len(f.token_ids) for f in finishes)
         return {"prompt_tokens": len(parsed.prompt), "completion_tokens": n, "total_tokens": len(parsed.prompt) + n}
+
+    def _logprobs(self, parsed: Parsed, ids: list[int], logprobs, context: list[int], offset: int = 0):
+        """OpenAI's logprobs object for `ids` (chat: `{"content": [...]}`; a completion: the
+        legacy `tokens` / `token_logprobs` / `top_logprobs` / `text_offset`), or None when the
+        request asked for none. Each token's text is what it adds after the tokens before it."""
+        if parsed.logprobs is None or logprobs is None:
+            return None
+        chosen, top_ids, top = logprobs
+        k = parsed.logprobs
+        pieces = token_pieces(self.model.tokenizer, context, ids, top_ids[:, :k])
+        if parsed.chat:
+            entry = lambda text, value: {"token": text, "logprob": float(value),  # noqa: E731
+                                         "bytes": list(text.encode("utf-8"))}
+            return {"content": [{**entry(text, chosen[j]), "top_logprobs": [entry(t, v) for t, v in zip(alts, top[j])]}
+                                for j, (text, alts) in enumerate(pieces)]}
+        offsets = list(itertools.accumulate([len(text) for text, _ in pieces], initial=offset))[:-1]
+        return {"tokens": [text for text, _ in pieces], "token_logprobs": [float(v) for v in chosen],
+                "top_logprobs": [{t: float(v) for t, v in zip(alts, top[j])} for j, (_, alts) in enumerate(pieces)],
+                "text_offset": offsets}
 
     def _head(self, ident: str, chat: bool, chunk: bool) -> dict:
         kind = ("chat.completion" if chat else "text_completion") + (".chunk" if chunk and chat else "")
         return {"id": ident, "object": kind, "created": int(time.time()), "model": self.settings.model_id}
 
-    async def _whole(self, request: Request, job: Job, parsed: Parsed, events: asyncio.Queue, ident: str):
-        while True:
+    async def _whole(self, request: Request, jobs: list[Job], parsed: Parsed, events: asyncio.Queue, ident: str):
+        finishes: dict[int, Finish] = {}
+        while len(finishes) < len(jobs):
             try:
-                event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+                i, event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
-                    self.scheduler.cancel(job)
+                    for job in jobs:
+                        self.scheduler.cancel(job)
                     return JSONResponse({}, status_code=499)
                 continue
             if isinstance(event, Failure):
+                for job in jobs:
+                    self.scheduler.cancel(job)
                 return _error(ApiError(500, event.message, kind="server_error"))
             if isinstance(event, Finish):
-                break
-        choice = {"index": 0, "finish_reason": event.reason, "logprobs": None}
-        if parsed.chat:
-            choice["message"] = {"role": "assistant", "content": event.text}
-        else:
-            choice["text"] = event.text
-        return JSONResponse({**self._head(ident, parsed.chat, False), "choices": [choice],
-                             "usage": self._usage(parsed, event), "jaxspec": self._extension(job, parsed, event)})
+                finishes[i] = event
+        choices = []
+        for i, job in enumerate(jobs):
+            event = finishes[i]
+            choice = {"index": i, "finish_reason": event.reason,
+                      "logprobs": self._logprobs(parsed, event.token_ids, event.logprobs, parsed.prompt)}
+            if parsed.chat:
+                choice["message"] = {"role": "assistant", "content": event.text}
+            else:
+                choice["text"] = event.text
+            if len(jobs) > 1:  # (each choice's own; the top-level extension is the first's)
+                choice["jaxspec"] = self._extension(job, parsed, event)
+            choices.append(choice)
+        return JSONResponse({**self._head(ident, parsed.chat, False), "choices": choices,
+                             "usage": self._usage(parsed, list(finishes.values())),
+                             "jaxspec": self._extension(jobs[0], parsed, finishes[0])})
 
-    async def _stream(self, job: Job, parsed: Parsed, events: asyncio.Queue, ident: str):
-        def chunk(text: str | None, reason: str | None = None, role: bool = False, **extra) -> str:
+    async def _stream(self, jobs: list[Job], parsed: Parsed, events: asyncio.Queue, ident: str):
+        def chunk(i: int, text: str | None, reason: str | None = None, role: bool = False, logprobs=None,
+                  **extra) -> str:
             if parsed.chat:
                 delta = {} if text is None else {"content": text}
                 if role:
                     delta = {"role": "assistant", **delta}
-                choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+                choice = {"index": i, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
             else:
-                choice = {"index": 0, "text": text or "", "finish_reason": reason, "logprobs": None}
+                choice = {"index": i, "text": text or "", "finish_reason": reason, "logprobs": logprobs}
             return _sse({**self._head(ident, parsed.chat, True), "choices": [choice], **extra})
 
-        finished = False
+        finishes: dict[int, Finish] = {}
+        sent: dict[int, list[int]] = {i: [] for i in range(len(jobs))}  # each choice's tokens so far
         try:
             if parsed.chat:
-                yield chunk("", role=True)  # the role first, as OpenAI does
-            while True:
-                event = await events.get()
+                for i in range(len(jobs)):
+                    yield chunk(i, "", role=True)  # the role first, as OpenAI does
+            while len(finishes) < len(jobs):
+                i, event = await events.get()
                 if isinstance(event, Delta):
-                    if event.text:
-                        yield chunk(event.text)
+                    offset = len(self.model.tokenizer.decode(sent[i])) if self.model.tokenizer and sent[i] else 0
+                    logprobs = self._logprobs(parsed, event.token_ids, event.logprobs, parsed.prompt + sent[i],
+                                              offset)
+                    sent[i] += event.token_ids
+                    if event.text or logprobs:
+                        yield chunk(i, event.text, logprobs=logprobs)
                     continue
-                finished = True
                 if isinstance(event, Finish):
-                    yield chunk(None, event.reason, jaxspec=self._extension(job, parsed, event))
-                    if parsed.include_usage:
-                        yield _sse({**self._head(ident, parsed.chat, True), "choices": [],
-                                    "usage": self._usage(parsed, event)})
-                else:
-                    yield _sse(ApiError(500, event.message, kind="server_error").body())
+                    finishes[i] = event
+                    yield chunk(i, None, event.reason, jaxspec=self._extension(jobs[i], parsed, event))
+                    continue
+                for job in jobs:
+                    self.scheduler.cancel(job)
+                yield _sse(ApiError(500, event.message, kind="server_error").body())
                 yield "data: [DONE]\n\n"
                 return
+            if parsed.include_usage:
+                yield _sse({**self._head(ident, parsed.chat, True), "choices": [],
+                            "usage": self._usage(parsed, list(finishes.values()))})
+            yield "data: [DONE]\n\n"
         finally:
-            if not finished:  # the client went away (the response was cancelled or closed)
-                self.scheduler.cancel(job)
+            if len(finishes) < len(jobs):  # the client went away (the response was cancelled or closed)
+                for job in jobs:
+                    self.scheduler.cancel(job)
 
     # ----------------------------------------------------------------------------- app
     def app(self) -> "Starlette":
@@ -303,6 +351,22 @@ class Server:
 
         return Guard(Starlette(routes=routes, exception_handlers={HTTPException: not_found, Exception: internal},
                                lifespan=lifespan), self.limits)
+
+
+def token_pieces(tokenizer, context: list[int], ids: list[int], alternatives) -> list[tuple[str, list[str]]]:
+    """Per token of `ids` (after `context`): the text it adds, and the text each of its
+    `alternatives` row would have added in its place. Decoded after the few tokens before it, so
+    a leading space or a character split over byte tokens comes out as in the whole text."""
+    if tokenizer is None:
+        return [(str(t), [str(int(a)) for a in alts]) for t, alts in zip(ids, alternatives)]
+    tokens = list(context) + list(ids)
+    out = []
+    for j, (t, alts) in enumerate(zip(ids, alternatives)):
+        before = tokens[max(0, len(context) + j - 4):len(context) + j]
+        base = tokenizer.decode(before)
+        piece = lambda x: tokenizer.decode(before + [int(x)])[len(base):]  # noqa: E731
+        out.append((piece(t), [piece(a) for a in alts]))
+    return out
 
 
 def _sse(payload: dict) -> str:

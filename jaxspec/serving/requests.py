@@ -3,11 +3,13 @@
 Every check a request can fail raises `ApiError` (an HTTP status and OpenAI's
 `{"error": {"message", "type", "param", "code"}}`); nothing a client sends reaches the
 scheduler unchecked. Fields OpenAI defines that jaxspec does not implement are accepted at
-their neutral value (`n = 1`, penalties 0, no logprobs) and refused otherwise; unknown fields
-are refused, as OpenAI's API does.
+their neutral value and refused otherwise; unknown fields are refused, as OpenAI's API does.
+`n` choices decode in n slots; the penalties, `min_p` and `logprobs` apply identically under
+every method (`jaxspec.sampling`), so each answer is the one autoregressive decoding gives.
 
-Extensions (beside OpenAI's fields): `top_k`, `stop_token_ids`, `ignore_eos`, and `method` +
-`method_options` (a decoding method for this request, otherwise the server's).
+Extensions (beside OpenAI's fields): vLLM's `top_k`, `min_p`, `repetition_penalty`,
+`stop_token_ids`, `ignore_eos`, and `method` + `method_options` (a decoding method for this
+request, otherwise the server's).
 """
 
 from __future__ import annotations
@@ -21,16 +23,17 @@ from jaxspec.chat import chat_prompt
 from jaxspec.errors import GenerationError, JaxspecError, MemoryLimitError
 from jaxspec.inputs import normalize_prompts
 from jaxspec.methods import ALIASES, METHODS, bind, resolve_method
-from jaxspec.sampling import SamplingParams
+from jaxspec.sampling import MAX_LOGPROBS, SamplingParams, penalized
 from jaxspec.serving.scheduler import Plan, random_seed
 
 COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "n",
                  "stream", "stream_options", "user", "presence_penalty", "frequency_penalty", "logprobs",
-                 "logit_bias", "ignore_eos", "method", "method_options"}
+                 "logit_bias", "ignore_eos", "method", "method_options", "min_p", "repetition_penalty"}
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
                                "tool_choice", "parallel_tool_calls"}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "best_of", "suffix"}
 MAX_STOPS = 4  # as OpenAI
+MAX_CHOICES = 8  # n: each choice takes a slot
 BOOL_OPTIONS = ("pool_from_prompt", "verify_window", "target_features")  # method options that are true/false
 
 
@@ -79,6 +82,8 @@ class Parsed:
     stream: bool
     include_usage: bool
     chat: bool
+    n: int = 1  # choices, each decoded in its own slot (seeds seed, seed + 1, ...)
+    logprobs: int | None = None  # top tokens reported per token (None: no logprobs)
 
 
 def _typed(body: dict, name: str, kinds, what: str, default=None):
@@ -141,16 +146,18 @@ class Requests:
         self.model, self.settings, self.eos_ids = model, settings, eos_ids
         self._plans: dict[tuple, Plan] = {}
 
-    def plan(self, method: str, options: dict, greedy: bool, ignore_eos: bool) -> Plan:
+    def plan(self, method: str, options: dict, greedy: bool, ignore_eos: bool, penalties: bool = False,
+             logprobs: bool = False) -> Plan:
         """The decoding plan (engine, weights), checked against the memory guard once per plan.
 
         At most `max_plans` distinct plans are ever made (each is a program compiled on the
         scheduler thread, which stalls the running streams while it compiles): past that a new
         one is refused before anything is resolved, loaded or compiled."""
-        key = (method, tuple(sorted(options.items())), greedy, ignore_eos)
+        key = (method, tuple(sorted(options.items())), greedy, ignore_eos, penalties, logprobs)
         if key not in self._plans and len(self._plans) >= self.settings.max_plans:
             raise ApiError(400, f"this server decodes with at most {self.settings.max_plans} method settings "
-                           "(method, method_options, greedy or sampled, ignore_eos) and has them all; use one "
+                           "(method, method_options, greedy or sampled, ignore_eos, penalties on or off, "
+                           "logprobs or not) and has them all; use one "
                            "already in use or the server's default (no method)", "method_options",
                            "too_many_method_settings")
         if key not in self._plans:
@@ -158,7 +165,9 @@ class Requests:
             name, spec, resolved = resolve_method(method, model.config, options, model.drafters, model)
             if getattr(resolved, "lp_devices", 1) > 1:
                 raise GenerationError("lp_devices: jaxspec serve decodes on one device (no lookahead parallelism)")
-            engine = spec.engine(resolved, greedy)
+            # (logprobs: one program reports the most a request may ask for; each answer keeps its own)
+            engine = dataclasses.replace(spec.engine(resolved, greedy), penalties=penalties,
+                                         logprobs=MAX_LOGPROBS if logprobs else -1)
             what = f"{memory.describe(name, resolved, s.slots, s.context)} (the server's slots x context)"
             memory.guard_options(model, engine, what, s.slots, s.context, s.context)
             graphdef, params = bind(model, engine, resolved)
@@ -180,12 +189,10 @@ class Requests:
         if name != s.model_id:
             raise ApiError(404, f"the model {name!r} does not exist; this server serves {s.model_id!r}", "model",
                            "model_not_found")
-        _integer(body, "n", 1, 1, 1, "1 (one choice per request)")
-        for field, neutral, why in (("presence_penalty", 0, "penalties change the distribution"),
-                                    ("frequency_penalty", 0, "penalties change the distribution"),
-                                    ("logprobs", False if chat else 0, "log-probabilities are not returned"),
-                                    ("top_logprobs", 0, "log-probabilities are not returned"),
-                                    ("echo", False, "the prompt is not echoed"), ("best_of", 1, "one candidate"),
+        n = _integer(body, "n", 1, 1, min(MAX_CHOICES, s.slots),
+                     f"an integer in [1, {min(MAX_CHOICES, s.slots)}] (each choice takes a slot)")
+        logprobs = self._logprobs(body, chat)
+        for field, neutral, why in (("echo", False, "the prompt is not echoed"), ("best_of", 1, "one candidate"),
                                     ("suffix", "", "no insertion"), ("logit_bias", {}, "logits are not biased"),
                                     ("tools", [], "no tool calls"), ("tool_choice", "none", "no tool calls")):
             _neutral(body, field, neutral, why)
@@ -226,6 +233,11 @@ class Requests:
         temperature = _number(body, "temperature", s.temperature, 0, 2, "a number in [0, 2]")
         top_p = _number(body, "top_p", 1.0, 1e-9, 1, "a number in (0, 1]")
         top_k = _integer(body, "top_k", 0, 0, 2**31 - 1, "an integer in [0, 2**31) (0 = off)")
+        knobs = dict(min_p=_number(body, "min_p", 0.0, 0, 1, "a number in [0, 1] (0 = off)"),
+                     repetition_penalty=_number(body, "repetition_penalty", 1.0, 1e-6, 100,
+                                                "a number in (0, 100] (1 = off)"),
+                     presence_penalty=_number(body, "presence_penalty", 0.0, -2, 2, "a number in [-2, 2]"),
+                     frequency_penalty=_number(body, "frequency_penalty", 0.0, -2, 2, "a number in [-2, 2]"))
         seed = _integer(body, "seed", None, 0, 2**32 - 1, "an integer in [0, 2**32)")
         seed = random_seed() if seed is None else seed
         stops = body.get("stop")
@@ -256,8 +268,9 @@ class Requests:
             method = s.method
             method_options = {**dict(s.method_options), **method_options}
         try:
-            plan = self.plan(method, method_options, temperature == 0, ignore_eos)
-            sampling = SamplingParams.create(temperature, top_k, top_p)
+            penalties = penalized(**{k: v for k, v in knobs.items() if k != "min_p"})
+            plan = self.plan(method, method_options, temperature == 0, ignore_eos, penalties, logprobs is not None)
+            sampling = SamplingParams.create(temperature, top_k, top_p, **knobs)
         except MemoryLimitError as e:
             raise bad(f"not enough memory for this method on this server: {e}", "method",
                       "insufficient_memory") from None
@@ -266,7 +279,19 @@ class Requests:
             raise bad(str(e), "method_options" if known else "method") from None
         return Parsed(prompt=prompt, limit=limit, seed=seed, sampling=sampling, plan=plan,
                       stop_strings=tuple(stops), stop_ids=frozenset(stop_ids), stream=stream,
-                      include_usage=bool(options.get("include_usage", False)), chat=chat)
+                      include_usage=bool(options.get("include_usage", False)), chat=chat, n=n, logprobs=logprobs)
+
+    @staticmethod
+    def _logprobs(body: dict, chat: bool) -> int | None:
+        """The top tokens to report per token, None for no logprobs: chat's `logprobs` (true/false)
+        + `top_logprobs`, a completion's `logprobs` (a count, as OpenAI's legacy API)."""
+        if chat:
+            wanted = _typed(body, "logprobs", bool, "true or false", False)
+            top = _integer(body, "top_logprobs", None, 0, MAX_LOGPROBS, f"an integer in [0, {MAX_LOGPROBS}]")
+            if top is not None and not wanted:
+                raise bad("top_logprobs needs logprobs: true", "top_logprobs")
+            return (top or 0) if wanted else None
+        return _integer(body, "logprobs", None, 0, MAX_LOGPROBS, f"an integer in [0, {MAX_LOGPROBS}]")
 
     def _drafter(self, value) -> str:
         """A request's drafter: a shipped drafter's name or one the operator listed

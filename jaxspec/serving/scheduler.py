@@ -46,6 +46,7 @@ class Plan:
 class Delta:
     text: str
     token_ids: list[int]
+    logprobs: tuple | None = None  # a plan with logprobs: (chosen [n], top ids [n, k], top [n, k]) of token_ids
 
 
 @dataclasses.dataclass
@@ -54,6 +55,7 @@ class Finish:
     text: str
     token_ids: list[int]
     stats: dict
+    logprobs: tuple | None = None  # as Delta's, of every token in token_ids
 
 
 @dataclasses.dataclass
@@ -282,11 +284,18 @@ class Scheduler:
                          "seconds": time.perf_counter() - job.created,
                          "time_to_first_token": (job.first_token_at or time.perf_counter()) - job.created}
                 if len(text) > job.sent_text or len(ids) > job.sent_tokens:
-                    job.deliver(Delta(text[job.sent_text:], ids[job.sent_tokens:]))
-                job.deliver(Finish(reason=reason, text=text, token_ids=ids, stats=stats))
+                    job.deliver(Delta(text[job.sent_text:], ids[job.sent_tokens:],
+                                      _logprobs(view, job.sent_tokens, len(ids))))
+                job.deliver(Finish(reason=reason, text=text, token_ids=ids, stats=stats,
+                                   logprobs=_logprobs(view, 0, len(ids))))
             elif len(text) > job.sent_text:
-                job.deliver(Delta(text[job.sent_text:], ids[job.sent_tokens:]))
+                job.deliver(Delta(text[job.sent_text:], ids[job.sent_tokens:],
+                                  _logprobs(view, job.sent_tokens, len(ids))))
                 job.sent_text, job.sent_tokens = len(text), len(ids)
+
+
+def _logprobs(view, start: int, stop: int) -> tuple | None:
+    return None if view.logprobs is None else tuple(x[start:stop] for x in view.logprobs)
 
 
 def random_seed() -> int:

@@ -137,6 +137,8 @@ class SlotView:
     tokens: np.ndarray  # [num] generated ids so far
     done: bool
     steps: int  # model forwards while the row was active (prefill included)
+    # an engine with logprobs: per token, its log-probability, the top ids and theirs ([num], [num, k] x 2)
+    logprobs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 class SlotGroup:
@@ -154,8 +156,9 @@ class SlotGroup:
         self.compile_seconds = 0.0
         self._programs: dict[Any, Any] = {}
         self._sampling0 = SamplingParams.create()
-        # Greedy verification reads no randomness: the engine's own batch is exact per row.
-        self.per_row = engine.verifier.sampled
+        # Greedy verification reads no randomness and no knob: the engine's own batch is exact
+        # per row. Sampling and penalties read each row's own knobs (and sampling its own key).
+        self.per_row = engine.verifier.sampled or engine.penalties
         self.row_shapes = self._shapes(1, self.cache_len)
         # Each leaf's row axis (where its shape at batch 2 differs from batch 1) and cache
         # axis (where it differs at another cache length); -1 where it has none.
@@ -178,7 +181,7 @@ class SlotGroup:
         self.state = state.replace(decode=state.decode.replace(done=jnp.ones_like(state.decode.done)))
         self.limit = np.zeros(slots, np.int32)
         self.prompt_len = np.zeros(slots, np.int32)
-        self.sampling = {k: np.zeros(slots, v.dtype) for k, v in _fields(self._sampling0)}
+        self.sampling = {k: np.full(slots, v) for k, v in _fields(self._sampling0)}  # (free slots: neutral)
 
     def _shapes(self, batch: int, cache_len: int):
         """The loop state's shapes for `batch` rows at the widest prompt bucket."""
@@ -306,10 +309,16 @@ class SlotGroup:
         d = self.state.decode
         tokens, num, done, steps = (np.asarray(x).reshape(self.slots, -1)
                                     for x in jax.device_get((d.tokens, d.num_generated, d.done, d.steps)))
+        logprobs = None
+        if d.logprobs is not None:  # (the same host sync)
+            lp = d.logprobs
+            logprobs = [np.asarray(x).reshape((self.slots, -1) + x.shape[x.ndim - extra:])
+                        for x, extra in zip(jax.device_get((lp.chosen, lp.top_ids, lp.top)), (0, 1, 1))]
         views = []
         for i in range(self.slots):
             n = min(int(num[i, 0]), int(self.limit[i]))
             self.used[i] = self._reach(int(self.prompt_len[i]), int(num[i, 0]))
             views.append(SlotView(tokens=np.array(tokens[i, :n]), done=bool(done[i, 0]) or n >= self.limit[i],
-                                  steps=int(steps[i, 0])))
+                                  steps=int(steps[i, 0]),
+                                  logprobs=None if logprobs is None else tuple(np.array(x[i, :n]) for x in logprobs)))
         return views
