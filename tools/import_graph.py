@@ -1,0 +1,177 @@
+"""The import structure of `jaxspec`: fails on an import cycle or an arrow back up a layer.
+
+    python tools/import_graph.py [--root .] [--json]
+
+Reads every module under `jaxspec/` with `ast` (nothing is imported) and builds two graphs:
+module-level imports, and all imports (those inside functions too, which is how a cycle is
+usually hidden). It fails (exit 1, one line per problem) on
+
+* a cycle among module-level imports;
+* a cycle among all imports that is not in KNOWN_LAZY_CYCLES (each one there is a debt with
+  the issue that removes it);
+* an arrow back up: a module of a lower layer (LAYERS) importing one of a higher layer, except
+  the pairs in KNOWN_UPWARD (same: debts, named).
+
+CI runs it (.ci/run); tests/test_import_graph.py checks that it catches each kind on a
+synthetic package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from pathlib import Path
+
+# Lower layers first; a module may import its own layer and the ones before it. A package
+# name covers its modules; modules not listed are the top (the API: generate, chat, cli, ...).
+LAYERS = (
+    ("errors", "config", "progress"),  # foundations
+    ("kv_cache", "masks", "attention", "model", "tensor_parallel"),  # the model
+    ("sampling", "ngram_pool", "exactness", "decoding", "parallel", "methods"),  # decoding: no file I/O
+    ("checkpoint", "tokenizer", "chat_template", "loading", "drafter", "pard_format", "real_prompts"),  # files
+    ("compile_cache", "memory", "perf", "auto_store", "auto"),  # runtime
+    ("inputs", "generate", "chat"),  # the API (and the package's own `jaxspec.*` names)
+    ("serving", "train", "cli"),  # applications
+)
+API_LAYER = 5
+# Debts issue 43 removes: decoding/ resolving drafters and configs from files.
+KNOWN_UPWARD = {
+    ("jaxspec.decoding.options", "jaxspec.drafter"),
+    ("jaxspec.decoding.options", "jaxspec.loading"),
+    ("jaxspec.decoding.options", "jaxspec.parallel"),
+    ("jaxspec.decoding.sources.drafter", "jaxspec.drafter"),
+    ("jaxspec.auto", "jaxspec"),  # auto times the methods through generate (its own programs: issue 43)
+    ("jaxspec.drafter", "jaxspec.compile_cache"),  # the draft head's rows through the program cache
+}
+KNOWN_LAZY_CYCLES = {
+    frozenset({"jaxspec", "jaxspec.auto", "jaxspec.chat", "jaxspec.generate"}),  # auto times generate
+    frozenset({"jaxspec.drafter", "jaxspec.pard_format"}),  # the authors' format loads and saves drafters
+}
+
+
+def modules(root: Path, package: str = "jaxspec") -> dict[str, Path]:
+    found = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> tuple[set[str], set[str]]:
+    """(module-level imports, all imports) of one module, as names of modules in `known`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def targets(node) -> list[str]:
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        out = []
+        for n in names:
+            while n and n not in known:
+                n = n.rpartition(".")[0]
+            if n and n != name:
+                out.append(n)
+        return out
+
+    top_level: set[str] = set()
+    everything: set[str] = set()
+    body = list(tree.body)
+    while body:  # module level, including under `if` / `try` (not in functions or classes)
+        node = body.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            top_level.update(targets(node))
+        elif isinstance(node, (ast.If, ast.Try)):
+            body += node.body + node.orelse + getattr(node, "finalbody", []) + [
+                n for h in getattr(node, "handlers", []) for n in h.body]
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            everything.update(targets(node))
+    return top_level, everything
+
+
+def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(frozenset(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def layer(name: str, package: str = "jaxspec") -> int:
+    parts = name.split(".")
+    if name == package:
+        return API_LAYER
+    for i, names in enumerate(LAYERS):
+        if len(parts) > 1 and parts[1] in names:
+            return i
+    return len(LAYERS)
+
+
+def problems(root: Path, package: str = "jaxspec", known_upward=KNOWN_UPWARD,
+             known_cycles=KNOWN_LAZY_CYCLES) -> tuple[list[str], dict]:
+    known = modules(root, package)
+    top, every = {}, {}
+    for name, path in known.items():
+        top[name], every[name] = imports(name, path, known)
+    found = [f"import cycle at module level: {' <-> '.join(sorted(c))}" for c in cycles(top)]
+    found += [f"import cycle through imports inside functions: {' <-> '.join(sorted(c))}"
+              for c in cycles(every) if c not in known_cycles and c not in cycles(top)]
+    for a in sorted(every):
+        for b in sorted(every[a]):
+            if layer(b, package) > layer(a, package) and (a, b) not in known_upward:
+                found.append(f"arrow back up: {a} (layer {layer(a, package)}) imports {b} (layer {layer(b, package)})")
+    return found, {name: sorted(every[name]) for name in sorted(every)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", default=str(Path(__file__).resolve().parents[1]), help="the repository folder")
+    parser.add_argument("--json", action="store_true", help="print the graph (module -> imports) as JSON")
+    args = parser.parse_args(argv)
+    found, graph = problems(Path(args.root))
+    if args.json:
+        print(json.dumps({"problems": found, "imports": graph}, indent=1))
+    else:
+        for line in found:
+            print(line)
+        print(f"{len(graph)} modules, {sum(map(len, graph.values()))} imports: "
+              + ("no cycle, no arrow back up" if not found else f"{len(found)} problem(s)"))
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
