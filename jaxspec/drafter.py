@@ -178,12 +178,6 @@ def default_target_layers(num_layers: int) -> tuple[int, ...]:
     return tuple(sorted({max(num_layers - k, 0) for k in (-i for i in PAPER_TARGET_LAYERS)}))
 
 
-def embed_offset(projection: Float[Array, "f d"], features: Float[Array, "b t f"], scale: float
-                 ) -> Float[Array, "b t d"]:
-    """What target-dependent mode adds to the drafter's input embeddings."""
-    return scale * jnp.einsum("btf,fd->btd", features.astype(jnp.float32), projection.astype(jnp.float32))
-
-
 def _pard_entry(folder: Path) -> dict:
     try:
         return json.loads((folder / "config.json").read_text())["pard"]

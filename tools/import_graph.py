@@ -41,7 +41,6 @@ KNOWN_UPWARD = {
     ("jaxspec.decoding.options", "jaxspec.drafter"),
     ("jaxspec.decoding.options", "jaxspec.loading"),
     ("jaxspec.decoding.options", "jaxspec.parallel"),
-    ("jaxspec.decoding.sources.drafter", "jaxspec.drafter"),
     ("jaxspec.auto", "jaxspec"),  # auto times the methods through generate (its own programs: issue 43)
     ("jaxspec.drafter", "jaxspec.compile_cache"),  # the draft head's rows through the program cache
 }

@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from jaxspec.drafter import embed_offset, head_rows
+from jaxspec.decoding.sources.drafter import embed_offset
+from jaxspec.drafter import head_rows
 from jaxspec.kv_cache import init_cache
 from jaxspec.masks import PardMask
 from jaxspec.model import Transformer, causal_mask

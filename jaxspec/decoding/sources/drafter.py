@@ -38,10 +38,15 @@ from jaxtyping import Array, Bool, Float, Int
 
 from jaxspec.decoding.sources.base import Branch, Outcome, Start, Step
 from jaxspec.decoding.tree import BranchLayout, chain
-from jaxspec.drafter import embed_offset
 from jaxspec.kv_cache import KVCache, commit, init_cache
 from jaxspec.model import Transformer, causal_mask
 from jaxspec.sampling import target_probs, warp_logits
+
+
+def embed_offset(projection: Float[Array, "f d"], features: Float[Array, "b t f"], scale: float
+                 ) -> Float[Array, "b t d"]:
+    """What target-dependent mode adds to the drafter's input embeddings."""
+    return scale * jnp.einsum("btf,fd->btd", features.astype(jnp.float32), projection.astype(jnp.float32))
 
 
 @dataclasses.dataclass(frozen=True)
