@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import auto, compile_cache, memory
+from jaxspec import auto, compile_cache, memory, progress
 from jaxspec.errors import GenerationError, PromptError
 from jaxspec.inputs import as_bool, describe, given, int_arg, is_array, normalize_prompts, number_arg, plain_option
 from jaxspec.loading import Model
@@ -334,7 +334,9 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
                       stop_ids, min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                       frequency_penalty=frequency_penalty, logprobs=logprobs, **method_options)
     key = request.compile_key("decode")
-    program, compile_seconds = compile_cache.compiled_into(model.compiled, key, decode, request.args, request.statics)
+    with progress.phase(f"compiling {request.name}", when=key not in model.compiled):
+        program, compile_seconds = compile_cache.compiled_into(model.compiled, key, decode, request.args,
+                                                               request.statics)
     t0 = time.perf_counter()
     state, stats = program(*request.args)
     jax.block_until_ready(state.tokens)
@@ -369,13 +371,16 @@ class Stream:
         graphdef, params, sampling = request.args[0], request.args[1], request.args[5]
         self._compile_seconds = 0.0
         seconds = 0.0
-        t0 = time.perf_counter()
-        state = self._compiled("begin", begin, request.args, statics)(*request.args)
-        seconds += time.perf_counter() - t0
-        until = jnp.int32(1)
-        # The state is donated: each chunk updates the cache and buffers in place.
-        step_fn = self._compiled("advance", advance, (graphdef, params, state, sampling, until), advance_statics,
-                                 donate_argnames=("state",))
+        cold = not all(request.compile_key(p) in model.compiled for p in ("begin", "advance"))
+        with progress.phase(f"compiling {request.name} (streamed)", when=cold):
+            begin_fn = self._compiled("begin", begin, request.args, statics)
+            t0 = time.perf_counter()  # (after compiling: `seconds` is decoding alone)
+            state = begin_fn(*request.args)
+            seconds += time.perf_counter() - t0
+            until = jnp.int32(1)
+            # The state is donated: each chunk updates the cache and buffers in place.
+            step_fn = self._compiled("advance", advance, (graphdef, params, state, sampling, until), advance_statics,
+                                     donate_argnames=("state",))
         tokenizer = model.tokenizer
         sent, text = 0, ""
         steps_done = 1
