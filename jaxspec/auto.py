@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxspec import auto_store, compile_cache, perf
+from jaxspec import auto_store, compile_cache, perf, progress
 from jaxspec.kv_cache import KVCache
 from jaxspec.masks import TreeMask
 
@@ -284,7 +284,8 @@ def step_costs(model, batch: int, cache_len: int, options: list[Candidate], wort
     # whose S stays under `worth` even so cannot be chosen, and the drafter is not measured.
     bounded = {c.shape for c in options if worth is not None and c.drafter_tokens and c.expected_s < worth}
     drafted = {c.drafter_tokens for c in options if c.drafter_tokens and c.shape not in bounded}
-    drafter = _default_drafter(model) if drafted else None
+    with progress.phase("auto: loading the drafter", when=bool(drafted) and not model.drafters):
+        drafter = _default_drafter(model) if drafted else None
     # The target's small forwards, and the drafter's smallest and largest (the ones between
     # interpolated): stored apart, measured together when neither is stored.
     wanted = [(model, list(SMALL_SIZES), None)]
@@ -334,7 +335,10 @@ def _forwards(batch: int, cache_len: int, wanted: list[tuple]) -> tuple[list[dic
     def measure(i: int) -> list[float]:  # forwards i.. (those not read from the store) timed together, once
         if i not in timed_now:
             todo = wanted[i:]
-            flat = forwards_seconds(batch, cache_len, [(m, t, h) for m, sizes, h in todo for t in sizes])
+            what = " and of ".join(f"{Path(m.source).name} ({', '.join(map(str, sizes))} tokens)"
+                                   for m, sizes, _ in todo)
+            with progress.phase(f"auto: timing a forward of {what}, batch {batch}"):
+                flat = forwards_seconds(batch, cache_len, [(m, t, h) for m, sizes, h in todo for t in sizes])
             for j, (_, sizes, _) in enumerate(todo, start=i):
                 timed_now[j], flat = flat[:len(sizes)], flat[len(sizes):]
         return timed_now[i]
@@ -428,8 +432,11 @@ def _choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, loo
             t0 = time.perf_counter()
 
             def race() -> list[float]:  # speed-up over greedy, and c of the step, on this request
-                mine, greedy = decode_seconds(model, prompt, max_new_tokens,
-                                              [(best.method, best.options), ("autoregressive", {})], generation)
+                with progress.phase(f"auto: timing {best.label} against greedy on this request, "
+                                    f"{max_new_tokens} new tokens (compiling both)") as said:
+                    mine, greedy = decode_seconds(model, prompt, max_new_tokens,
+                                                  [(best.method, best.options), ("autoregressive", {})], generation)
+                    said.text = f": {greedy[0] / mine[0]:.2f}x greedy"
                 return agreed([greedy[0] / mine[0], (mine[0] / mine[1]) / (greedy[0] / greedy[1])])
 
             (speedup, step_cost), where = auto_store.recall(("race", *auto_store.model_identity(model), *request), 2,

@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-eos-stop", action="store_true", help="do not stop at the end-of-sequence token")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.add_argument("--quiet", action="store_true",
-                   help="no progress lines (loading, compiling) on stderr; they show only on a terminal")
+                   help="no progress lines (loading, auto's measurements, compiling) on stderr")
     g.add_argument("--no-compare", dest="compare", action="store_false",
                    help="with a method other than greedy: do not also run greedy to print both statistics")
     _add_distributed_options(g)
@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also decode each reply greedily and say whether the method's reply is identical")
     c.add_argument("--json", action="store_true", help="with --message: print one JSON object, no streaming")
     c.add_argument("--quiet", action="store_true",
-                   help="no progress lines (loading, compiling) on stderr; they show only on a terminal")
+                   help="no progress lines (loading, auto's measurements, compiling) on stderr")
 
     e = sub.add_parser("export", help="save a checkpoint as an HF folder that transformers loads")
     e.add_argument("--model", required=True)
@@ -198,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="let chat content spell special tokens such as <|im_end|> (default: refused)")
     v.add_argument("--drain-seconds", type=float, default=600.0,
                    help="on SIGTERM, how long requests in flight may take to finish")
+    v.add_argument("--quiet", action="store_true",
+                   help="no progress lines (loading, auto's measurements, warm-up) on stderr")
     _add_decoding_options(v)
     return parser
 
@@ -313,22 +315,16 @@ def _generate(args) -> int:
 
     method_options = _method_options(args)
     _warn_unused_sampling(args)
-    phases = progress.Phases(progress.wanted(args.quiet or args.json))
+    phases = progress.activate(progress.Phases(progress.wanted(args.quiet or args.json)))
     name = args.model or jaxspec.loading.DEFAULT_MODEL
     with phases.phase(f"loading {name}"):
         model = _load(args, name, method_options)
     prompt = args.prompt if args.prompt is not None else args.prompt_ids
-    phases.begin(("measuring (auto), " if args.method == "auto" else "") + "compiling and decoding")
-    try:
-        out = jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens, method=args.method,
-                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                               seed=args.seed, stop_at_eos=not args.no_eos_stop, **method_options)
-    except BaseException:
-        phases.abandon()
-        raise
-    measured = (out.auto or {}).get("measure_seconds") or 0.0
-    phases.end(f" ({f'auto {measured:.1f} s, ' if measured else ''}compile {out.compile_seconds:.1f} s, "
-               f"decode {out.seconds:.1f} s)")
+    # auto's measurements and compiling say themselves (`jaxspec.progress`), once the request is checked
+    out = jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens, method=args.method,
+                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                           seed=args.seed, stop_at_eos=not args.no_eos_stop, **method_options)
+    phases.flush()
     if args.json:
         print(json.dumps({
             "tokens": out.tokens, "text": out.text, "steps": out.steps, "compression": out.compression,
@@ -352,10 +348,11 @@ def _generate(args) -> int:
         runs = [out]
         if args.compare and out.method != "autoregressive":
             # Next to greedy's: the point of a lossless method is the same text in fewer steps.
-            with phases.phase("compiling and decoding greedily, to compare (--no-compare skips it)"):
+            with phases.phase("decoding greedily, to compare (--no-compare skips it)"):
                 runs.append(jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens,
                                              method="autoregressive", temperature=args.temperature, top_k=args.top_k,
                                              top_p=args.top_p, seed=args.seed, stop_at_eos=not args.no_eos_stop))
+            phases.flush()
         for run in runs:
             print(f"[{run.method}] {len(run.tokens)} tokens in {run.steps} steps "
                   f"(compression {run.compression:.2f}), {run.tokens_per_second:.1f} tokens/s, "
@@ -394,21 +391,62 @@ def _identical_to_greedy(model, prompt_ids, tokens, greedy_tokens) -> str:
         f"identical to greedy: NO, {difference.describe(model.dtype)}"
 
 
-def _stats_line(model, out, prompt_ids, greedy=None) -> str:
-    setting = out.method + (f" K={out.options['draft_len']}" if "draft_len" in out.options else "") + (
+STATS_WIDTH = 80  # columns of chat's statistics line
+
+
+def _fit(parts: dict[str, tuple[str, ...]], plan: list[str], width: int = STATS_WIDTH) -> str:
+    """`parts` joined by "; ", each in one of its forms (longest first; "" leaves it out): while the
+    line is wider than `width`, the next part `plan` names takes its next form."""
+    chosen = dict.fromkeys(parts, 0)
+
+    def line() -> str:
+        return "; ".join(form for name, forms in parts.items() if (form := forms[chosen[name]]))
+
+    for name in plan:
+        if len(line()) <= width:
+            break
+        if name in parts and chosen[name] + 1 < len(parts[name]):
+            chosen[name] += 1
+    text = line()
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _secs(seconds: float) -> str:
+    """Seconds to 2-3 significant digits (a short reply decodes in milliseconds)."""
+    return f"{seconds:.3f}" if seconds < 1 else f"{seconds:.2f}" if seconds < 10 else f"{seconds:.1f}"
+
+
+def _stats_lines(model, out, prompt_ids, greedy=None, cut_at: int | None = None) -> list[str]:
+    """A reply's statistics in one line of at most STATS_WIDTH columns: tokens, the decoding's own
+    seconds and tokens/s (compiling and auto's measurements not counted: said apart), S; with
+    `greedy`, a second line comparing the two (and a hint when the method is slower)."""
+    setting = ("greedy" if out.method == "autoregressive" else out.method) + (
+        f" K={out.options['draft_len']}" if "draft_len" in out.options else "") + (
         f" + lookup G={out.options['lookup_guesses']}" if out.options.get("lookup_guesses") else "")
-    line = (f"[{setting}] {len(out.tokens)} tokens in {out.steps} steps (S {out.compression:.2f}), "
-            f"{out.tokens_per_second:.1f} tokens/s")
-    if out.auto is not None:
-        line += f"; chosen by auto: {out.auto['reason']}"
+    n, measured, secs, rate = len(out.tokens), (out.auto or {}).get("measure_seconds") or 0.0, _secs(out.seconds), \
+        f"{out.tokens_per_second:.1f}"
+    compact = setting.replace(" + lookup ", "+lookup ")
+    parts = {"rate": (f"[{setting}] {n} tokens in {secs} s: {rate} tokens/s",
+                      f"[{setting}] {n} tokens, {secs} s, {rate} tok/s", f"[{setting}] {n} tok, {secs} s, {rate} tok/s",
+                      f"[{compact}] {n} tok, {secs} s, {rate} tok/s")}
+    if out.compile_seconds > 0:
+        parts["compile"] = (f"compiled in {out.compile_seconds:.1f} s", f"compile {out.compile_seconds:.1f} s",
+                            f"compile {out.compile_seconds:.0f} s")
+    parts["S"] = (f"S {out.compression:.2f} ({out.steps} steps)", f"S {out.compression:.2f}", "")
+    if measured:
+        parts["auto"] = (f"auto measured {measured:.1f} s", f"auto {measured:.1f} s", "")
+    if cut_at is not None:
+        parts["cut"] = (f"cut at --max-new-tokens {cut_at}", "cut at the limit", "cut")
+    # shorter wording first, then the least needed parts left out; tokens, tokens/s and compile stay
+    lines = [_fit(parts, ["cut", "S", "auto", "compile", "cut", "auto", "S", "rate", "rate", "compile", "rate"])]
     if greedy is not None:
         speedup = out.tokens_per_second / max(greedy.tokens_per_second, 1e-9)
-        line += (f"; greedy {greedy.tokens_per_second:.1f} tokens/s (speed-up {speedup:.2f}x); "
-                 + _identical_to_greedy(model, prompt_ids, out.tokens, greedy.tokens))
+        lines.append(f"[greedy] {greedy.tokens_per_second:.1f} tokens/s, speed-up {speedup:.2f}x; "
+                     + _identical_to_greedy(model, prompt_ids, out.tokens, greedy.tokens))
         if speedup < 1:
-            line += (f"\nhint: {out.method} is slower than greedy on this device ({jax_backend()}); "
-                     "--method auto picks the fastest setting here")
-    return line
+            lines.append(f"hint: {out.method} is slower than greedy on this device ({jax_backend()}); "
+                         "--method auto picks the fastest setting here")
+    return lines
 
 
 def _chat(args) -> int:
@@ -419,11 +457,11 @@ def _chat(args) -> int:
     _warn_unused_sampling(args)
     from jaxspec import progress
 
-    phases = progress.Phases(progress.wanted(args.quiet or args.json))
+    phases = progress.activate(progress.Phases(progress.wanted(args.quiet or args.json)))
     with phases.phase(f"loading {args.model}"):
         model = _load(args, args.model, options)
     messages = [{"role": "system", "content": args.system}] if args.system else []
-    first_turn = [True]  # the first reply compiles (and, under auto, measures): its wait is a phase
+    said_auto = [None]  # the setting auto chose last: its reason is said when it changes
 
     def greedy_of(reply):
         if not args.compare:
@@ -434,24 +472,24 @@ def _chat(args) -> int:
 
     def turn(text: str) -> None:
         nonlocal messages
-        if first_turn:
-            first_turn.clear()
-            phases.begin(("measuring (auto) and " if args.method == "auto" else "") + "compiling")
-        try:
-            live = jaxspec.chat_stream(model, [*messages, {"role": "user", "content": text}],
-                                       chunk_steps=args.chunk_steps, **options)
-            for piece in live:
-                phases.end()  # (the first piece ends the wait)
-                print(piece, end="", flush=True)
-        except BaseException:
-            phases.abandon()
-            raise
-        phases.end()
-        print()
+        # auto's measurements and compiling (the first reply; a longer conversation may compile
+        # again) say themselves before the reply streams (`jaxspec.progress`)
+        live = jaxspec.chat_stream(model, [*messages, {"role": "user", "content": text}],
+                                   chunk_steps=args.chunk_steps, **options)
+        for piece in live:
+            phases.flush()  # (what the wait before the first piece was, before the reply)
+            print(piece, end="", flush=True)
+        print(flush=True)
         reply = live.reply
         messages = reply.messages
-        cut = "" if reply.finish_reason == "end_of_turn" else f"; cut at --max-new-tokens {args.max_new_tokens}"
-        print(_stats_line(model, reply.output, reply.prompt_ids, greedy_of(reply)) + cut, file=sys.stderr)
+        greedy = greedy_of(reply)
+        phases.flush()
+        out = reply.output
+        if out.auto is not None and said_auto[0] != (out.method, out.options):
+            said_auto[0] = (out.method, out.options)
+            print(f"[auto] {out.auto['reason']}", file=sys.stderr)
+        cut = None if reply.finish_reason == "end_of_turn" else args.max_new_tokens
+        print("\n".join(_stats_lines(model, out, reply.prompt_ids, greedy, cut)), file=sys.stderr)
 
     if args.message is not None:
         if args.json:
@@ -475,6 +513,7 @@ def _chat(args) -> int:
         else:
             turn(args.message)
         return 0
+    phases.flush()
     print(f"chatting with {model.source} ({args.method}); an empty line or Ctrl-D ends", file=sys.stderr)
     while True:
         try:
@@ -633,13 +672,19 @@ def _serve(args) -> int:
         sock = app.listen(args.host, args.port)
     except OSError as e:
         raise GenerationError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    from jaxspec import progress
+
+    phases = progress.activate(progress.Phases(progress.wanted(args.quiet)))
     name = args.model or jaxspec.loading.DEFAULT_MODEL
-    model = jaxspec.load(name, dtype=args.dtype, attention=args.attention)
+    with phases.phase(f"loading {name}"):
+        model = jaxspec.load(name, dtype=args.dtype, attention=args.attention)
+    # auto's measurements and the warm-up say themselves (`jaxspec.progress`)
     server = make_server(model, args.served_model_name or name, method=args.method, method_options=method_options,
                          slots=args.slots, context=args.context, chunk_steps=args.chunk_steps,
                          temperature=args.temperature, max_groups=args.max_groups, limits=limits,
                          max_plans=args.max_plans, drafter_dirs=args.drafter_dir,
                          special_tokens=args.allow_special_tokens)
+    progress.close()  # the cold start is over: requests' work is not reported here
     if server.auto_reason:
         options = ", ".join(f"{k}={v}" for k, v in server.settings.method_options)
         print(f"jaxspec: --method auto chose {server.settings.method}" + (f" ({options})" if options else "")
@@ -656,15 +701,21 @@ def main(argv: list[str] | None = None) -> int:
     from jaxspec import compile_cache
 
     compile_cache.enable()  # a second call with the same shapes loads its programs from disk
+    from jaxspec import progress
+
     try:
         return {"generate": _generate, "chat": _chat, "train": _train, "export": _export,
                 "train-drafter": _train_drafter, "serve": _serve}[args.command](args)
     except JaxspecError as e:
+        progress.discard()  # bad input: its one line alone (a phase line held back is dropped)
         print(f"jaxspec: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as e:  # an unreadable checkpoint or output path: still one line, no traceback
+        progress.discard()
         print(f"jaxspec: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    finally:
+        progress.close()
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ builds a `Server` for a loaded model; `app.run` serves it.
 
 from __future__ import annotations
 
-from jaxspec import auto
+from jaxspec import auto, progress
 from jaxspec.chat import chat_prompt, stop_ids
 from jaxspec.errors import GenerationError
 from jaxspec.serving.requests import ServeSettings
@@ -68,7 +68,10 @@ def make_server(model, model_id: str, *, method: str = "auto", method_options: d
     if method == "auto":
         if options:
             raise GenerationError("method 'auto' chooses the method and its options; it takes none")
-        method, options, reason = resolve_auto(model, slots, context)
+        with progress.phase(f"choosing the method for requests that name none (auto, {slots} slot"
+                            f"{'s' * (slots != 1)})") as said:
+            method, options, reason = resolve_auto(model, slots, context)
+            said.text = f": {method}"
     settings = ServeSettings(model_id=model_id, slots=slots, context=context, chunk_steps=chunk_steps, method=method,
                              method_options=tuple(sorted(options.items())), temperature=temperature,
                              max_groups=max_groups, max_plans=max_plans, drafters=tuple(sorted(drafters.items())),
@@ -76,5 +79,7 @@ def make_server(model, model_id: str, *, method: str = "auto", method_options: d
     server = Server(model, settings, eos_ids(model), limits)
     server.auto_reason = reason
     if warm:
-        server.warm()
+        with progress.phase(f"warming up: compiling {method} for {slots} slot{'s' * (slots != 1)} of {context} "
+                            "tokens"):
+            server.warm()
     return server
