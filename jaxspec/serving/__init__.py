@@ -39,11 +39,14 @@ def resolve_auto(model, slots: int, context: int) -> tuple[str, dict, str]:
 
 def make_server(model, model_id: str, *, method: str = "auto", method_options: dict | None = None, slots: int = 8,
                 context: int | None = None, chunk_steps: int = 4, temperature: float = 0.0, max_groups: int = 4,
-                warm: bool = True, limits=None, max_plans: int = 8, drafter_dirs=(), special_tokens: bool = False):
+                warm: bool = True, limits=None, max_plans: int = 8, drafter_dirs=(), special_tokens: bool = False,
+                log_requests: bool = False, seed: int | None = None):
     """A `Server` for `model` (checked settings; the default plan compiled when `warm`).
     `limits`: an `app.Limits` (API key, allowed hosts and origins, body size and timeouts);
     `drafter_dirs`: drafter folders requests may name (by folder name) besides the shipped ones;
-    `special_tokens`: let chat content spell special tokens (off: refused)."""
+    `special_tokens`: let chat content spell special tokens (off: refused); `log_requests`: one
+    line per answered completion on stderr; `seed`: the seeds of requests that give none are
+    drawn from a generator seeded with it (None: at random)."""
     from pathlib import Path
 
     from jaxspec.serving.app import Server
@@ -55,6 +58,8 @@ def make_server(model, model_id: str, *, method: str = "auto", method_options: d
                                    ("max_plans", max_plans, 1, 1024)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise GenerationError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
+        raise GenerationError(f"seed must be an integer in [0, 2**32), got {seed!r}")
     if not 0 <= temperature <= 2:
         raise GenerationError(f"temperature must be in [0, 2], got {temperature}")
     drafters = {}
@@ -76,7 +81,7 @@ def make_server(model, model_id: str, *, method: str = "auto", method_options: d
                              method_options=tuple(sorted(options.items())), temperature=temperature,
                              max_groups=max_groups, max_plans=max_plans, drafters=tuple(sorted(drafters.items())),
                              special_tokens=special_tokens)
-    server = Server(model, settings, eos_ids(model), limits)
+    server = Server(model, settings, eos_ids(model), limits, log_requests=log_requests, seed=seed)
     server.auto_reason = reason
     if warm:
         with progress.phase(f"warming up: compiling {method} for {slots} slot{'s' * (slots != 1)} of {context} "

@@ -2,8 +2,12 @@
 
 Routes: `POST /v1/chat/completions`, `POST /v1/completions` (both with `stream: true` as
 server-sent events in OpenAI's chunk format, ending in `data: [DONE]`), `GET /v1/models`,
-`GET /health`. Every response carries a `jaxspec` object beside OpenAI's fields: the method,
-the model steps, S (tokens per step), the token ids, the seed, the time to the first token.
+`GET /v1/models/{id}`, `GET /health`, `GET /metrics` (Prometheus' text format, `metrics`), and
+vLLM's `POST /tokenize` and `POST /detokenize` (`tokens`). Every response carries a `jaxspec`
+object beside OpenAI's fields: the method, the model steps, S (tokens per step), the token ids,
+the seed, the time to the first token. vLLM's own request fields are accepted where they change
+nothing (named in a `Warning` header), and `log_requests` writes one line per answered
+completion on stderr.
 
 A client that disconnects cancels its job (its slot is freed at the next chunk); SIGTERM
 stops accepting connections, lets the requests in flight finish (uvicorn's graceful
@@ -31,14 +35,18 @@ import socket
 import sys
 import time
 
-from jaxspec.serving.requests import ApiError, Parsed, Requests, ServeSettings
+import numpy as np
+
+from jaxspec.serving import tokens
+from jaxspec.serving.metrics import CONTENT_TYPE, Metrics
+from jaxspec.serving.requests import ApiError, Parsed, Requests, ServeSettings, ignored_fields
 from jaxspec.serving.scheduler import Delta, Failure, Finish, Job, Scheduler
 
 try:
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import ClientDisconnect, Request
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 except ImportError as e:  # pragma: no cover  (the CLI turns this into one line)
     raise ImportError("jaxspec serve needs starlette and uvicorn: pip install 'jaxspec[serve]'") from e
@@ -50,6 +58,19 @@ log = logging.getLogger("jaxspec.serve")
 
 def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
+
+
+@dataclasses.dataclass
+class _Answer:
+    """One completion request as `/metrics` and `--log-requests` see it once it is answered."""
+
+    ident: str
+    endpoint: str
+    arrived: float  # time.perf_counter() when the route began
+    method: str = "-"
+    prompt_tokens: int = 0
+    finishes: list = dataclasses.field(default_factory=list)  # each choice's Finish, once all are in
+    error: str | None = None  # the error's code (or type) of a refused or failed request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,8 +142,12 @@ class Guard:
 class Server:
     """The served model, its request parser and its scheduler."""
 
-    def __init__(self, model, settings: ServeSettings, eos_ids: tuple[int, ...], limits: Limits | None = None):
+    def __init__(self, model, settings: ServeSettings, eos_ids: tuple[int, ...], limits: Limits | None = None,
+                 log_requests: bool = False, seed: int | None = None):
         self.model, self.settings, self.limits = model, settings, limits or Limits()
+        self.log_requests = log_requests  # one line per answered completion on stderr
+        # `seed`: the seeds of requests that give none are drawn from it (replayable in order)
+        self.seeds = None if seed is None else np.random.default_rng(seed)
         # Bodies are decoded and checked here, one at a time, off the event loop (a plan's
         # first use resolves and binds its weights: one thread keeps that simple).
         self.parser = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxspec-parse")
@@ -131,6 +156,7 @@ class Server:
                                    chunk_steps=settings.chunk_steps, max_groups=settings.max_groups)
         self.started = int(time.time())
         self.auto_reason: str | None = None  # why `auto` chose the default method, when it did
+        self.metrics = Metrics(self.scheduler, settings.context)
 
     def warm(self) -> None:
         """Build the default plan's slot group (greedy, or sampled when the default temperature
@@ -143,10 +169,45 @@ class Server:
     async def health(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "model": self.settings.model_id, **self.scheduler.status()})
 
+    def _card(self) -> dict:
+        return {"id": self.settings.model_id, "object": "model", "created": self.started, "owned_by": "jaxspec",
+                "max_model_len": self.settings.context}
+
     async def models(self, request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.settings.model_id, "object": "model", "created": self.started, "owned_by": "jaxspec",
-             "max_model_len": self.settings.context}]})
+        return JSONResponse({"object": "list", "data": [self._card()]})
+
+    async def model_card(self, request: Request) -> JSONResponse:
+        name = request.path_params["model_id"]
+        if name != self.settings.model_id:
+            return _error(ApiError(404, f"the model {name!r} does not exist; this server serves "
+                                   f"{self.settings.model_id!r}", "model", "model_not_found"))
+        return JSONResponse(self._card())
+
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(self.metrics.text(), media_type=CONTENT_TYPE)
+
+    async def tokenize(self, request: Request):
+        return await self._utility(request, "/tokenize", lambda body: tokens.tokenize(
+            self.model, self.settings, body, self.requests._no_special_tokens))
+
+    async def detokenize(self, request: Request):
+        return await self._utility(request, "/detokenize", lambda body: tokens.detokenize(
+            self.model, self.settings, body))
+
+    async def _utility(self, request: Request, endpoint: str, work):
+        """A route that answers from the tokenizer: the body read with the same limits, decoded
+        and answered on the parser thread."""
+        try:
+            raw = await self._body(request)
+            answer = await asyncio.get_running_loop().run_in_executor(self.parser, lambda: work(_json_body(raw)))
+        except ApiError as e:
+            self.metrics.request(endpoint, e.status)
+            return _error(e)
+        except ClientDisconnect:
+            self.metrics.request(endpoint, 499)
+            return JSONResponse({}, status_code=499)
+        self.metrics.request(endpoint, 200)
+        return JSONResponse(answer)
 
     async def chat_completions(self, request: Request):
         return await self._complete(request, chat=True)
@@ -155,16 +216,20 @@ class Server:
         return await self._complete(request, chat=False)
 
     async def _complete(self, request: Request, chat: bool):
+        ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+        answer = _Answer(ident, "/v1/chat/completions" if chat else "/v1/completions", time.perf_counter())
         try:
             raw = await self._body(request)
-            parsed = await asyncio.get_running_loop().run_in_executor(self.parser, self._parse, raw, chat)
+            parsed, ignored = await asyncio.get_running_loop().run_in_executor(self.parser, self._parse, raw, chat)
         except ApiError as e:
-            return _error(e)
+            return self._refused(answer, e)
         except ClientDisconnect:
             client = request.client
             log.warning("jaxspec: %s went away while sending its request body",
                         f"{client.host}:{client.port}" if client else "a client")
+            self._answered(answer, 499)
             return JSONResponse({}, status_code=499)
+        answer.method, answer.prompt_tokens = parsed.plan.name, len(parsed.prompt)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()  # (choice index, event) of every choice's job
         # n choices: n jobs, each in its own slot, with seeds seed, seed + 1, ... (2**32 wraps)
@@ -178,12 +243,39 @@ class Server:
         except RuntimeError as e:
             for job in jobs:
                 self.scheduler.cancel(job)
-            return _error(ApiError(503, str(e), kind="server_error", code="shutting_down"))
-        ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+            return self._refused(answer, ApiError(503, str(e), kind="server_error", code="shutting_down"))
+        # RFC 7234's warning for what was accepted and ignored (299: a persistent warning)
+        warning = {"Warning": f'299 - "ignored fields (they change nothing here): {", ".join(ignored)}"'} \
+            if ignored else {}
         if parsed.stream:
-            return StreamingResponse(self._stream(jobs, parsed, events, ident), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return await self._whole(request, jobs, parsed, events, ident)
+            return StreamingResponse(self._stream(jobs, parsed, events, ident, answer),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache", **warning})
+        response = await self._whole(request, jobs, parsed, events, ident, answer)
+        if response.status_code == 200:
+            response.headers.update(warning)
+        self._answered(answer, response.status_code, parsed, jobs)
+        return response
+
+    def _refused(self, answer: _Answer, e: ApiError) -> JSONResponse:
+        answer.error = e.code or e.kind
+        self._answered(answer, e.status)
+        return _error(e)
+
+    def _answered(self, answer: _Answer, status: int, parsed: Parsed | None = None, jobs: list[Job] = ()) -> None:
+        """A completion request is answered (or refused): its metrics, and its log line."""
+        now = time.perf_counter()
+        self.metrics.request(answer.endpoint, status)
+        done = status == 200 and parsed is not None and len(answer.finishes) == len(jobs)
+        if done:
+            self.metrics.completion(answer.endpoint, parsed.plan, len(parsed.prompt), answer.finishes, jobs,
+                                    answer.arrived, now)
+        if self.log_requests:
+            reasons = ",".join(f.reason for f in answer.finishes) if done else "-"
+            completion = sum(len(f.token_ids) for f in answer.finishes) if done else 0
+            line = (f"jaxspec: request {answer.ident} {answer.endpoint} method={answer.method} "
+                    f"prompt_tokens={answer.prompt_tokens} completion_tokens={completion} finish={reasons} "
+                    f"latency_ms={(now - answer.arrived) * 1000:.1f} status={status}")
+            print(line + (f" error={answer.error}" if answer.error else ""), file=sys.stderr, flush=True)
 
     async def _body(self, request: Request) -> bytes:
         """The body, at most `max_body_bytes` (413), within `body_timeout_s` (408)."""
@@ -210,13 +302,13 @@ class Server:
                            "(--body-timeout)", code="request_timeout") from None
         return b"".join(chunks)
 
-    def _parse(self, raw: bytes, chat: bool) -> Parsed:
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as e:  # (JSONDecodeError, bad UTF-8, an int past the digit limit)
-            raise ApiError(400, f"the request body is not valid JSON: {type(e).__name__}: "
-                           f"{str(e)[:200]}") from None
-        return self.requests.parse(body, chat)
+    def _parse(self, raw: bytes, chat: bool) -> tuple[Parsed, list[str]]:
+        """The checked request, and the vLLM fields it gave that are ignored."""
+        body = _json_body(raw)
+        parsed = self.requests.parse(body, chat)
+        if self.seeds is not None and body.get("seed") is None:  # (--seed: drawn in the order they come)
+            parsed.seed = int(self.seeds.integers(0, 2**32))
+        return parsed, ignored_fields(body, chat)
 
     # ----------------------------------------------------------------------------- answers
     def _extension(self, job: Job, parsed: Parsed, finish: Finish) -> dict:
@@ -224,7 +316,8 @@ class Server:
                 "token_ids": finish.token_ids, "steps": finish.stats["steps"],
                 "compression": finish.stats["compression"],
                 "time_to_first_token": round(finish.stats["time_to_first_token"], 6),
-                "seconds": round(finish.stats["seconds"], 6)}
+                "seconds": round(finish.stats["seconds"], 6),
+                "accept_histogram": finish.stats.get("accept_histogram", [])}
 
     def _usage(self, parsed: Parsed, finishes: list[Finish]) -> dict:
         n = sum(len(f.token_ids) for f in finishes)
@@ -253,7 +346,8 @@ class Server:
         kind = ("chat.completion" if chat else "text_completion") + (".chunk" if chunk and chat else "")
         return {"id": ident, "object": kind, "created": int(time.time()), "model": self.settings.model_id}
 
-    async def _whole(self, request: Request, jobs: list[Job], parsed: Parsed, events: asyncio.Queue, ident: str):
+    async def _whole(self, request: Request, jobs: list[Job], parsed: Parsed, events: asyncio.Queue, ident: str,
+                     answer: _Answer):
         finishes: dict[int, Finish] = {}
         while len(finishes) < len(jobs):
             try:
@@ -267,9 +361,11 @@ class Server:
             if isinstance(event, Failure):
                 for job in jobs:
                     self.scheduler.cancel(job)
+                answer.error = "server_error"
                 return _error(ApiError(500, event.message, kind="server_error"))
             if isinstance(event, Finish):
                 finishes[i] = event
+        answer.finishes = [finishes[i] for i in range(len(jobs))]
         choices = []
         for i, job in enumerate(jobs):
             event = finishes[i]
@@ -286,7 +382,7 @@ class Server:
                              "usage": self._usage(parsed, list(finishes.values())),
                              "jaxspec": self._extension(jobs[0], parsed, finishes[0])})
 
-    async def _stream(self, jobs: list[Job], parsed: Parsed, events: asyncio.Queue, ident: str):
+    async def _stream(self, jobs: list[Job], parsed: Parsed, events: asyncio.Queue, ident: str, answer: _Answer):
         def chunk(i: int, text: str | None, reason: str | None = None, role: bool = False, logprobs=None,
                   **extra) -> str:
             if parsed.chat:
@@ -320,6 +416,7 @@ class Server:
                     continue
                 for job in jobs:
                     self.scheduler.cancel(job)
+                answer.error = "server_error"
                 yield _sse(ApiError(500, event.message, kind="server_error").body())
                 yield "data: [DONE]\n\n"
                 return
@@ -327,10 +424,15 @@ class Server:
                 yield _sse({**self._head(ident, parsed.chat, True), "choices": [],
                             "usage": self._usage(parsed, list(finishes.values()))})
             yield "data: [DONE]\n\n"
+            answer.finishes = [finishes[i] for i in range(len(jobs))]
         finally:
             if len(finishes) < len(jobs):  # the client went away (the response was cancelled or closed)
                 for job in jobs:
                     self.scheduler.cancel(job)
+            # (a stream's status: 200 once [DONE] is sent after every choice, 500 when decoding
+            # failed (an error event was sent), 499 when the client went away)
+            status = 500 if answer.error else 200 if answer.finishes else 499
+            self._answered(answer, status, parsed, jobs)
 
     # ----------------------------------------------------------------------------- app
     def app(self) -> "Starlette":
@@ -341,9 +443,12 @@ class Server:
         async def internal(request: Request, exc: Exception):
             return _error(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error"))
 
-        routes = [Route("/health", self.health), Route("/v1/models", self.models),
+        routes = [Route("/health", self.health), Route("/metrics", self.metrics_text), Route("/v1/models", self.models),
+                  Route("/v1/models/{model_id:path}", self.model_card),
                   Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
-                  Route("/v1/completions", self.completions, methods=["POST"])]
+                  Route("/v1/completions", self.completions, methods=["POST"]),
+                  Route("/tokenize", self.tokenize, methods=["POST"]),
+                  Route("/detokenize", self.detokenize, methods=["POST"])]
         @contextlib.asynccontextmanager
         async def lifespan(app):
             yield
@@ -367,6 +472,13 @@ def token_pieces(tokenizer, context: list[int], ids: list[int], alternatives) ->
         piece = lambda x: tokenizer.decode(before + [int(x)])[len(base):]  # noqa: E731
         out.append((piece(t), [piece(a) for a in alts]))
     return out
+
+
+def _json_body(raw: bytes):
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:  # (JSONDecodeError, bad UTF-8, an int past the digit limit)
+        raise ApiError(400, f"the request body is not valid JSON: {type(e).__name__}: {str(e)[:200]}") from None
 
 
 def _sse(payload: dict) -> str:

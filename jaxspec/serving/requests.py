@@ -3,7 +3,9 @@
 Every check a request can fail raises `ApiError` (an HTTP status and OpenAI's
 `{"error": {"message", "type", "param", "code"}}`); nothing a client sends reaches the
 scheduler unchecked. Fields OpenAI defines that jaxspec does not implement are accepted at
-their neutral value and refused otherwise; unknown fields are refused, as OpenAI's API does.
+their neutral value and refused otherwise; so are vLLM's own fields (`VLLM_NEUTRAL`: accepted
+where they change nothing, and named in the answer's `Warning` header); unknown fields are
+refused, as OpenAI's API does.
 `n` choices decode in n slots; the penalties, `min_p` and `logprobs` apply identically under
 every method (`jaxspec.sampling`), so each answer is the one autoregressive decoding gives.
 
@@ -15,6 +17,7 @@ request, otherwise the server's).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any
 
@@ -32,6 +35,23 @@ COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed",
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
                                "tool_choice", "parallel_tool_calls"}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "best_of", "suffix"}
+# vLLM's own request fields (its extra sampling and request parameters) that change nothing here at
+# the values listed (null: not set, always neutral; `str`: any str): accepted there and ignored, the
+# answer naming them in a `Warning` header (`app`); at any other value refused with a 400 naming the
+# field, since jaxspec would not do what they ask.
+VLLM_NEUTRAL: dict[str, Any] = {
+    "use_beam_search": (False,), "length_penalty": (1.0,), "include_stop_str_in_output": (False,),
+    "min_tokens": (0,), "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
+    "truncate_prompt_tokens": (), "allowed_token_ids": (), "bad_words": ([],), "prompt_logprobs": (),
+    "logits_processors": (), "return_tokens_as_token_ids": (False,), "guided_json": (), "guided_regex": (),
+    "guided_choice": (), "guided_grammar": (), "structural_tag": (), "guided_decoding_backend": (),
+    "guided_whitespace_pattern": (), "priority": (0,), "request_id": str, "cache_salt": str,  # (no prefix cache)
+    "vllm_xargs": ({},), "mm_processor_kwargs": ({},)}
+VLLM_CHAT_NEUTRAL: dict[str, Any] = {
+    **VLLM_NEUTRAL, "echo": (False,), "best_of": (1,), "add_generation_prompt": (True,),
+    "continue_final_message": (False,), "add_special_tokens": (False,), "documents": (), "chat_template": (),
+    "chat_template_kwargs": ({},)}
+VLLM_COMPLETION_NEUTRAL: dict[str, Any] = {**VLLM_NEUTRAL, "add_special_tokens": (True,)}
 MAX_STOPS = 4  # as OpenAI
 MAX_CHOICES = 8  # n: each choice takes a slot
 BOOL_OPTIONS = ("pool_from_prompt", "verify_window", "target_features")  # method options that are true/false
@@ -111,6 +131,32 @@ def _integer(body: dict, name: str, default, low: int, high: int, what: str):
     return value
 
 
+def _same(value, neutral) -> bool:
+    """`value == neutral`, with true/false never equal to 1/0."""
+    if isinstance(value, bool) or isinstance(neutral, bool):
+        return type(value) is type(neutral) and value == neutral
+    if isinstance(neutral, (int, float)):
+        return isinstance(value, (int, float)) and value == neutral
+    return type(value) is type(neutral) and value == neutral
+
+
+def ignored_fields(body: dict, chat: bool) -> list[str]:
+    """The vLLM fields of `body` that are accepted and ignored (`VLLM_NEUTRAL`); one at a value
+    that would change the answer is a 400 naming it."""
+    neutral = VLLM_CHAT_NEUTRAL if chat else VLLM_COMPLETION_NEUTRAL
+    out = []
+    for name in sorted(set(body) & set(neutral)):
+        value, allowed = body[name], neutral[name]
+        if value is None or (allowed is str and isinstance(value, str)) or \
+                (isinstance(allowed, tuple) and any(_same(value, v) for v in allowed)):
+            out.append(name)
+            continue
+        what = "any str" if allowed is str else " or ".join(["null", *(json.dumps(v) for v in allowed)])
+        raise bad(f"{name}={json.dumps(value)[:100]} is not supported: jaxspec takes this vLLM field only where "
+                  f"it changes nothing ({what})", name, "unsupported_parameter")
+    return out
+
+
 def _neutral(body: dict, name: str, neutral, why: str) -> None:
     value = body.get(name)
     if value is not None and value != neutral and not (neutral == 0 and value == 0.0):
@@ -179,7 +225,7 @@ class Requests:
         if not isinstance(body, dict):
             raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
         allowed = CHAT_FIELDS if chat else COMPLETION_FIELDS
-        unknown = sorted(set(body) - allowed)
+        unknown = sorted(set(body) - allowed - set(ignored_fields(body, chat)))
         if unknown:
             raise bad(f"unrecognized request argument supplied: {unknown[0]}", unknown[0], "unknown_parameter")
         s, model = self.settings, self.model

@@ -79,6 +79,7 @@ class Job:
     cancelled: bool = False  # set by the client's side: the job is dropped or its slot freed
     created: float = dataclasses.field(default_factory=time.perf_counter)
     # host-side progress
+    admitted_at: float | None = None  # when it took a slot (its prefill began)
     first_token_at: float | None = None
     sent_text: int = 0
     sent_tokens: int = 0
@@ -241,6 +242,7 @@ class Scheduler:
                     self.counters["cancelled"] += 1
 
     def _insert(self, group: SlotGroup, slot: int, job: Job) -> None:
+        job.admitted_at = time.perf_counter()
         group.insert(slot, job.prompt, job.limit, job.seed, job.sampling)
         self.counters["admitted"] += 1
         self._progress(job.plan.key, group, group.read())
@@ -282,7 +284,10 @@ class Scheduler:
                 self.counters["completed"] += 1
                 stats = {"steps": view.steps, "compression": round(len(ids) / max(view.steps, 1), 4),
                          "seconds": time.perf_counter() - job.created,
-                         "time_to_first_token": (job.first_token_at or time.perf_counter()) - job.created}
+                         "time_to_first_token": (job.first_token_at or time.perf_counter()) - job.created,
+                         # the engine's: decoding steps (after the prefill) that emitted k tokens
+                         "accept_histogram": [] if view.accept_histogram is None
+                         else [int(x) for x in view.accept_histogram]}
                 if len(text) > job.sent_text or len(ids) > job.sent_tokens:
                     job.deliver(Delta(text[job.sent_text:], ids[job.sent_tokens:],
                                       _logprobs(view, job.sent_tokens, len(ids))))

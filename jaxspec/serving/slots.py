@@ -137,6 +137,9 @@ class SlotView:
     tokens: np.ndarray  # [num] generated ids so far
     done: bool
     steps: int  # model forwards while the row was active (prefill included)
+    # decoding steps (after the prefill) that emitted k tokens, k = 0 .. max_commit: the engine's
+    # accept histogram of this row (a one-token engine: every step emitted 1)
+    accept_histogram: np.ndarray | None = None
     # an engine with logprobs: per token, its log-probability, the top ids and theirs ([num], [num, k] x 2)
     logprobs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
@@ -307,8 +310,12 @@ class SlotGroup:
 
     def read(self) -> list[SlotView]:
         d = self.state.decode
-        tokens, num, done, steps = (np.asarray(x).reshape(self.slots, -1)
-                                    for x in jax.device_get((d.tokens, d.num_generated, d.done, d.steps)))
+        tokens, num, done, steps, histogram = (
+            np.asarray(x).reshape(self.slots, -1)
+            for x in jax.device_get((d.tokens, d.num_generated, d.done, d.steps, self.state.accept_histogram)))
+        if self.engine.max_commit == 1:  # (the engine leaves a one-token tree's histogram to `finish`: 1 per step)
+            histogram = np.zeros((self.slots, 2), histogram.dtype)
+            histogram[:, 1] = np.maximum(steps[:, 0] - 1, 0)
         logprobs = None
         if d.logprobs is not None:  # (the same host sync)
             lp = d.logprobs
@@ -319,6 +326,6 @@ class SlotGroup:
             n = min(int(num[i, 0]), int(self.limit[i]))
             self.used[i] = self._reach(int(self.prompt_len[i]), int(num[i, 0]))
             views.append(SlotView(tokens=np.array(tokens[i, :n]), done=bool(done[i, 0]) or n >= self.limit[i],
-                                  steps=int(steps[i, 0]),
+                                  steps=int(steps[i, 0]), accept_histogram=np.array(histogram[i]),
                                   logprobs=None if logprobs is None else tuple(np.array(x[i, :n]) for x in logprobs)))
         return views
