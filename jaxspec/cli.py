@@ -172,10 +172,18 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching (docs/serving.md)")
     v.add_argument("--model", default=None, help="as for generate; default: pycode-5M")
     v.add_argument("--served-model-name", help="the model id clients pass (default: --model as given)")
-    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1: this machine only)")
     v.add_argument("--port", type=int, default=8000, help="0: a free port (the address is printed)")
-    v.add_argument("--slots", type=int, default=8, help="requests decoded at once (the compiled batch)")
-    v.add_argument("--context", type=int, help="prompt + output tokens per request (default: min(model's, 2048))")
+    # (vLLM's spellings too: --max-num-seqs, --max-model-len, --disable-log-requests)
+    v.add_argument("--slots", "--max-num-seqs", dest="slots", type=int, default=8,
+                   help="requests decoded at once (the compiled batch)")
+    v.add_argument("--context", "--max-model-len", dest="context", type=int,
+                   help="prompt + output tokens per request (default: min(model's, 2048))")
+    v.add_argument("--log-requests", dest="log_requests", action="store_true", default=False,
+                   help="one line per answered completion on stderr (id, route, method, tokens, finish, "
+                        "latency, status)")
+    v.add_argument("--disable-log-requests", dest="log_requests", action="store_false",
+                   help="no request lines (the default; vLLM's flag)")
     v.add_argument("--chunk-steps", type=int, default=4, help="decoding steps between two host syncs")
     v.add_argument("--max-groups", type=int, default=4,
                    help="slot groups kept compiled at once (one per method / greedy-or-sampled / ignore_eos)")
@@ -201,6 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--quiet", action="store_true",
                    help="no progress lines (loading, auto's measurements, warm-up) on stderr")
     _add_decoding_options(v)
+    for action in v._actions:  # (serve's --seed seeds the server, as vLLM's: requests carry their own)
+        if action.dest == "seed":
+            action.default, action.help = None, ("seeds the generator that draws the seed of each sampled request "
+                                                 "that gives none (default: at random); in [0, 2**32)")
     return parser
 
 
@@ -644,11 +656,11 @@ def _serve(args) -> int:
 
     method_options = _method_options(args)
     fixed = [flag for flag, given in (("--top-k", args.top_k != 0), ("--top-p", args.top_p != 1.0),
-                                      ("--seed", args.seed != 0), ("--tensor-parallel", args.tensor_parallel != 1),
+                                      ("--tensor-parallel", args.tensor_parallel != 1),
                                       ("--data-parallel", args.data_parallel != 1),
                                       ("--lp-devices", "lp_devices" in method_options)) if given]
     if fixed:
-        raise GenerationError(f"{', '.join(fixed)}: not a server setting (top_k, top_p and seed are set per request; "
+        raise GenerationError(f"{', '.join(fixed)}: not a server setting (top_k and top_p are set per request; "
                               "serve decodes on one device)")
     if not 0 <= args.port < 65536:
         raise GenerationError(f"--port must be in [0, 65535], got {args.port}")
@@ -683,7 +695,7 @@ def _serve(args) -> int:
                          slots=args.slots, context=args.context, chunk_steps=args.chunk_steps,
                          temperature=args.temperature, max_groups=args.max_groups, limits=limits,
                          max_plans=args.max_plans, drafter_dirs=args.drafter_dir,
-                         special_tokens=args.allow_special_tokens)
+                         special_tokens=args.allow_special_tokens, log_requests=args.log_requests, seed=args.seed)
     progress.close()  # the cold start is over: requests' work is not reported here
     if server.auto_reason:
         options = ", ".join(f"{k}={v}" for k, v in server.settings.method_options)
