@@ -134,3 +134,19 @@ def test_top_logprobs_without_logprobs_is_refused(client):
     with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs"):
         client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "x"}], max_tokens=4,
                                        top_logprobs=2)
+
+
+def test_vllms_top_k_minus_one_is_off_and_continuous_usage_counts_as_it_goes(model, server, client):
+    """LangChain's vLLM client sends top_k = -1 (vLLM's "off") by default."""
+    off = client.completions.create(model=MODEL_ID, prompt=PROMPT, max_tokens=16, temperature=0.8, seed=9,
+                                    extra_body={"top_k": -1})
+    assert off.model_extra["jaxspec"]["token_ids"] == alone(model, server, PROMPT, 16, temperature=0.8, seed=9).tokens
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL_ID, prompt=PROMPT, max_tokens=4, extra_body={"top_k": -2})
+    chunks = list(client.completions.create(model=MODEL_ID, prompt=PROMPT, max_tokens=16, stream=True,
+                                            stream_options={"include_usage": True},
+                                            extra_body={"stream_options": {"include_usage": True,
+                                                                           "continuous_usage_stats": True}}))
+    counts = [c.usage.completion_tokens for c in chunks if c.choices]
+    assert counts == sorted(counts) and counts[-1] == chunks[-1].usage.completion_tokens > 0 and len(set(counts)) > 1
+    assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens for c in chunks)

@@ -392,6 +392,10 @@ class Server:
                 choice = {"index": i, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
             else:
                 choice = {"index": i, "text": text or "", "finish_reason": reason, "logprobs": logprobs}
+            if parsed.continuous_usage:  # (vLLM's continuous_usage_stats: the tokens sent so far)
+                done = sum(map(len, sent.values()))
+                extra["usage"] = {"prompt_tokens": len(parsed.prompt), "completion_tokens": done,
+                                  "total_tokens": len(parsed.prompt) + done}
             return _sse({**self._head(ident, parsed.chat, True), "choices": [choice], **extra})
 
         finishes: dict[int, Finish] = {}

@@ -102,6 +102,7 @@ class Parsed:
     stream: bool
     include_usage: bool
     chat: bool
+    continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats: usage in every chunk
     n: int = 1  # choices, each decoded in its own slot (seeds seed, seed + 1, ...)
     logprobs: int | None = None  # top tokens reported per token (None: no logprobs)
 
@@ -248,8 +249,10 @@ class Requests:
                       "unsupported_parameter")
         stream = _typed(body, "stream", bool, "true or false", False)
         options = _typed(body, "stream_options", dict, "an object", {})
-        if set(options) - {"include_usage"} or not isinstance(options.get("include_usage", False), bool):
-            raise bad("stream_options takes only include_usage (true or false)", "stream_options")
+        if set(options) - {"include_usage", "continuous_usage_stats"} or not all(
+                isinstance(options.get(k, False), bool) for k in ("include_usage", "continuous_usage_stats")):
+            raise bad("stream_options takes include_usage and vLLM's continuous_usage_stats (true or false)",
+                      "stream_options")
         if options and not stream:
             raise bad("stream_options is only allowed with stream: true", "stream_options")
         _typed(body, "user", str, "a str")
@@ -278,7 +281,8 @@ class Requests:
 
         temperature = _number(body, "temperature", s.temperature, 0, 2, "a number in [0, 2]")
         top_p = _number(body, "top_p", 1.0, 1e-9, 1, "a number in (0, 1]")
-        top_k = _integer(body, "top_k", 0, 0, 2**31 - 1, "an integer in [0, 2**31) (0 = off)")
+        top_k = _integer(body, "top_k", 0, -1, 2**31 - 1, "an integer in [0, 2**31) (0 or vLLM's -1 = off)")
+        top_k = max(top_k, 0)
         knobs = dict(min_p=_number(body, "min_p", 0.0, 0, 1, "a number in [0, 1] (0 = off)"),
                      repetition_penalty=_number(body, "repetition_penalty", 1.0, 1e-6, 100,
                                                 "a number in (0, 100] (1 = off)"),
@@ -325,7 +329,8 @@ class Requests:
             raise bad(str(e), "method_options" if known else "method") from None
         return Parsed(prompt=prompt, limit=limit, seed=seed, sampling=sampling, plan=plan,
                       stop_strings=tuple(stops), stop_ids=frozenset(stop_ids), stream=stream,
-                      include_usage=bool(options.get("include_usage", False)), chat=chat, n=n, logprobs=logprobs)
+                      include_usage=bool(options.get("include_usage", False)), chat=chat, n=n, logprobs=logprobs,
+                      continuous_usage=bool(options.get("continuous_usage_stats", False)))
 
     @staticmethod
     def _logprobs(body: dict, chat: bool) -> int | None:
