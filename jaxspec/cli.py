@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_options(g)
     g.add_argument("--no-eos-stop", action="store_true", help="do not stop at the end-of-sequence token")
     g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.add_argument("--logprobs", type=int, default=None, metavar="K",
+                   help="with --json: per token, its log-probability under the model and its K most likely "
+                        "tokens (0-20)")
     g.add_argument("--quiet", action="store_true",
                    help="no progress lines (loading, auto's measurements, compiling) on stderr")
     g.add_argument("--no-compare", dest="compare", action="store_false",
@@ -223,6 +226,12 @@ def _add_decoding_options(g: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=_top_k, default=0, help="0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below MIN_P x the top one's probability (0 = off)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="divide (multiply) the positive (negative) logits of prompt and output tokens (1 = off)")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="subtract once per token in the output (0 = off)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtract per occurrence in the output (0 = off); every method applies the penalties alike")
     g.add_argument("--seed", type=_seed, default=0, help="random seed for sampling, in [0, 2**32)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the weights' dtype")
     g.add_argument("--attention", default="xla", help="attention backend (xla|pallas)")
@@ -327,6 +336,8 @@ def _generate(args) -> int:
 
     method_options = _method_options(args)
     _warn_unused_sampling(args)
+    if args.logprobs is not None and not args.json:
+        raise JaxspecError("--logprobs is reported in the --json output; add --json")
     phases = progress.activate(progress.Phases(progress.wanted(args.quiet or args.json)))
     name = args.model or jaxspec.loading.DEFAULT_MODEL
     with phases.phase(f"loading {name}"):
@@ -334,8 +345,8 @@ def _generate(args) -> int:
     prompt = args.prompt if args.prompt is not None else args.prompt_ids
     # auto's measurements and compiling say themselves (`jaxspec.progress`), once the request is checked
     out = jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens, method=args.method,
-                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                           seed=args.seed, stop_at_eos=not args.no_eos_stop, **method_options)
+                           stop_at_eos=not args.no_eos_stop, logprobs=args.logprobs, **_sampling(args),
+                           **method_options)
     phases.flush()
     if args.json:
         print(json.dumps({
@@ -344,13 +355,13 @@ def _generate(args) -> int:
             "config": {
                 "model": model.source, "dtype": args.dtype, "attention": args.attention,
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-                "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
-                "stop_at_eos": not args.no_eos_stop, "compile_seconds": out.compile_seconds,
+                **_sampling(args), "stop_at_eos": not args.no_eos_stop, "compile_seconds": out.compile_seconds,
                 "tensor_parallel": args.tensor_parallel, "data_parallel": args.data_parallel,
                 **out.options, **out.extras,
             },
             "memory": out.memory,
             "auto": out.auto,
+            **({} if out.logprobs is None else {"logprobs": out.logprobs}),
         }))
     else:
         print(out.text if out.text is not None else " ".join(map(str, out.tokens)))
@@ -362,8 +373,8 @@ def _generate(args) -> int:
             # Next to greedy's: the point of a lossless method is the same text in fewer steps.
             with phases.phase("decoding greedily, to compare (--no-compare skips it)"):
                 runs.append(jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens,
-                                             method="autoregressive", temperature=args.temperature, top_k=args.top_k,
-                                             top_p=args.top_p, seed=args.seed, stop_at_eos=not args.no_eos_stop))
+                                             method="autoregressive", stop_at_eos=not args.no_eos_stop,
+                                             **_sampling(args)))
             phases.flush()
         for run in runs:
             print(f"[{run.method}] {len(run.tokens)} tokens in {run.steps} steps "
@@ -390,7 +401,9 @@ def jax_backend() -> str:
 
 
 def _sampling(args) -> dict:
-    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, min_p=args.min_p,
+                repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+                frequency_penalty=args.frequency_penalty)
 
 
 def _identical_to_greedy(model, prompt_ids, tokens, greedy_tokens) -> str:
@@ -656,11 +669,14 @@ def _serve(args) -> int:
 
     method_options = _method_options(args)
     fixed = [flag for flag, given in (("--top-k", args.top_k != 0), ("--top-p", args.top_p != 1.0),
+                                      ("--min-p", args.min_p != 0), ("--repetition-penalty", args.repetition_penalty != 1),
+                                      ("--presence-penalty", args.presence_penalty != 0),
+                                      ("--frequency-penalty", args.frequency_penalty != 0),
                                       ("--tensor-parallel", args.tensor_parallel != 1),
                                       ("--data-parallel", args.data_parallel != 1),
                                       ("--lp-devices", "lp_devices" in method_options)) if given]
     if fixed:
-        raise GenerationError(f"{', '.join(fixed)}: not a server setting (top_k and top_p are set per request; "
+        raise GenerationError(f"{', '.join(fixed)}: not a server setting (sampling and penalties are set per request; "
                               "serve decodes on one device)")
     if not 0 <= args.port < 65536:
         raise GenerationError(f"--port must be in [0, 65535], got {args.port}")

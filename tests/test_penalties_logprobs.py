@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -231,3 +232,18 @@ def test_lookahead_parallelism_refuses_penalties_and_logprobs():
         with pytest.raises(GenerationError, match="lp_devices=1"):
             check_lp(engine)
     check_lp(dataclasses.replace(Engine(), logprobs=-1))
+
+
+def test_the_cli_passes_the_penalties_and_reports_logprobs_in_json(capsys):
+    from jaxspec.cli import main
+
+    args = ["generate", "--prompt", "def f(x):", "--max-new-tokens", "12", "--method", "lookahead",
+            "--repetition-penalty", "1.3", "--frequency-penalty", "0.5", "--json", "--logprobs", "2", "--quiet"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    ref = jaxspec.generate(jaxspec.load("pycode-5M"), "def f(x):", max_new_tokens=12, method="lookahead",
+                           repetition_penalty=1.3, frequency_penalty=0.5, logprobs=2)
+    assert out["tokens"] == ref.tokens and out["config"]["repetition_penalty"] == 1.3
+    assert [t["token"] for t in out["logprobs"]] == ref.tokens and len(out["logprobs"][0]["top_logprobs"]) == 2
+    assert main(args[:-4] + ["--logprobs", "2"]) == 2  # without --json: one line, exit 2
+    assert capsys.readouterr().err.count("\n") == 1
