@@ -157,8 +157,8 @@ class _AppendSpy:
         self.records: list = []
         self.original = engine_module.append
 
-    def __call__(self, state, new_tokens, count, eos_ids):
-        state, kept = self.original(state, new_tokens, count, eos_ids)
+    def __call__(self, state, new_tokens, count, eos_ids, logprobs=None):
+        state, kept = self.original(state, new_tokens, count, eos_ids, logprobs)
         jax.debug.callback(lambda n, c, k: self.records.append((np.asarray(n), np.asarray(c), np.asarray(k))),
                            new_tokens, count, kept, ordered=True)
         return state, kept
