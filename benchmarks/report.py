@@ -370,6 +370,46 @@ def vocab_memory(r: dict) -> list[str]:
              _yes(x["identical_tokens"])) for x in r["rows"]]
 
 
+def _options(options: dict) -> str:
+    shown = {k: v for k, v in options.items() if isinstance(v, int) and not isinstance(v, bool)}
+    return "(" + ", ".join(f"{k} {v}" for k, v in shown.items()) + ")" if shown else ""
+
+
+def quantized_weights(r: dict) -> list[str]:
+    """Also `benchmarks/quantized_weights.py`'s own markdown."""
+    mb = lambda b: f"{b / 1e6:.0f}" if b else "-"  # noqa: E731
+    rng = lambda lo_hi, fmt: f" ({lo_hi[0]:{fmt}}..{lo_hi[1]:{fmt}})" if r["rounds"] > 1 else ""  # noqa: E731
+    n = len(r["cases"])
+    lines = [f"{r['model']}, greedy, {n} chats x {r['new_tokens']} new tokens, batch 1, each `jaxspec.generate` call "
+             f"timed whole; {r['rounds']} interleaved rounds: median tokens/s (min..max), the speed against float32 "
+             "the median of per-round ratios. Weights: the parameters' bytes; temporaries: XLA's `memory_analysis()` "
+             "of the greedy program.", "",
+             "| weights | tokens/s | vs float32 | weights MB | temporaries MB | identical to float32 greedy | first "
+             "difference (token) |", "|---|---:|---:|---:|---:|---|---|"]
+    for v in r["variants"]:
+        first = ", ".join("-" if i is None else str(i) for i in v["first_difference_from_float32"])
+        lines.append(_row(v["variant"], f"{v['tokens_per_s']:.1f}{rng(v['tokens_per_s_range'], '.1f')}",
+                          f"{v['speed_vs_float32']:.2f}x{rng(v['speed_vs_float32_range'], '.2f')}",
+                          mb(v["weights_bytes"]), mb(v["greedy_temp_bytes"]),
+                          f"{v['identical_to_float32_greedy']}/{n}", first))
+    if r["methods"]:
+        lines += ["", "The methods (their default options for this model) in the same rounds, each checked against "
+                  "greedy decoding of the same weights (int8's reference is int8 greedy: the same quantized model):",
+                  "", "| method | weights | tokens/s | vs its greedy | vs float32, same method | S | identical to its "
+                  "greedy |", "|---|---|---:|---:|---:|---:|---|"]
+        lines += [_row(f"{x['method']} {_options(x['options'])}", x["variant"], f"{x['tokens_per_s']:.1f}",
+                       f"{x['speed_vs_own_greedy']:.2f}x", f"{x['speed_vs_float32_same_method']:.2f}x",
+                       f"{x['compression']:.2f}", _yes(x["identical_to_own_greedy"] == x["cases"]) +
+                       f" ({x['identical_to_own_greedy']}/{x['cases']})") for x in r["methods"]]
+    lines += ["", f"The matmuls alone, each format's own code compiled on its own, {r['micro_rounds']} interleaved "
+              "rounds, median ms (speed against float32: median of per-round ratios); temporaries from "
+              "`memory_analysis()`.", "", "| program | rows | weights | ms | vs float32 | temporaries MB |",
+              "|---|---:|---|---:|---:|---:|"]
+    lines += [_row(x["program"], x["rows"], x["variant"], f"{x['ms']:.2f}", f"{x['speed_vs_float32']:.2f}x",
+                   mb(x["temp_bytes"])) for x in r["micro"]]
+    return lines
+
+
 def roofline_cpu(r: dict) -> list[str]:
     """benchmarks/roofline.py's measured and predicted c(T) (also docs/performance.md's table:cpu)."""
     lines = [f"c(T) = t(T) / t(1) of one jitted forward, batch 1, float32, cache {r['cache_len']}, "
@@ -633,6 +673,12 @@ SECTIONS = [
             "head runs over vocabulary chunks (`Transformer.head_argmax`); each chunk copies its rows of the "
             "head, which a one-token step pays for more than for its logits.", vocab_memory,
             variants=("vocab_memory_smoke",)),
+    Section("quantized_weights", "Quantized weights on this CPU: float32, bfloat16, int8 and the GGUF's own blocks",
+            "python benchmarks/quantized_weights.py",
+            "SmolLM2-135M-Instruct's greedy tokens/s and weight memory with float32 weights (the default), bfloat16, "
+            "int8 per output channel (`dtype=\"int8\"`) and the GGUF file's Q8_0 / Q4_1 blocks kept, each "
+            "dequantized inside its matmuls; int8's methods against int8 greedy; the head and layer matmuls alone.",
+            quantized_weights, variants=("quantized_weights_smoke",)),
     Section("lp_bench", "Lookahead parallelism: work and bytes per device",
             "python benchmarks/parallel_bench.py lp",
             "Lookahead at (15, 5, 15) split over 1, 2, 4 and 8 devices: block tokens per device, the bytes "

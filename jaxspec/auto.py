@@ -55,6 +55,7 @@ from flax import nnx
 from jaxspec import auto_store, compile_cache, perf, progress
 from jaxspec.kv_cache import KVCache
 from jaxspec.masks import TreeMask
+from jaxspec.quantize import module_dtype
 
 CONFIG = Path(__file__).resolve().parent / "configs" / "auto.toml"  # jaxspec/configs (-> configs/), in the wheel
 MARGIN = 1.1  # the measured speed-up a setting must reach to be chosen over greedy
@@ -216,7 +217,7 @@ def forwards_seconds(batch: int, cache_len: int, forwards: list[tuple], repeats:
     the minimum kept."""
     def ready(forward: tuple):
         model, tokens, head = forward
-        dtype = model.module.embed_tokens.embedding.dtype
+        dtype = module_dtype(model.module)
         program, args = _forward(model.graphdef, model.params, batch, cache_len, tokens, model.config, dtype, head)
         jax.block_until_ready(program(*args))
         return program, args

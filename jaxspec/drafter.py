@@ -48,6 +48,7 @@ from jaxspec.checkpoint.safetensors_io import read_safetensors, write_safetensor
 from jaxspec.config import ModelConfig
 from jaxspec.errors import CheckpointError, GenerationError
 from jaxspec.loading import DTYPES, Model, load
+from jaxspec.quantize import float_table
 
 PROJECTION_FILE = "projection.safetensors"
 DRAFT_FILE = "draft.safetensors"  # draft_vocab ids and/or the mask embedding row (shared embeddings)
@@ -194,7 +195,7 @@ def _load_shared(folder: Path, target: Model | None, dtype: str, attention: str)
     cfg = read_config(folder)
     tensors = read_safetensors(folder / WEIGHTS)
     mask_row = np.asarray(read_safetensors(folder / DRAFT_FILE)["mask_embedding"], np.float32)
-    embedding = np.asarray(target.module.embed_tokens.embedding[...], np.float32)
+    embedding = float_table(target.module.embed_tokens)  # (an int8 target's: dequantized)
     if embedding.shape[1] != mask_row.shape[1] or embedding.shape[0] + len(mask_row) != cfg.vocab_size:
         raise CheckpointError(f"{folder}: the target's embeddings {embedding.shape} do not fit this drafter "
                               f"(vocabulary {cfg.vocab_size}, hidden {mask_row.shape[1]}); use the drafter's own target")

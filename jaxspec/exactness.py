@@ -21,6 +21,7 @@ from flax import nnx
 
 from jaxspec.decoding.prefill import prefill
 from jaxspec.kv_cache import KVCache
+from jaxspec.quantize import activation_dtype, module_dtype
 
 NEAR_TIE_ULPS = 4
 
@@ -35,7 +36,7 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 def near_tie_tolerance(dtype: str, logits: np.ndarray) -> float:
     """NEAR_TIE_ULPS units in the last place of the largest |logit|, in `dtype`."""
-    eps = float(jnp.finfo(jnp.dtype(dtype)).eps)
+    eps = float(jnp.finfo(activation_dtype(dtype)).eps)  # (int8 weights: float32 activations)
     scale = float(np.max(np.abs(logits)))
     ulp = eps * 2.0 ** float(np.floor(np.log2(scale))) if scale > 0 else eps
     return float(NEAR_TIE_ULPS * ulp)
@@ -46,7 +47,7 @@ def _last_logits(graphdef, params, ids, length):
     module = nnx.merge(graphdef, params)
     cfg = module.config
     cache = KVCache.zeros(cfg.num_layers, 1, ids.shape[1], cfg.num_kv_heads, cfg.head_dim,
-                          module.embed_tokens.embedding.dtype)
+                          module_dtype(module))
     return prefill(module, ids, length, cache)[0][0]
 
 

@@ -11,6 +11,8 @@ import jax.numpy as jnp
 from flax import struct
 from jaxtyping import Array, Float, Int
 
+from jaxspec.quantize import module_dtype
+
 
 @struct.dataclass
 class KVCache:
@@ -36,7 +38,7 @@ def init_cache(model, batch: int, max_len: int) -> KVCache:
     """An empty cache for `model` (a `jaxspec.Transformer`): its layers, KV heads and dtype."""
     cfg = model.config
     return KVCache.zeros(cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim,
-                         model.embed_tokens.embedding.dtype)
+                         module_dtype(model))
 
 
 @struct.dataclass

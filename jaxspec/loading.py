@@ -22,9 +22,12 @@ from jaxspec.checkpoint.params import model_from_tensors
 from jaxspec.config import ModelConfig
 from jaxspec.errors import CheckpointError, ConfigError
 from jaxspec.model import Transformer
+from jaxspec.quantize import placement, quantize_model
 from jaxspec.tokenizer import Tokenizer, find_tokenizer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# What `load` takes: the float dtypes above, or int8 weights with float32 activations (`jaxspec.quantize`).
+LOAD_DTYPES = (*DTYPES, "int8")
 
 _PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,6 +127,9 @@ class Model:
 
     def save(self, folder, dtype: str = "float32") -> Path:
         """Write an HF folder (config.json + model.safetensors [+ tokenizer]) transformers can load."""
+        if self.dtype == "int8":
+            raise ConfigError("an int8 model is not saved (its weights are quantized); load the checkpoint "
+                              "with dtype float32 or bfloat16 to export it")
         return save_hf_folder(self.module, folder, dtype=dtype, tokenizer=self.tokenizer)
 
 
@@ -224,22 +230,32 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str = "float32"
     read straight into its layout: a process reads only the slices its devices hold (a
     multi-process mesh never puts the whole model in one process). `mesh` instead: a
     `tp_mesh(T, D)` or, for LP x TP, a `jaxspec.parallel.lp_mesh(L, T)` ((lp, model) axes:
-    `generate(..., lp_devices=L)` then uses the weights as loaded)."""
+    `generate(..., lp_devices=L)` then uses the weights as loaded). `dtype` "int8": every matmul
+    weight quantized as it is read, int8 per output channel, activations float32 (`jaxspec.quantize`;
+    the reference for exactness is then int8 greedy decoding); one device only."""
     from jaxspec import tensor_parallel as tp_lib
 
+    if dtype == "int8" and (mesh is not None or (tensor_parallel, data_parallel) != (1, 1)):
+        raise ConfigError("dtype int8 runs on one device; tensor_parallel, data_parallel and mesh need "
+                          "float32 or bfloat16 weights")
     if mesh is not None:
         if (tensor_parallel, data_parallel) != (1, 1):
             raise ConfigError("pass either mesh or tensor_parallel/data_parallel, not both")
         tp_lib.check_mesh(mesh)
     elif (tensor_parallel, data_parallel) != (1, 1):
         mesh = tp_lib.tp_mesh(tensor_parallel, data_parallel)  # (checked before reading the checkpoint)
-    if dtype not in DTYPES:
-        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype not in LOAD_DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(LOAD_DTYPES)}, got {dtype!r}")
     get_attention(attention)  # fail now, not at the first generate
     path = resolve(path_or_name)
-    jdtype = DTYPES[dtype]
+    jdtype = DTYPES.get(dtype, jnp.float32)  # (int8: read as float32, then quantized tensor by tensor)
 
     def build(cfg: ModelConfig, tensors) -> Transformer:
+        if dtype == "int8":
+            scales: dict = {}
+            module = model_from_tensors(cfg, tensors, dtype=jdtype, attention=attention, source=str(path),
+                                        place=placement(scales))
+            return quantize_model(module, scales)
         # On a mesh each parameter is made in its layout, each process reading only its shards.
         place = None if mesh is None else tp_lib.placement(mesh, cfg, jdtype)
         return model_from_tensors(cfg, tensors, dtype=jdtype, attention=attention, source=str(path), place=place)

@@ -35,13 +35,13 @@ import os
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import compile_cache
 from jaxspec.config import ModelConfig
 from jaxspec.errors import MemoryLimitError
 from jaxspec.model import argmax_chunk
+from jaxspec.quantize import activation_dtype
 
 F32 = 4
 SAMPLING_BUFFERS = 12
@@ -209,7 +209,7 @@ def _on_device(model, estimate: MemoryEstimate, batch: int, cache_len: int) -> M
     """Tensor parallelism: one device's share is what must fit."""
     if model.mesh is None:
         return estimate
-    return per_device(estimate, model.config, jnp.dtype(model.dtype).itemsize, model.mesh, batch, cache_len)
+    return per_device(estimate, model.config, activation_dtype(model.dtype).itemsize, model.mesh, batch, cache_len)
 
 
 def guard_options(model, engine, what: str, batch: int, prompt_len: int, max_new_tokens: int) -> None:
@@ -223,7 +223,7 @@ def guard_options(model, engine, what: str, batch: int, prompt_len: int, max_new
         for old in [k for k in model.memory_estimates if k[0] == "weights"]:
             model.memory_estimates.pop(old, None)  # (another thread may have removed it)
         model.memory_estimates[weights_key] = (model.params, tree_bytes(model.params))
-    estimate = first_estimate(model.config, jnp.dtype(model.dtype).itemsize, engine,
+    estimate = first_estimate(model.config, activation_dtype(model.dtype).itemsize, engine,
                               model.memory_estimates[weights_key][1], batch, prompt_len, cache_len)
     check(_on_device(model, estimate, batch, cache_len), what)
 
@@ -235,6 +235,6 @@ def guard_request(model, request, what: str, begin_fn) -> MemoryEstimate:
     if key not in model.memory_estimates:
         batch = request.args[2].shape[0]
         model.memory_estimates[key] = _on_device(
-            model, estimate(request, model.config, jnp.dtype(model.dtype).itemsize, begin_fn), batch,
+            model, estimate(request, model.config, activation_dtype(model.dtype).itemsize, begin_fn), batch,
             request.statics["cache_len"])
     return check(model.memory_estimates[key], what)

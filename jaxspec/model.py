@@ -24,6 +24,7 @@ from jaxspec.attention import get_attention
 from jaxspec.config import ModelConfig
 from jaxspec.kv_cache import BlockKV, KVCache
 from jaxspec.masks import BlockMask
+from jaxspec.quantize import QUANTIZED, dequantize_after, int8_matmul, piece_channels
 
 
 class RMSNorm(nnx.Module):
@@ -212,10 +213,11 @@ class Transformer(nnx.Module):
 
     def head_logits(self, x: Float[Array, "... d"]) -> Float[Array, "... vocab"]:
         """float32 logits of final states."""
-        if self.config.tie_word_embeddings:
-            w, spec = self.embed_tokens.embedding[...], "...d,vd->...v"
-        else:
-            w, spec = self.lm_head.kernel[...], "...d,dv->...v"
+        tied = self.config.tie_word_embeddings
+        head = self.embed_tokens if tied else self.lm_head
+        w, spec = (head.embedding[...], "...d,vd->...v") if tied else (head.kernel[...], "...d,dv->...v")
+        if isinstance(head, QUANTIZED):  # int8 weights (`jaxspec.quantize`): converted chunk by chunk
+            return self.softcap(int8_matmul(x, w, head.scale[...], transposed=tied))
         return self.softcap(jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(jnp.float32))
 
     def softcap(self, logits):
@@ -233,14 +235,21 @@ class Transformer(nnx.Module):
         seen as [vocab_shards, vocab / vocab_shards] and chunked along the second axis, so every
         chunk stays on its device: a chunk that crossed the split would make XLA gather the whole
         head on every device, every step. Each slice's best then meets the others' in one small
-        reduction (the first best wins: the lowest id)."""
+        reduction (the first best wins: the lowest id). An int8 head (`jaxspec.quantize`) is converted
+        chunk by chunk too: chunks are at most `piece_channels` entries, each chunk's logits scaled."""
         vocab, shards = self.config.vocab_size, self.vocab_shards
         part = vocab // shards
-        chunk = argmax_chunk(part, math.prod(x.shape[:-1]), chunk)
         tied = self.config.tie_word_embeddings
-        w = self.embed_tokens.embedding[...] if tied else self.lm_head.kernel[...]
+        head = self.embed_tokens if tied else self.lm_head
+        scale = head.scale[...] if isinstance(head, QUANTIZED) else None
+        rows = math.prod(x.shape[:-1])
+        if scale is not None and chunk is None:
+            chunk = min(ARGMAX_LOGITS_BYTES // (4 * max(rows, 1)), piece_channels(x.shape[-1]))
+        chunk = argmax_chunk(part, rows, chunk)
+        w = head.embedding[...] if tied else head.kernel[...]
         if shards > 1:
             w = w.reshape(shards, part, -1) if tied else w.reshape(-1, shards, part)
+            scale = None if scale is None else scale.reshape(shards, part)
         # [..., shards, entries]; one device's plain weight is not reshaped (XLA would copy it).
         spec = ("...d,svd->...sv" if tied else "...d,dsv->...sv") if shards > 1 else (
             "...d,vd->...v" if tied else "...d,dv->...v")
@@ -248,8 +257,13 @@ class Transformer(nnx.Module):
 
         def logits(start):
             piece = w if chunk == part else jax.lax.dynamic_slice_in_dim(w, start, chunk, axis=axis)
+            if scale is not None:
+                piece = dequantize_after(piece, x)
+            out = jnp.einsum(spec, x, piece, preferred_element_type=jnp.float32).astype(jnp.float32)
+            if scale is not None:
+                out = out * (scale if chunk == part else jax.lax.dynamic_slice_in_dim(scale, start, chunk, -1))
             # (capped too: tanh is monotone, but logits it saturates to one float tie as the full head's do)
-            out = self.softcap(jnp.einsum(spec, x, piece, preferred_element_type=jnp.float32).astype(jnp.float32))
+            out = self.softcap(out)
             return out if shards > 1 else out[..., None, :]
 
         if chunk == part:
