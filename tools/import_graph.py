@@ -28,7 +28,7 @@ from pathlib import Path
 # name covers its modules; modules not listed are the top (the API: generate, chat, cli, ...).
 LAYERS = (
     ("errors", "config", "progress"),  # foundations
-    ("kv_cache", "masks", "attention", "model", "tensor_parallel"),  # the model
+    ("kv_cache", "masks", "attention", "model", "quantize", "tensor_parallel"),  # the model
     ("sampling", "ngram_pool", "exactness", "decoding", "parallel", "methods"),  # decoding: no file I/O
     ("checkpoint", "tokenizer", "chat_template", "loading", "drafter", "pard_format", "real_prompts"),  # files
     ("compile_cache", "memory", "perf", "auto_store", "auto"),  # runtime
