@@ -31,6 +31,7 @@ Writes benchmarks/results/quantized_weights.{json,md}.
 
 from __future__ import annotations
 
+from pathlib import Path as _Path
 import argparse
 import contextlib
 import statistics
@@ -224,7 +225,7 @@ def end_to_end(models: dict, cases, new_tokens: int, rounds: int, methods: tuple
             ratio = [a / b for a, b in zip(per_round[ref], per_round[key])]  # against its own greedy
             same_method = [a / b for a, b in zip(per_round["float32", method], per_round[key])]
             method_rows.append(dict(
-                variant=variant, method=method, options={k: v for k, v in outputs[key][0].options.items()
+                variant=variant, method=method, options={k: _relative(v) for k, v in outputs[key][0].options.items()
                                                          if isinstance(v, (int, float, str, bool))},
                 tokens_per_s=statistics.median(tps[key]), speed_vs_own_greedy=statistics.median(ratio),
                 speed_vs_float32_same_method=statistics.median(same_method),
@@ -342,3 +343,13 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+ROOT = _Path(__file__).resolve().parents[1]
+
+
+def _relative(value):
+    """A path inside the repository as a path from its root (results are committed)."""
+    if isinstance(value, str) and value.startswith(str(ROOT) + "/"):
+        return value[len(str(ROOT)) + 1:]
+    return value
