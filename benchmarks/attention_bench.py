@@ -2,7 +2,7 @@
 
 Decode (one layer's attention of a lookahead step): 32 query heads, 8 KV heads, head_dim 128, bfloat16, batch 1,
 a full KV cache of 2k / 4k / 8k tokens, the block of the (W, N, G) = (15, 5, 15) step (120 tokens) and, as a
-baseline, the one-token greedy step. Variants: `xla` (`jaxspec.attention.xla_attention`, the reference and
+baseline, the one-token greedy step. Variants: `xla` (`jaxspec.models.attention.xla_attention`, the reference and
 default backend); `pallas dense` (`decode_attention` reading the step relation as a dense mask); `pallas
 in-kernel` (the step's `TreeMask`, the relation computed in the kernel: what `attention="pallas"` runs). Training
 (one layer's attention of a PARD drafter-training forward): K = 4 blocks of L = 1024 tokens, `pard_attention` vs
@@ -27,11 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from harness import RESULTS, command_line, time_programs, write_result
-from jaxspec.attention import xla_attention
+from jaxspec.models.attention import xla_attention
 from jaxspec.decoding.engine import Engine
 from jaxspec.decoding.options import LookaheadOptions
-from jaxspec.masks import pard_layout
-from jaxspec.methods import lookahead_sources
+from jaxspec.models.masks import pard_layout
+from jaxspec.decoding.methods import lookahead_sources
 from pallas_kernels import decode_attention, pard_attention, pard_reference
 
 FULL = dict(heads=32, kv_heads=8, head_dim=128, cache_lengths=(2048, 4096, 8192), step=(15, 5, 15),

@@ -1,6 +1,6 @@
 """`method="auto"` against greedy and every fixed setting it weighs, on this machine.
 
-For each model the prompts decode with `auto` and with each candidate of `jaxspec.auto` (greedy,
+For each model the prompts decode with `auto` and with each candidate of `jaxspec.runtime.auto` (greedy,
 the lookahead grid, prompt lookup, speculative where a drafter is known), every setting compiled on
 every prompt first (`auto`'s measurements included), then timed wall-clock around
 `jaxspec.generate` (`auto`'s choice included), interleaved by the harness. `auto`'s first call,
@@ -20,7 +20,7 @@ from pathlib import Path
 import jaxspec
 from harness import RESULTS, DecodeBench, Setting, chat_cases, code_cases, command_line, run_decode, story_cases
 from harness import write_result
-from jaxspec import auto
+from jaxspec.runtime import auto
 
 MODELS = ("pycode-5M", "stories260K", "smollm2-135m-instruct")
 

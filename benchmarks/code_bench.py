@@ -18,12 +18,12 @@ import sys
 
 import jaxspec
 from harness import DecodeBench, Setting, code_cases, main_decode, repo_relative
-from jaxspec.drafter import load_drafter
-from jaxspec.methods import DEFAULT_DRAFTER, lookahead_defaults
+from jaxspec.checkpoint.drafter_files import load_drafter
+from jaxspec.decoding.methods import DEFAULT_DRAFTER, lookahead_defaults
 
 
 def arguments(p) -> None:
-    p.add_argument("--model", default=jaxspec.loading.DEFAULT_MODEL)
+    p.add_argument("--model", default=jaxspec.checkpoint.loading.DEFAULT_MODEL)
     p.add_argument("--drafter", help=f"drafter folder (default: the shipped {DEFAULT_DRAFTER})")
     p.add_argument("--draft-len", type=int, nargs="+", help="K drafts per step (default: the drafter's training K)")
     p.add_argument("--prompts", type=int, default=20)
@@ -33,7 +33,7 @@ def arguments(p) -> None:
 
 def declare(args) -> DecodeBench:
     model = jaxspec.load(args.model)
-    path = args.drafter or jaxspec.loading.ASSETS / DEFAULT_DRAFTER
+    path = args.drafter or jaxspec.checkpoint.loading.ASSETS / DEFAULT_DRAFTER
     td = load_drafter(path)
     ti = dataclasses.replace(td, projection=None)
     ks = args.draft_len or [td.draft_len]

@@ -43,7 +43,7 @@ OPTION_SETS = {
 
 def child(model_name: str) -> dict:
     import jaxspec
-    from jaxspec import auto
+    from jaxspec.runtime import auto
     from jaxspec.real_prompts import chat_prompts
 
     import jax

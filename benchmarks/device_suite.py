@@ -50,8 +50,8 @@ import jaxspec  # noqa: E402
 from harness import RESULTS, command_line, machine_info, now, repo_relative, time_programs, write_result  # noqa: E402
 from harness.decode import Case, DecodeBench, Setting, decode, differences, run_decode, summarize  # noqa: E402
 from jaxspec import Model, ModelConfig, Transformer  # noqa: E402
-from jaxspec.kv_cache import KVCache  # noqa: E402
-from jaxspec.masks import TreeMask  # noqa: E402
+from jaxspec.models.kv_cache import KVCache  # noqa: E402
+from jaxspec.models.masks import TreeMask  # noqa: E402
 
 PROMPTS_FILE = ROOT / "benchmarks" / "device_suite_prompts.json"
 PARTS = ("step_cost", "decoding", "attention")
@@ -304,7 +304,7 @@ def freeze_prompts(count: int = 12, length: int = 64) -> None:
     """Rewrite benchmarks/device_suite_prompts.json from this interpreter's held-out stdlib files."""
     from harness.cases import code_prompts
 
-    tokenizer = jaxspec.load(jaxspec.loading.DEFAULT_MODEL).tokenizer
+    tokenizer = jaxspec.load(jaxspec.checkpoint.loading.DEFAULT_MODEL).tokenizer
     out = [{**p, "tokens": len(tokenizer.encode(p["text"]))} for p in code_prompts(4 * count)]
     PROMPTS_FILE.write_text(json.dumps({
         "about": "Held-out pycode-5M prompts (benchmarks/harness/cases.py: function starts of the standard-library "
@@ -316,15 +316,15 @@ def freeze_prompts(count: int = 12, length: int = 64) -> None:
 
 def pycode_bench(suite: Suite) -> DecodeBench:
     """pycode-5M on its frozen prompts: the draft-free methods and the shipped drafter."""
-    from jaxspec.drafter import load_drafter
-    from jaxspec.methods import DEFAULT_DRAFTER
+    from jaxspec.checkpoint.drafter_files import load_drafter
+    from jaxspec.decoding.methods import DEFAULT_DRAFTER
 
     c = suite.cfg["pycode"]
-    model = jaxspec.load(jaxspec.loading.DEFAULT_MODEL)
+    model = jaxspec.load(jaxspec.checkpoint.loading.DEFAULT_MODEL)
     cases = [Case(f"{p['file']}:{p['line']}", tuple(ids[-c["prompt_tokens"]:]))
              for p in json.loads(PROMPTS_FILE.read_text())["prompts"]
              if len(ids := model.tokenizer.encode(p["text"])) >= c["prompt_tokens"]][:c["prompts"]]
-    settings, shipped = list(DRAFT_FREE), jaxspec.loading.ASSETS / DEFAULT_DRAFTER
+    settings, shipped = list(DRAFT_FREE), jaxspec.checkpoint.loading.ASSETS / DEFAULT_DRAFTER
     facts = {"dtype": model.dtype, "params": model.config.num_params, "matmul_precision": "highest"}
     if shipped.exists():
         drafter = load_drafter(shipped)
@@ -333,7 +333,7 @@ def pycode_bench(suite: Suite) -> DecodeBench:
         facts["drafter"] = repo_relative(shipped)
     else:
         suite.skip("decoding", "pycode-5M speculative", f"no shipped drafter at {repo_relative(shipped)}")
-    return DecodeBench("pycode-5M", f"{jaxspec.loading.DEFAULT_MODEL}, held-out code, attention {model.attention}",
+    return DecodeBench("pycode-5M", f"{jaxspec.checkpoint.loading.DEFAULT_MODEL}, held-out code, attention {model.attention}",
                        model, cases, settings, c["new_tokens"], facts=facts)
 
 

@@ -9,7 +9,7 @@ V', speculative decoding (target features on, K = `--k`) on the first `--prompts
 jaxspec/real_prompts.py's split: S, identity with greedy, tokens/s against greedy. Before the
 decodes, the drafter's forward over its step block ([pending run, masks] = 2K tokens) and the
 target's verification forward (K + 1 tokens) are each timed alone (compiled, minimum of repeats,
-`jaxspec.auto.forward_seconds`) against the target's one-token forward: the drafter's share of a step.
+`jaxspec.runtime.auto.forward_seconds`) against the target's one-token forward: the drafter's share of a step.
 
     python benchmarks/draft_vocab.py --data runs/pard2-smollm2/data/train.npy
 """
@@ -25,7 +25,7 @@ import numpy as np
 
 import jaxspec
 from harness import DecodeBench, Setting, chat_cases, main_decode, repo_relative
-from jaxspec.auto import forward_seconds
+from jaxspec.runtime.auto import forward_seconds
 from jaxspec.decoding.options import resolve_drafter
 from jaxspec.train.drafter_trainer import draft_vocabulary
 

@@ -1,5 +1,5 @@
 """How often each method's output is identical to greedy's, per dtype, batch and block size,
-and where it is not, how close the disputed logits were (`jaxspec.exactness`). Not timed.
+and where it is not, how close the disputed logits were (`jaxspec.decoding.exactness`). Not timed.
 
 For each model, dtype (float32, bfloat16), method config and batch (1, 4, 8): the same 8
 prompts are decoded in groups of `batch` and each row is compared with greedy decoding of
@@ -30,8 +30,8 @@ import jax
 import jaxspec
 from harness import RESULTS, chat_cases, code_cases, command_line, story_cases, write_result
 from harness.decode import Journal
-from jaxspec import exactness
-from jaxspec.methods import resolve_method
+from jaxspec.decoding import exactness
+from jaxspec.decoding.methods import resolve_method
 
 PROMPTS = 8
 BATCHES = (1, 4, 8)

@@ -74,7 +74,7 @@ def declare(args) -> DecodeBench:
     import torch
     import transformers
 
-    model = jaxspec.load(args.model or ("stories260K" if args.stories else jaxspec.loading.DEFAULT_MODEL))
+    model = jaxspec.load(args.model or ("stories260K" if args.stories else jaxspec.checkpoint.loading.DEFAULT_MODEL))
     threads = [int(t) for t in args.torch_threads.split(",")]
     settings = [Setting("greedy")]
     if not args.stories:

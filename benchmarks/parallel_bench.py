@@ -39,7 +39,7 @@ from flax import nnx  # noqa: E402
 
 import jaxspec  # noqa: E402
 from harness import RESULTS, command_line, repo_relative, story_cases, time_programs, write_result  # noqa: E402
-from jaxspec.parallel import hlo_collectives  # noqa: E402
+from jaxspec.models.meshes import hlo_collectives  # noqa: E402
 
 WINDOW, NGRAM, GUESSES = 15, 5, 15
 LOOKAHEAD = dict(window=WINDOW, ngram=NGRAM, guesses=GUESSES)
@@ -87,8 +87,8 @@ def step_tokens(devices: int) -> dict:
     """Block tokens in one device's forward, and how they split (1 device: the plain layout)."""
     from jaxspec.decoding.engine import Engine
     from jaxspec.decoding.options import LookaheadOptions
-    from jaxspec.decoding.parallel import shard_tree
-    from jaxspec.methods import lookahead_sources
+    from jaxspec.decoding.lookahead_parallel import shard_tree
+    from jaxspec.decoding.methods import lookahead_sources
 
     layout = Engine(sources=lookahead_sources(LookaheadOptions(**LOOKAHEAD))).tree
     s = shard_tree(layout, devices) if devices > 1 else None
@@ -139,7 +139,7 @@ def lp(args) -> dict:
         print(f"{devices} device(s): {split['tokens']} tokens/forward, {rows[-1]['exchanged_bytes_measured']} B/step, "
               f"S={rows[-1]['S']:.3f}, identical={rows[-1]['identical_to_one_device']}", file=sys.stderr, flush=True)
     return {"benchmark": "lp_bench", "title": "Lookahead parallelism: work and communication per step",
-            "config": [WINDOW, NGRAM, GUESSES], "model": repo_relative(jaxspec.loading.resolve(args.model)),
+            "config": [WINDOW, NGRAM, GUESSES], "model": repo_relative(jaxspec.checkpoint.loading.resolve(args.model)),
             "context_7b": args.context, "device_count": jax.device_count(),
             "identical_tokens_and_steps": all(r["identical_to_one_device"] for r in rows), "rows": rows}
 
@@ -156,7 +156,7 @@ def lay_out(single, tp: int, vocab: str):
     """The model on a TP mesh; `vocab="replicated"` keeps the embedding and LM head whole."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from jaxspec.tensor_parallel import param_shardings, path_names, shard, tp_mesh
+    from jaxspec.models.tensor_parallel import param_shardings, path_names, shard, tp_mesh
 
     if tp == 1:
         return single
@@ -227,7 +227,7 @@ LP_GATHER_BYTES = 704  # `lp` measures it: the compiled LP program at (15, 5, 15
 
 
 def plan_weight_bytes(cfg, tp_degree: int) -> int:
-    from jaxspec.tensor_parallel import partition_spec, path_names
+    from jaxspec.models.tensor_parallel import partition_spec, path_names
 
     shapes = nnx.state(nnx.eval_shape(lambda: jaxspec.Transformer(cfg, dtype=jax.numpy.bfloat16, rngs=nnx.Rngs(0))))
     return sum(int(np.prod(leaf.shape)) * 2 // (tp_degree if any(partition_spec(path_names(path), cfg, tp_degree))
@@ -236,8 +236,8 @@ def plan_weight_bytes(cfg, tp_degree: int) -> int:
 
 
 def plan(args) -> dict:
-    from jaxspec.memory import kv_cache_bytes
-    from jaxspec.tensor_parallel import splits
+    from jaxspec.runtime.memory import kv_cache_bytes
+    from jaxspec.models.tensor_parallel import splits
 
     rows = []
     for name, cfg in LLAMA31.items():

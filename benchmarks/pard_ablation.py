@@ -25,7 +25,7 @@ from flax import nnx
 
 import jaxspec
 from harness import RESULTS, chat_cases, code_cases, command_line, repo_relative, write_result
-from jaxspec.drafter import load_drafter
+from jaxspec.checkpoint.drafter_files import load_drafter
 from jaxspec.train.acceptance import accepted_drafts, stats_of
 from jaxspec.train.pard_batch import full_counts, make_batch
 from jaxspec.train.pard_objective import aligned_features, drafter_logits, target_outputs
@@ -127,7 +127,7 @@ def bootstrap(per_sequence: list, draws: int = 2000, seed: int = 0) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default=jaxspec.loading.DEFAULT_MODEL)
+    ap.add_argument("--target", default=jaxspec.checkpoint.loading.DEFAULT_MODEL)
     ap.add_argument("--drafter", action="append", required=True, help="NAME=FOLDER (repeatable)")
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--chat", metavar="SPLIT", help="instead of code: the chat prompts of jaxspec.real_prompts' SPLIT "

@@ -7,7 +7,7 @@ each weight format:
 * float32: `jaxspec.load(model)`, today's default (the GGUF's blocks dequantized at load);
 * bfloat16: `jaxspec.load(model, dtype="bfloat16")`;
 * int8: `jaxspec.load(model, dtype="int8")`, int8 per output channel quantized from the float32
-  weights, activations float32 (`jaxspec.quantize`);
+  weights, activations float32 (`jaxspec.models.quantize`);
 * gguf kept: the file's own blocks kept (Q8_0 embeddings / head, Q4_1 layers: 4-bit values with a
   float16 scale and minimum per 32), dequantized inside each matmul by the same ordered convert;
   the same weights as float32's, bit for bit, so its tokens must equal float32 greedy's.
@@ -21,7 +21,7 @@ weights (for int8 the exactness rule: the reference is the same quantized model)
 matmuls alone, timed the same way: the LM head's argmax and layer 0's seven projections at 1 and
 4 rows, and the 30 layers' projections chained (a forward without attention: weights streamed from
 memory, as decoding does), each format's own code, plus int8 with its convert left to XLA's
-scheduler ("int8 unordered", `jaxspec.quantize`'s docstring).
+scheduler ("int8 unordered", `jaxspec.models.quantize`'s docstring).
 
     python benchmarks/quantized_weights.py                  # ~25 min on this project's shared 2-core CPU
     python benchmarks/quantized_weights.py --smoke          # 1 round, 8 tokens, no methods, few programs
@@ -45,12 +45,12 @@ import numpy as np
 from flax import nnx
 
 import jaxspec
-import jaxspec.model as model_lib
-import jaxspec.quantize as quantize
+import jaxspec.models.model as model_lib
+import jaxspec.models.quantize as quantize
 from harness import RESULTS, chat_cases, command_line, time_programs, write_result
 from jaxspec.checkpoint.gguf_file import _unpermuted_rows, hf_tensor_name, open_gguf
-from jaxspec.loading import Model, resolve
-from jaxspec.memory import tree_bytes
+from jaxspec.checkpoint.loading import Model, resolve
+from jaxspec.runtime.memory import tree_bytes
 
 MODEL = "smollm2-135m-instruct"
 METHODS = ("lookahead", "prompt-lookup", "speculative")

@@ -91,11 +91,11 @@ class Transformers:
 
 
 def pool_bytes(vocab: int, guesses: int, ngram: int) -> int:
-    """One row's n-gram pool (`jaxspec.ngram_pool.NGramPool`): continuations and recency stamps."""
+    """One row's n-gram pool (`jaxspec.decoding.ngram_pool.NGramPool`): continuations and recency stamps."""
     import jax
 
-    from jaxspec.memory import tree_bytes
-    from jaxspec.ngram_pool import NGramPool
+    from jaxspec.runtime.memory import tree_bytes
+    from jaxspec.decoding.ngram_pool import NGramPool
 
     return tree_bytes(jax.eval_shape(lambda: NGramPool.empty(1, vocab, guesses, ngram)))
 

@@ -1,8 +1,8 @@
-"""The step-cost model (jaxspec.perf) against this CPU's measured c(T), and its predictions elsewhere.
+"""The step-cost model (jaxspec.roofline) against this CPU's measured c(T), and its predictions elsewhere.
 
 Measures one jitted forward (the decode step's model call: T block tokens, T in {1, 8, 16, 32, 64, 128}, against
 a 256-position KV cache, greedy argmax head, batch 1, float32) of stories260K, pycode-5M and
-SmolLM2-135M-Instruct, and the CPU's calibration programs (`jaxspec.perf.calibration_cases`: matmul chains,
+SmolLM2-135M-Instruct, and the CPU's calibration programs (`jaxspec.roofline.calibration_cases`: matmul chains,
 256 MB streams, tiny decoders), all timed interleaved in the same rounds (`harness.time_programs`), minimum over
 rounds. c(T) = t(T) / t(1), measured and predicted from the calibrated profile. `predict` recomputes a result's
 predictions from its recorded calibration (tools/performance_tables.py writes docs/performance.md's tables).
@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from harness import RESULTS, command_line, machine_info, time_programs, write_result
-from jaxspec import ModelConfig, perf
+from jaxspec import ModelConfig
+from jaxspec import roofline
 
 TOKENS = (1, 8, 16, 32, 64, 128)
 CACHE_LEN = 256
@@ -36,8 +37,8 @@ def forward_case(model, tokens: int):
     import jax.numpy as jnp
     from flax import nnx
 
-    from jaxspec.kv_cache import KVCache
-    from jaxspec.model import causal_mask
+    from jaxspec.models.kv_cache import KVCache
+    from jaxspec.models.model import causal_mask
 
     cfg, graphdef = model.config, model.graphdef
 
@@ -61,16 +62,16 @@ def measure(models, rounds: int) -> dict:
     import jaxspec
 
     loaded = {name: jaxspec.load(name) for name in models}
-    cases = {key: (fn, args, steps) for key, (fn, args, calls, steps) in perf.calibration_cases().items()
+    cases = {key: (fn, args, steps) for key, (fn, args, calls, steps) in roofline.calibration_cases().items()
              if calls == 1}  # (every calibration program is one call of `steps` steps)
     for name, model in loaded.items():
         for t in TOKENS:
             cases[("forward", name, t)] = forward_case(model, t)
     times = time_programs({key: (fn, args) for key, (fn, args, _) in cases.items()}, rounds)
     seconds = {key: min(times[key]) / steps for key, (_, _, steps) in cases.items()}  # the least disturbed round
-    calib = dict(perf.calibration(seconds), rounds=rounds)
+    calib = dict(roofline.calibration(seconds), rounds=rounds)
     info = machine_info()
-    profile = perf.profile_from_measurements(calib, name=f"{info['cpu']} ({info['cpu_count']} cores)")
+    profile = roofline.profile_from_measurements(calib, name=f"{info['cpu']} ({info['cpu_count']} cores)")
     rows = [dict(model=name, params=model.config.num_params, tokens=t, steps=cases[("forward", name, t)][2],
                  measured_seconds=seconds[("forward", name, t)],
                  measured_c=seconds[("forward", name, t)] / seconds[("forward", name, 1)])
@@ -85,12 +86,12 @@ def measure(models, rounds: int) -> dict:
 def predict(result: dict) -> list[dict]:
     """The recorded measurements with predictions recomputed by the current model from the recorded
     calibration (so the model can be revised without measuring again; the measurement is the record)."""
-    profile = perf.profile_from_measurements(result["calibration"], name=result["profile"]["name"])
+    profile = roofline.profile_from_measurements(result["calibration"], name=result["profile"]["name"])
     rows = []
     for r in result["rows"]:
         cfg = ModelConfig.from_hf(result["configs"][r["model"]])
-        cost = perf.forward_cost(cfg, r["tokens"], 1, result["cache_len"], 4, profile, result["implementation"])
-        base = perf.forward_seconds(cfg, 1, 1, result["cache_len"], 4, profile, result["implementation"])
+        cost = roofline.forward_cost(cfg, r["tokens"], 1, result["cache_len"], 4, profile, result["implementation"])
+        base = roofline.forward_seconds(cfg, 1, 1, result["cache_len"], 4, profile, result["implementation"])
         rows.append(dict(r, predicted_seconds=cost.seconds, predicted_c=cost.seconds / base,
                          compute_bound_fraction=cost.compute_bound_fraction))
     return rows

@@ -19,10 +19,10 @@ import jax
 from flax import nnx
 
 import jaxspec
-import jaxspec.model as model_lib
+import jaxspec.models.model as model_lib
 from harness import RESULTS, command_line, time_programs, write_result
 from jaxspec import Model, ModelConfig, Transformer
-from jaxspec.perf import lookahead_block_tokens
+from jaxspec.roofline import lookahead_block_tokens
 
 SHAPE = dict(hidden_size=256, intermediate_size=688, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=64)
 OFF = 1 << 40  # a logits budget no block exceeds: the full logits, as before the chunked head

@@ -1,13 +1,13 @@
 """jaxspec: lossless fast decoding for LLMs in JAX (Lookahead Decoding, PARD-2 drafters)."""
 
 from jaxspec.chat import ChatReply, chat, chat_stream
-from jaxspec.config import ModelConfig, RopeConfig
+from jaxspec.models.config import ModelConfig, RopeConfig
 from jaxspec.errors import CheckpointError, ConfigError, GenerationError, JaxspecError, MemoryLimitError, PromptError
 from jaxspec.generate import GenerateOutput, Stream, StreamChunk, generate, stream
-from jaxspec.kv_cache import BlockKV, KVCache, commit
-from jaxspec.loading import Model, load
-from jaxspec.model import Transformer, causal_mask
-from jaxspec.sampling import SamplingParams, warp_logits
+from jaxspec.models.kv_cache import BlockKV, KVCache, commit
+from jaxspec.checkpoint.loading import Model, load
+from jaxspec.models.model import Transformer, causal_mask
+from jaxspec.decoding.sampling import SamplingParams, warp_logits
 
 __all__ = [
     "BlockKV", "ChatReply", "CheckpointError", "ConfigError", "GenerateOutput", "GenerationError", "JaxspecError",

@@ -12,7 +12,7 @@ from typing import Iterator
 
 from jaxspec.errors import PromptError
 from jaxspec.generate import GenerateOutput, Stream, generate, stream
-from jaxspec.loading import Model
+from jaxspec.checkpoint.loading import Model
 
 
 @dataclasses.dataclass

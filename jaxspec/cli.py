@@ -272,7 +272,7 @@ def _add_distributed_options(parser: argparse.ArgumentParser) -> None:
 
 def _initialize_distributed(args) -> None:
     """Join the multi-process run the options (or environment) describe, before JAX starts."""
-    from jaxspec.parallel import initialize_distributed
+    from jaxspec.models.meshes import initialize_distributed
 
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
 
@@ -289,7 +289,7 @@ def _method_options(args) -> dict:
     """The method flags given, as `generate` options; a flag the method does not take is an
     error that names the flag (not the option it maps to)."""
     from jaxspec.errors import GenerationError
-    from jaxspec.methods import ALIASES, METHODS
+    from jaxspec.decoding.methods import ALIASES, METHODS
 
     given = {k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k) is not None}
     if args.method == "auto" and given:  # (the default method: it chooses every option itself)
@@ -320,7 +320,7 @@ def _load(args, model: str, method_options: dict):
     """The model on the mesh the options ask for. `--lp-devices L --tensor-parallel T`: straight
     onto the (lp, model) mesh of L x T devices, each process reading only its slices."""
     import jaxspec
-    from jaxspec.parallel import lp_mesh
+    from jaxspec.models.meshes import lp_mesh
 
     lp = method_options.get("lp_devices", 1)
     if lp > 1 and args.tensor_parallel > 1 and args.data_parallel == 1:
@@ -340,7 +340,7 @@ def _generate(args) -> int:
     if args.logprobs is not None and not args.json:
         raise JaxspecError("--logprobs is reported in the --json output; add --json")
     phases = progress.activate(progress.Phases(progress.wanted(args.quiet or args.json)))
-    name = args.model or jaxspec.loading.DEFAULT_MODEL
+    name = args.model or jaxspec.checkpoint.loading.DEFAULT_MODEL
     with phases.phase(f"loading {name}"):
         model = _load(args, name, method_options)
     prompt = args.prompt if args.prompt is not None else args.prompt_ids
@@ -409,8 +409,8 @@ def _sampling(args) -> dict:
 
 def _identical_to_greedy(model, prompt_ids, tokens, greedy_tokens) -> str:
     """"identical to greedy: yes", or where the outputs part and whether the two disputed
-    tokens' logits are a near-tie at the model's dtype (`jaxspec.exactness`)."""
-    from jaxspec import exactness
+    tokens' logits are a near-tie at the model's dtype (`jaxspec.decoding.exactness`)."""
+    from jaxspec.decoding import exactness
 
     difference = exactness.compare(model, prompt_ids, greedy_tokens, tokens)
     return "identical to greedy: yes" if difference is None else \
@@ -524,7 +524,7 @@ def _chat(args) -> int:
             out = reply.output
             difference = None
             if greedy is not None:
-                from jaxspec import exactness
+                from jaxspec.decoding import exactness
 
                 difference = exactness.compare(model, reply.prompt_ids, greedy.tokens, out.tokens)
             print(json.dumps({"reply": reply.text, "finish_reason": reply.finish_reason, "tokens": out.tokens,
@@ -574,7 +574,7 @@ def _overrides(args) -> dict[str, dict] | None:
 
 def _train(args) -> int:
     _initialize_distributed(args)  # data parallel across processes: the mesh spans all their devices
-    from jaxspec.train.config import load_train_config
+    from jaxspec.train.train_config import load_train_config
     from jaxspec.train.trainer import train
 
     cfg = load_train_config(args.config, _overrides(args))
@@ -655,7 +655,7 @@ def _save_replacing(model, target: Path, dtype: str) -> Path:
 
 def _export(args) -> int:
     import jaxspec
-    from jaxspec.loading import resolve
+    from jaxspec.checkpoint.loading import resolve
 
     target = _check_export_target(resolve(args.model), Path(args.out), args.force)
     model = jaxspec.load(args.model, dtype=args.dtype)
@@ -704,7 +704,7 @@ def _serve(args) -> int:
     from jaxspec import progress
 
     phases = progress.activate(progress.Phases(progress.wanted(args.quiet)))
-    name = args.model or jaxspec.loading.DEFAULT_MODEL
+    name = args.model or jaxspec.checkpoint.loading.DEFAULT_MODEL
     with phases.phase(f"loading {name}"):
         model = jaxspec.load(name, dtype=args.dtype, attention=args.attention)
     # auto's measurements and the warm-up say themselves (`jaxspec.progress`)
@@ -727,7 +727,7 @@ def _serve(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from jaxspec import compile_cache
+    from jaxspec.runtime import compile_cache
 
     compile_cache.enable()  # a second call with the same shapes loads its programs from disk
     from jaxspec import progress

@@ -26,4 +26,4 @@ class GenerationError(JaxspecError):
 
 
 class MemoryLimitError(GenerationError):
-    """A request needs more device memory than is free (`jaxspec.memory` estimates it)."""
+    """A request needs more device memory than is free (`jaxspec.runtime.memory` estimates it)."""

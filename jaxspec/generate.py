@@ -16,16 +16,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import auto, compile_cache, memory, progress
+from jaxspec import progress
+from jaxspec.runtime import auto
+from jaxspec.runtime import compile_cache
+from jaxspec.runtime import memory
 from jaxspec.errors import GenerationError, PromptError
 from jaxspec.inputs import as_bool, describe, given, int_arg, is_array, normalize_prompts, number_arg, plain_option
-from jaxspec.loading import Model
-from jaxspec.memory import MemoryEstimate
+from jaxspec.checkpoint.loading import Model
+from jaxspec.runtime.memory import MemoryEstimate
 from jaxspec.decoding.engine import finish
-from jaxspec.methods import advance, begin, bind, decode, resolve_method
-from jaxspec.parallel import lp_mesh, lp_params, replicate
-from jaxspec.sampling import MAX_LOGPROBS, SamplingParams, penalized
-from jaxspec.tensor_parallel import MODEL_AXIS, place_inputs
+from jaxspec.decoding.methods import advance, begin, bind, decode, resolve_method
+from jaxspec.models.meshes import lp_mesh, lp_params, replicate
+from jaxspec.decoding.sampling import MAX_LOGPROBS, SamplingParams, penalized
+from jaxspec.models.tensor_parallel import MODEL_AXIS, place_inputs
 
 
 @dataclasses.dataclass
@@ -43,10 +46,10 @@ class GenerateOutput:
     logprobs: list | None = None
     options: dict = dataclasses.field(default_factory=dict)  # the method's options, defaults filled in
     extras: dict = dataclasses.field(default_factory=dict)  # method-specific statistics
-    # Device memory: the estimate made before compiling (`jaxspec.memory`), the free memory it was
+    # Device memory: the estimate made before compiling (`jaxspec.runtime.memory`), the free memory it was
     # checked against, and XLA's own analysis of the compiled program ("compiled").
     memory: dict = dataclasses.field(default_factory=dict)
-    # method="auto" / window="auto": what was chosen and why (`jaxspec.auto.Choice.as_dict`), else None.
+    # method="auto" / window="auto": what was chosen and why (`jaxspec.runtime.auto.Choice.as_dict`), else None.
     auto: dict | None = None
 
 
@@ -66,7 +69,7 @@ class Request:
     batched: bool
     lp_devices: int
     memory: MemoryEstimate | None = None
-    auto: Any = None  # `jaxspec.auto.Choice` when method="auto" or window="auto" chose the method
+    auto: Any = None  # `jaxspec.runtime.auto.Choice` when method="auto" or window="auto" chose the method
 
     @property
     def engine(self):
@@ -113,7 +116,7 @@ def _graph_key(graphdefs):
 def _choose(model: Model, prompt, rows: list[list[int]], max_new_tokens: int, method: str, method_options: dict,
             generation: dict):
     """`method="auto"` (no method options) or `"lookahead", window="auto"` (ngram and guesses
-    chosen too; the other lookahead options kept): the method and options `jaxspec.auto` picks."""
+    chosen too; the other lookahead options kept): the method and options `jaxspec.runtime.auto` picks."""
     if method == "auto" and method_options:
         raise GenerationError(f"method 'auto' chooses the method and its options; it takes none, got "
                               f"{', '.join(sorted(method_options))}")
@@ -325,7 +328,7 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
     tokens (`.logprobs`).
     `method="auto"` picks the method and its options that decode fastest on this device, greedy
     unless another is measured to be clearly faster; `method="lookahead", window="auto"` picks
-    (W, N, G); `.auto` of the output says what was chosen and why (`jaxspec.auto`).
+    (W, N, G); `.auto` of the output says what was chosen and why (`jaxspec.runtime.auto`).
     `method="lookahead"` or `"hybrid"` with `lp_devices=D` splits each step over the first D devices (lookahead
     parallelism, greedy only; see docs/scaling.md); in a multi-process run every process
     calls this with the same arguments and gets the same output.

@@ -14,7 +14,7 @@ import numpy as np
 from jaxspec.errors import GenerationError, PromptError
 
 if TYPE_CHECKING:
-    from jaxspec.loading import Model
+    from jaxspec.checkpoint.loading import Model
 
 
 def describe(value) -> str:

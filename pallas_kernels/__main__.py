@@ -21,7 +21,7 @@ import traceback
 import jax
 import jax.numpy as jnp
 
-from jaxspec.masks import TreeMask
+from jaxspec.models.masks import TreeMask
 from pallas_kernels.decode_attention import decode_attention
 from pallas_kernels.pard_attention import pard_attention
 

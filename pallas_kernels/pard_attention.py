@@ -1,11 +1,11 @@
 """PARD drafter-training attention as one Pallas kernel: full-sequence attention, no cache.
 
-The relation is the PARD training mask (`jaxspec.masks`, `../shared/docs/pard2.md`): token
+The relation is the PARD training mask (`jaxspec.models.masks`, `../shared/docs/pard2.md`): token
 n carries a block id (0 real, j >= 1 mask block j, -1 padding) and a position id, and
 query (j, t) sees key (j', t') iff `j' == 0 and t' <= t - j` or `1 <= j' <= j and
 t' - j' == t - j`. The kernel evaluates that on the ids of its query and key tiles
-(`jaxspec.masks.pard_relation`); no `n x n` mask exists anywhere. The ids are arbitrary per
-token, so the full layout (`jaxspec.masks.pard_layout`), conditional drop (COD: any subset
+(`jaxspec.models.masks.pard_relation`); no `n x n` mask exists anywhere. The ids are arbitrary per
+token, so the full layout (`jaxspec.models.masks.pard_layout`), conditional drop (COD: any subset
 of it) and right padding all work. With every block id 0 the relation is causal attention.
 
 Layout: one kernel instance per (batch row, query head, query tile of `block_q`); its KV
@@ -18,7 +18,7 @@ all K blocks.
 
 A query that sees nothing (padding) gets 0 where the XLA reference averages every value;
 nothing reads those rows. Gradients: `pard_attention` is a `jax.custom_vjp` whose
-backward is the VJP of the XLA reference (`jaxspec.attention.xla_attention` under the
+backward is the VJP of the XLA reference (`jaxspec.models.attention.xla_attention` under the
 dense `pard_mask`), recomputed: exact, but with the reference's O(n^2) memory; a Pallas
 backward (saving the log-sum-exp) is the next step for long training sequences.
 
@@ -38,7 +38,7 @@ from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
 from jaxspec.errors import ConfigError
-from jaxspec.masks import pard_mask, pard_relation
+from jaxspec.models.masks import pard_mask, pard_relation
 from pallas_kernels.backend import MASKED, compiler_params, next_pow2, pv, qk, resolve, round_up
 
 _FAR = 1 << 30  # beyond any position: "no such token in this tile"
@@ -166,7 +166,7 @@ def pard_reference(
     softcap: float | None = None,
 ) -> Float[Array, "b n h d"]:
     """The XLA path: `xla_attention` with an empty cache under the dense `pard_mask`."""
-    from jaxspec.attention import xla_attention
+    from jaxspec.models.attention import xla_attention
 
     b, _, _, d = q.shape
     empty = jnp.zeros((b, 0, k.shape[2], d), k.dtype)

@@ -20,13 +20,13 @@ if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
 import jax  # noqa: E402  (after XLA_FLAGS)
 import pytest
 
-from jaxspec import compile_cache  # noqa: E402
+from jaxspec.runtime import compile_cache  # noqa: E402
 
-# `method="auto"` keeps its measurements on disk for later processes (`jaxspec.auto_store`):
+# `method="auto"` keeps its measurements on disk for later processes (`jaxspec.runtime.auto_store`):
 # not in the tests, which must measure for themselves and leave the user's store alone. (Set
 # here, so that the CLI and notebook processes the tests start inherit it.)
 os.environ["JAXSPEC_AUTO_CACHE"] = "off"
-# The persistent compilation cache (`jaxspec.compile_cache`): one folder for this test session,
+# The persistent compilation cache (`jaxspec.runtime.compile_cache`): one folder for this test session,
 # shared by this process and every CLI, worker and notebook process the tests start, so a
 # program compiled once (the default model's greedy loop, say) is loaded, not compiled, by the
 # next module or process; never the user's folder. Tests of the cache itself name their own.

@@ -6,7 +6,7 @@ import pytest
 
 import jaxspec
 
-STORIES = jaxspec.loading.shared_dir() / "models" / "stories260K"
+STORIES = jaxspec.checkpoint.loading.shared_dir() / "models" / "stories260K"
 CHECKPOINT = STORIES / "stories260K.bin"
 REFERENCE = STORIES / "greedy_reference.json"
 CASES = json.loads(REFERENCE.read_text())["cases"] if REFERENCE.exists() else []

@@ -1,4 +1,4 @@
-"""`method="auto"` / `window="auto"` (`jaxspec.auto`): greedy unless another setting is measured
+"""`method="auto"` / `window="auto"` (`jaxspec.runtime.auto`): greedy unless another setting is measured
 faster, the same tokens whatever is chosen, and the S table fitted from the benchmark results."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import jaxspec
-from jaxspec import auto, auto_store
+from jaxspec.runtime import auto
+from jaxspec.runtime import auto_store
 from test_cli import assert_one_line_error, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]

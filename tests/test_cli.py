@@ -302,7 +302,7 @@ def test_entry_point_subprocess_json():
 
 
 def test_second_process_loads_its_programs_from_the_compile_cache(tmp_path):
-    """`jaxspec.compile_cache`: the first CLI call writes its compiled programs to the folder
+    """`jaxspec.runtime.compile_cache`: the first CLI call writes its compiled programs to the folder
     JAXSPEC_COMPILE_CACHE names, a second call with the same shapes loads them (its compile time
     drops) and prints the same tokens."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "JAXSPEC_COMPILE_CACHE": str(tmp_path / "xla")}
@@ -317,7 +317,7 @@ def test_second_process_loads_its_programs_from_the_compile_cache(tmp_path):
 
 
 def test_compile_cache_folder_and_off_switch(monkeypatch, tmp_path):
-    from jaxspec import compile_cache
+    from jaxspec.runtime import compile_cache
 
     monkeypatch.setenv("JAXSPEC_COMPILE_CACHE", "off")
     assert compile_cache.cache_dir() is None and compile_cache.enable() is None

@@ -15,7 +15,8 @@ import pytest
 from flax import nnx
 
 import jaxspec
-from jaxspec import compile_cache, progress
+from jaxspec import progress
+from jaxspec.runtime import compile_cache
 from jaxspec.cli import STATS_WIDTH, _stats_lines, main
 from jaxspec.generate import GenerateOutput
 
@@ -43,7 +44,7 @@ def chat_folder(tmp_path_factory):
                               bos_token_id=1, eos_token_ids=(2,))
     out = jaxspec.Model.from_module(jaxspec.Transformer(cfg, rngs=nnx.Rngs(1))).save(
         tmp_path_factory.mktemp("chat") / "chat")
-    shutil.copy(jaxspec.loading.resolve("pycode-5M") / "tokenizer.model", out / "tokenizer.model")
+    shutil.copy(jaxspec.checkpoint.loading.resolve("pycode-5M") / "tokenizer.model", out / "tokenizer.model")
     (out / "chat_template.jinja").write_text(TEMPLATE)
     return out
 

@@ -1,4 +1,4 @@
-"""`jaxspec.compile_cache`'s program cache: a later process loads a program without tracing it,
+"""`jaxspec.runtime.compile_cache`'s program cache: a later process loads a program without tracing it,
 the key changes with everything the trace depends on and is refused where it cannot be spelled
 out exactly, and a damaged or unsafe entry is compiled again rather than trusted."""
 
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec import compile_cache
-from jaxspec.methods import decode
+from jaxspec.runtime import compile_cache
+from jaxspec.decoding.methods import decode
 
 G = importlib.import_module("jaxspec.generate")
 REPO = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def test_the_key_follows_what_the_trace_depends_on(program_cache, monkeypatch):
     with jax.sharding.set_mesh(jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))):
         assert key() is None
     # jaxspec's settings read while tracing: another LM-head logits budget is another program.
-    monkeypatch.setattr(jaxspec.model, "ARGMAX_LOGITS_BYTES", 1024)
+    monkeypatch.setattr(jaxspec.models.model, "ARGMAX_LOGITS_BYTES", 1024)
     assert key() not in (None, base)
     monkeypatch.undo()
     assert key() == base

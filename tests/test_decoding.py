@@ -17,9 +17,9 @@ import pytest
 from flax import nnx
 
 import jaxspec
-from jaxspec.kv_cache import KVCache
-from jaxspec.model import causal_mask
-from jaxspec.sampling import SamplingParams, target_probs, warp_logits
+from jaxspec.models.kv_cache import KVCache
+from jaxspec.models.model import causal_mask
+from jaxspec.decoding.sampling import SamplingParams, target_probs, warp_logits
 
 CFG = jaxspec.ModelConfig(
     model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,

@@ -13,8 +13,8 @@ import pytest
 
 import jaxspec
 from jaxspec.cli import main
-from jaxspec.loading import DEFAULT_MODEL, NAMED_MODELS
-from jaxspec.train.config import load_train_config
+from jaxspec.checkpoint.loading import DEFAULT_MODEL, NAMED_MODELS
+from jaxspec.train.train_config import load_train_config
 from jaxspec.train.corpus import read_text
 
 REPO = Path(__file__).resolve().parents[1]

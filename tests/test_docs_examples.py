@@ -12,7 +12,7 @@ from flax import nnx
 
 import jaxspec
 import jaxspec.decoding.options as options_module
-from jaxspec.methods import METHODS, Method
+from jaxspec.decoding.methods import METHODS, Method
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -37,7 +37,7 @@ def test_design_doc_draft_source_sketch_is_a_working_method(monkeypatch):
     exec(compile(source_block, "design.md: the source", "exec"), namespace)
     registry_line = next(line.strip() for line in options_block.splitlines() if line.strip().startswith('"repeat"'))
     options_ns = dict(vars(options_module))
-    exec(compile(options_block.split("# jaxspec/methods.py")[0], "design.md: the options", "exec"), options_ns)
+    exec(compile(options_block.split("# jaxspec/decoding/methods.py")[0], "design.md: the options", "exec"), options_ns)
     entry = eval(registry_line.split(":", 1)[1].strip().rstrip(","),  # noqa: S307 -- the doc's own registry entry
                  {"Method": Method, "RepeatOptions": options_ns["RepeatOptions"], "RepeatLast": namespace["RepeatLast"]})
     monkeypatch.setitem(METHODS, "repeat", entry)

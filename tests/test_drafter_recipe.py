@@ -16,13 +16,13 @@ import pytest
 from flax import nnx
 
 import jaxspec
-from jaxspec.drafter import load_drafter
+from jaxspec.checkpoint.drafter_files import load_drafter
 from jaxspec.decoding.sources.base import Start, Step
 from jaxspec.decoding.sources.drafter import DraftSpec, PardDrafter
-from jaxspec.sampling import SamplingParams
+from jaxspec.decoding.sampling import SamplingParams
 from jaxspec.train import target_cache
 from jaxspec.train.acceptance import acceptance
-from jaxspec.train.config import OptimConfig, resolve_schedule_steps
+from jaxspec.train.train_config import OptimConfig, resolve_schedule_steps
 from jaxspec.train.corpus import PackedData
 from jaxspec.train.drafter_config import load_drafter_config
 from jaxspec.train.drafter_trainer import (DrafterParts, draft_vocabulary, init_drafter, init_projection,
@@ -228,8 +228,8 @@ def test_a_next_stage_starts_from_an_exported_drafter_that_shares_the_targets_em
     mask row and its feature projection. The projection was first read by loading the whole
     drafter, which needs the target when the embeddings are shared: the load failed, the
     failure was taken for "not a drafter", and the projection silently restarted at zero."""
-    from jaxspec.drafter import Drafter
-    from jaxspec.loading import Model
+    from jaxspec.checkpoint.drafter_files import Drafter
+    from jaxspec.checkpoint.loading import Model
 
     vocab, hidden = pycode.config.vocab_size, pycode.config.hidden_size
     first = init_drafter(_recipe(), pycode)

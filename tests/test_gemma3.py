@@ -23,8 +23,8 @@ import pytest
 from flax import nnx
 
 import jaxspec
-from jaxspec.kv_cache import init_cache
-from jaxspec.model import causal_mask
+from jaxspec.models.kv_cache import init_cache
+from jaxspec.models.model import causal_mask
 from test_speculative import copy_drafter
 
 WINDOW = 6
@@ -32,7 +32,7 @@ TINY = jaxspec.ModelConfig(
     model_type="gemma3_text", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3, num_heads=4,
     num_kv_heads=2, head_dim=8, max_position_embeddings=256, bos_token_id=1, eos_token_ids=(),
     qk_norm=True, sliding_window=WINDOW, layer_types=("sliding_attention", "full_attention", "sliding_attention"),
-    rope=jaxspec.config.RopeConfig(theta=1e6), local_rope=jaxspec.config.RopeConfig(theta=1e4),
+    rope=jaxspec.models.config.RopeConfig(theta=1e6), local_rope=jaxspec.models.config.RopeConfig(theta=1e4),
     query_pre_attn_scalar=12.0, tie_word_embeddings=True)
 # Gemma 2: every other layer windowed, attention scores and final logits soft-capped (caps small
 # enough to bite on these weights), one RoPE, no q/k norms.
@@ -162,7 +162,7 @@ def test_memory_guard_prices_a_262k_vocabulary(method, temperature, options):
 
 
 def test_missing_wheel_is_one_line_naming_the_pip_command(monkeypatch, capsys):
-    from jaxspec import loading
+    from jaxspec.checkpoint import loading
     from jaxspec.cli import main
 
     real_find_spec = importlib.util.find_spec

@@ -112,7 +112,7 @@ def test_open_gguf_reads_what_gguf_reads_through_a_plain_view():
     import gguf
 
     from jaxspec.checkpoint.gguf_file import open_gguf
-    from jaxspec.loading import NAMED_MODELS
+    from jaxspec.checkpoint.loading import NAMED_MODELS
 
     try:
         path = NAMED_MODELS["smollm2-135m-instruct"]()

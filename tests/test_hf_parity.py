@@ -28,10 +28,10 @@ transformers = pytest.importorskip("transformers")
 
 import jaxspec  # noqa: E402
 from jaxspec.checkpoint.llama2c import interleaved_to_rotate_half  # noqa: E402
-from jaxspec.config import ModelConfig, RopeConfig  # noqa: E402
-from jaxspec.kv_cache import KVCache  # noqa: E402
-from jaxspec.model import causal_mask  # noqa: E402
-from jaxspec.tokenizer import HFTokenizer, SentencePieceTokenizer  # noqa: E402
+from jaxspec.models.config import ModelConfig, RopeConfig  # noqa: E402
+from jaxspec.models.kv_cache import KVCache  # noqa: E402
+from jaxspec.models.model import causal_mask  # noqa: E402
+from jaxspec.checkpoint.tokenizer import HFTokenizer, SentencePieceTokenizer  # noqa: E402
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()

@@ -14,7 +14,7 @@ from flax import nnx
 
 import jaxspec
 from jaxspec.cli import main
-from jaxspec.loading import _model_in_folder, hf_cache_dir
+from jaxspec.checkpoint.loading import _model_in_folder, hf_cache_dir
 
 REPO_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TINY = jaxspec.ModelConfig(
@@ -117,7 +117,7 @@ def test_cli_takes_a_hub_id(hub, saved, capsys):
 
 def test_named_models_and_paths_still_resolve(saved):
     assert Path(jaxspec.load(saved[0]).source) == saved[0]
-    assert jaxspec.loading.resolve("pycode-5M") == jaxspec.loading.ASSETS / "pycode-5M"
+    assert jaxspec.checkpoint.loading.resolve("pycode-5M") == jaxspec.checkpoint.loading.ASSETS / "pycode-5M"
 
 
 def test_a_folder_of_gguf_files(tmp_path):

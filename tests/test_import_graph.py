@@ -14,7 +14,7 @@ import import_graph  # noqa: E402
 def test_jaxspec_has_no_cycle_and_no_arrow_back_up():
     found, graph = import_graph.problems(ROOT)
     assert found == []
-    assert "jaxspec.decoding.engine" in graph and "jaxspec.model" in graph["jaxspec.decoding.engine"]
+    assert "jaxspec.decoding.engine" in graph and "jaxspec.models.model" in graph["jaxspec.decoding.engine"]
 
 
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -29,18 +29,18 @@ def test_cycles_and_upward_arrows_are_caught(tmp_path):
     root = _package(tmp_path, {
         "__init__.py": "",
         "model.py": "from jaxspec import masks\n",  # model <-> masks at module level
-        "masks.py": "import jaxspec.model\n",
+        "masks.py": "import jaxspec.models.model\n",
         "sampling.py": "def f():\n    from jaxspec import exactness\n",  # a cycle hidden in functions
-        "exactness.py": "from jaxspec.sampling import f\n",
+        "exactness.py": "from jaxspec.decoding.sampling import f\n",
         "decoding/__init__.py": "",
         "decoding/engine.py": "from ..loading import load\n",  # decoding reads files: up a layer
         "loading.py": "from jaxspec.errors import E\nif True:\n    from . import config\n",
         "errors.py": "", "config.py": "",
     })
     found, graph = import_graph.problems(root, known_upward=set(), known_cycles=set())
-    assert "import cycle at module level: jaxspec.masks <-> jaxspec.model" in found
-    assert "import cycle through imports inside functions: jaxspec.exactness <-> jaxspec.sampling" in found
+    assert "import cycle at module level: jaxspec.models.masks <-> jaxspec.models.model" in found
+    assert "import cycle through imports inside functions: jaxspec.decoding.exactness <-> jaxspec.decoding.sampling" in found
     assert any(line.startswith("arrow back up: jaxspec.decoding.engine") for line in found)
     assert len(found) == 3
-    assert graph["jaxspec.loading"] == ["jaxspec.config", "jaxspec.errors"]  # relative and under `if`
+    assert graph["jaxspec.checkpoint.loading"] == ["jaxspec.models.config", "jaxspec.errors"]  # relative and under `if`
     assert import_graph.main(["--root", str(root)]) == 1

@@ -93,7 +93,7 @@ def test_greedy_step_never_materialises_block_logits_over_the_budget(monkeypatch
     lookahead = list(whole.compiled.values())[0]  # 2 rows x 21 block tokens: within the default budget
     assert vocab_buffers(lookahead, 19384) > {"f32[2,19384]"}  # the block's logits too
 
-    monkeypatch.setattr(jaxspec.model, "ARGMAX_LOGITS_BYTES", 64 << 10)  # the block's logits: 3 MB
+    monkeypatch.setattr(jaxspec.models.model, "ARGMAX_LOGITS_BYTES", 64 << 10)  # the block's logits: 3 MB
     vocab = 19385
     model = jaxspec.Model.from_module(jaxspec.Transformer(dataclasses.replace(CFG, vocab_size=vocab),
                                                           rngs=nnx.Rngs(0)))

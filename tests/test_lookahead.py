@@ -29,8 +29,8 @@ import jaxspec
 import jaxspec.decoding.engine as engine_module
 from jaxspec.cli import main
 from jaxspec.decoding.options import LookaheadOptions as LookaheadConfig
-from jaxspec.methods import METHODS as METHODS_REGISTRY
-from jaxspec.methods import decode, lookahead_defaults, resolve_method
+from jaxspec.decoding.methods import METHODS as METHODS_REGISTRY
+from jaxspec.decoding.methods import decode, lookahead_defaults, resolve_method
 
 from stories import CASES, needs_stories
 from trees import StepLayout

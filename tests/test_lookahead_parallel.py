@@ -33,8 +33,8 @@ from flax import nnx
 
 import jaxspec
 from jaxspec.cli import main
-from jaxspec.decoding.parallel import shard_tree
-from jaxspec.parallel import hlo_collectives as collectives
+from jaxspec.decoding.lookahead_parallel import shard_tree
+from jaxspec.models.meshes import hlo_collectives as collectives
 
 from processes import check_all_succeeded, cpu_env, free_port, run_processes
 from stories import CASES, CHECKPOINT, REFERENCE
@@ -258,7 +258,7 @@ def test_collective_parser_sees_collectives():
 ])
 def test_collective_groups_in_every_notation_xla_prints(text, groups):
     """Device groups tell a tensor-parallel collective (within a group) from LP's (across groups)."""
-    from jaxspec.parallel import _groups
+    from jaxspec.models.meshes import _groups
 
     assert _groups(text) == groups
 

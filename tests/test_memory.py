@@ -8,7 +8,7 @@ import json
 import pytest
 
 import jaxspec
-from jaxspec import memory
+from jaxspec.runtime import memory
 from jaxspec.errors import MemoryLimitError
 from test_cli import assert_one_line_error, run_cli
 from test_decoding import tiny_model
@@ -78,13 +78,13 @@ def test_large_vocabulary_step_is_priced_by_the_head():
         model_type="llama", vocab_size=200_000, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=1,
         num_kv_heads=1, head_dim=8, max_position_embeddings=128, bos_token_id=1)
     batch, block, keys = 8, 120, 300
-    chunk = jaxspec.model.argmax_chunk(cfg.vocab_size, batch * block)
+    chunk = jaxspec.models.model.argmax_chunk(cfg.vocab_size, batch * block)
     greedy = memory.forward_bytes(cfg, 4, batch, block, keys, chunk)
     sampled = memory.forward_bytes(cfg, 4, batch, block, keys, cfg.vocab_size)
     # sampling: the block's full logits; greedy: one chunk of logits and the chunk of the weight it slices
     assert sampled - greedy == batch * block * (cfg.vocab_size - chunk) * 4 - chunk * cfg.hidden_size * 4
-    assert batch * block * 4 * (chunk - 127) <= jaxspec.model.ARGMAX_LOGITS_BYTES < batch * block * 4 * cfg.vocab_size
-    assert jaxspec.model.argmax_chunk(cfg.vocab_size, 1) == cfg.vocab_size
+    assert batch * block * 4 * (chunk - 127) <= jaxspec.models.model.ARGMAX_LOGITS_BYTES < batch * block * 4 * cfg.vocab_size
+    assert jaxspec.models.model.argmax_chunk(cfg.vocab_size, 1) == cfg.vocab_size
 
 
 def test_cli_refuses_in_one_line_and_reports_the_estimate(capsys):
@@ -105,7 +105,7 @@ def test_cli_refuses_in_one_line_and_reports_the_estimate(capsys):
 def test_block_tokens_without_the_tree_equal_the_tree(method, options):
     """The first check prices the block from the options (`Engine.block_tokens`) before the
     tree exists: it must be the tree's real size."""
-    from jaxspec.methods import resolve_method
+    from jaxspec.decoding.methods import resolve_method
 
     target = jaxspec.load("pycode-5M")
     _, spec, opts = resolve_method(method, target.config, options, target.drafters)

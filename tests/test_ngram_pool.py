@@ -1,6 +1,6 @@
 """The fixed-shape n-gram pool behind lookahead / prompt-lookup decoding.
 
-Contract (jaxspec/ngram_pool.py): per batch row and key token, at most G distinct
+Contract (jaxspec/decoding/ngram_pool.py): per batch row and key token, at most G distinct
 continuations; inserting one already present does not duplicate it but refreshes it;
 a full key evicts its least recently seen entry; `lookup` marks which of the G slots hold
 an entry. Tests read the pool only through `lookup` (slot order is not part of the contract).
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from jaxspec.ngram_pool import NGramPool, insert, sequence_ngrams
+from jaxspec.decoding.ngram_pool import NGramPool, insert, sequence_ngrams
 
 VOCAB = 8
 insert_jit = jax.jit(insert)

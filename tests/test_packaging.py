@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 
 import jaxspec
-from jaxspec import auto
+from jaxspec.runtime import auto
 from jaxspec.decoding import options
 
 REPO = Path(__file__).resolve().parents[1]

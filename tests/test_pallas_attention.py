@@ -26,11 +26,11 @@ import pytest
 from flax import nnx
 
 import jaxspec
-from jaxspec.attention import get_attention, xla_attention
-from jaxspec.config import ModelConfig
+from jaxspec.models.attention import get_attention, xla_attention
+from jaxspec.models.config import ModelConfig
 from jaxspec.errors import ConfigError
-from jaxspec.kv_cache import KVCache
-from jaxspec.masks import PardMask, dense_block_mask, pard_layout, pard_mask
+from jaxspec.models.kv_cache import KVCache
+from jaxspec.models.masks import PardMask, dense_block_mask, pard_layout, pard_mask
 from pallas_kernels import decode_attention, pallas_attention, pard_attention, pard_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -343,7 +343,7 @@ def test_pard_training_forward_through_the_model():
 
 def test_registered_as_the_pallas_backend():
     assert get_attention("pallas") is pallas_attention
-    assert "pallas" in jaxspec.attention.available_attention()
+    assert "pallas" in jaxspec.models.attention.available_attention()
 
 
 def test_dense_block_mask_accepts_every_kind():

@@ -1,5 +1,5 @@
 """The authors' PARD / PARD-2 drafter folders (AMD-AGI/PARD) load as they are, and jaxspec
-drafters export to that layout (`jaxspec.pard_format`).
+drafters export to that layout (`jaxspec.checkpoint.pard_format`).
 
 The checkpoints are written here with transformers and torch exactly as the authors' code
 writes them: a tiny LlamaForCausalLM target; a PARD drafter (a tied Qwen2ForCausalLM whose
@@ -38,10 +38,10 @@ from jaxspec.decoding.options import DrafterOptions  # noqa: E402
 from jaxspec.decoding.prefill import prefill  # noqa: E402
 from jaxspec.decoding.sources.base import Start, Step  # noqa: E402
 from jaxspec.decoding.sources.drafter import PardDrafter  # noqa: E402
-from jaxspec.drafter import Drafter, load_drafter  # noqa: E402
+from jaxspec.checkpoint.drafter_files import Drafter, load_drafter  # noqa: E402
 from jaxspec.errors import CheckpointError, GenerationError  # noqa: E402
-from jaxspec.kv_cache import init_cache  # noqa: E402
-from jaxspec.pard_format import (hf_to_jaxspec_layers, jaxspec_to_hf_layers, read_torch_tensors,  # noqa: E402
+from jaxspec.models.kv_cache import init_cache  # noqa: E402
+from jaxspec.checkpoint.pard_format import (hf_to_jaxspec_layers, jaxspec_to_hf_layers, read_torch_tensors,  # noqa: E402
                                  write_torch_tensors)
 
 torch.set_num_threads(1)

@@ -20,19 +20,19 @@ import pytest
 from flax import nnx
 
 from jaxspec.cli import main
-from jaxspec.config import ModelConfig
-from jaxspec.drafter import default_target_layers, load_drafter
+from jaxspec.models.config import ModelConfig
+from jaxspec.checkpoint.drafter_files import default_target_layers, load_drafter
 from jaxspec.errors import ConfigError
-from jaxspec.kv_cache import KVCache
-from jaxspec.masks import pard_mask
-from jaxspec.model import Transformer, causal_mask
+from jaxspec.models.kv_cache import KVCache
+from jaxspec.models.masks import pard_mask
+from jaxspec.models.model import Transformer, causal_mask
 from jaxspec.train.acceptance import acceptance
 from jaxspec.train.drafter_config import load_drafter_config, parse_drafter_config
 from jaxspec.train.drafter_trainer import init_drafter, train_drafter
 from jaxspec.train.pard_batch import cod_counts, full_counts, make_batch
 from jaxspec.train.pard_objective import aligned_features, cat_weights, drafter_logits, row_weights
 from jaxspec.train.trainer import train
-from jaxspec.train.config import parse_train_config
+from jaxspec.train.train_config import parse_train_config
 from test_train import _raw_config, _synthetic_module, _write_toml
 
 MASK = 99
@@ -356,7 +356,7 @@ def test_chat_recipe_runs_end_to_end_and_each_stage_resumes_to_the_same_result(t
     import shutil
 
     import jaxspec
-    from jaxspec.drafter import DRAFT_FILE, EMBED_NAME
+    from jaxspec.checkpoint.drafter_files import DRAFT_FILE, EMBED_NAME
     from jaxspec.checkpoint.safetensors_io import read_safetensors
 
     cfg = _chat_recipe()
@@ -431,7 +431,7 @@ def test_benchmark_overlap_check_drops_a_prompt_that_quotes_a_benchmark():
 
 def test_shipped_chat_recipe_data_share_nothing_with_the_benchmarks():
     """The shipped drafter's card records the overlap check it ran; the packed prompts have none."""
-    from jaxspec.loading import ASSETS
+    from jaxspec.checkpoint.loading import ASSETS
 
     text = (ASSETS / "smollm2-135m-instruct-pard2" / "README.md").read_text()
     assert "benchmark-overlap check NOT run" not in text and "mt_bench (160 texts)" in text

@@ -25,9 +25,9 @@ from scipy.special import logsumexp
 import jaxspec
 import test_sampling_distribution as harness
 from jaxspec.decoding.engine import Engine
-from jaxspec.decoding.parallel import _check as check_lp
+from jaxspec.decoding.lookahead_parallel import _check as check_lp
 from jaxspec.errors import GenerationError
-from jaxspec.sampling import SamplingParams, penalize, target_probs, warp_logits
+from jaxspec.decoding.sampling import SamplingParams, penalize, target_probs, warp_logits
 from test_speculative import EOS_PROMPTS, HYBRID, K, LOOKUP, copy_drafter, tiny  # noqa: F401 (fixture)
 
 PENALTIES = dict(repetition_penalty=1.6, presence_penalty=0.7, frequency_penalty=0.5)

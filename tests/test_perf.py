@@ -1,4 +1,4 @@
-"""jaxspec.perf: the first-principles step-cost model (pure arithmetic: no JAX program runs here)."""
+"""jaxspec.roofline: the first-principles step-cost model (pure arithmetic: no JAX program runs here)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxspec import ModelConfig, perf
+from jaxspec import ModelConfig
+from jaxspec import roofline
 from jaxspec.errors import ConfigError, JaxspecError
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -22,11 +23,11 @@ def llama(vocab, hidden, ffn, layers, heads, kv_heads, head_dim=128):
 
 LLAMA31_8B = llama(128256, 4096, 14336, 32, 32, 8)
 LLAMA2_7B = llama(32000, 4096, 11008, 32, 32, 32)
-H100 = perf.PROFILES["h100"]
+H100 = roofline.PROFILES["h100"]
 
 
 def test_profiles_are_the_spec_sheets():
-    p = perf.PROFILES
+    p = roofline.PROFILES
     assert set(p) == {"a100", "h100", "h200", "v5e", "v5p", "v6e"}
     # The ridge point (FLOPs per byte where compute and memory balance) of every accelerator lies
     # in the 100-600 range of current parts; a typo in a unit would move it by 1000x.
@@ -53,41 +54,41 @@ def test_memory_bound_decoding_makes_small_blocks_nearly_free():
     # An 8B model at batch 1 on an H100 reads 16 GB of weights per step: a block of up to a few
     # dozen tokens rides along (c near 1), and the step is memory-bound.
     for t in (2, 8, 32):
-        assert perf.step_cost(LLAMA31_8B, t, 1, 4096, 2, H100) < 1.1
-    assert perf.forward_cost(LLAMA31_8B, 8, 1, 4096, 2, H100).compute_bound_fraction < 0.05
-    assert perf.step_cost(LLAMA31_8B, 1, 1, 4096, 2, H100) == 1.0
+        assert roofline.step_cost(LLAMA31_8B, t, 1, 4096, 2, H100) < 1.1
+    assert roofline.forward_cost(LLAMA31_8B, 8, 1, 4096, 2, H100).compute_bound_fraction < 0.05
+    assert roofline.step_cost(LLAMA31_8B, 1, 1, 4096, 2, H100) == 1.0
 
 
 def test_compute_bound_cost_grows_linearly():
-    c = {t: perf.step_cost(LLAMA31_8B, t, 1, 0, 2, H100) for t in (1024, 2048, 4096)}
+    c = {t: roofline.step_cost(LLAMA31_8B, t, 1, 0, 2, H100) for t in (1024, 2048, 4096)}
     assert c[2048] / c[1024] == pytest.approx(2, rel=0.15)
     assert c[4096] / c[2048] == pytest.approx(2, rel=0.15)
-    assert perf.forward_cost(LLAMA31_8B, 4096, 1, 0, 2, H100).compute_bound_fraction > 0.8
+    assert roofline.forward_cost(LLAMA31_8B, 4096, 1, 0, 2, H100).compute_bound_fraction > 0.8
 
 
 def test_batch_turns_the_block_compute_bound():
-    t = perf.lookahead_block_tokens(15, 5, 15)
-    c1, c8, c64 = (perf.step_cost(LLAMA31_8B, t, b, 4096, 2, H100) for b in (1, 8, 64))
+    t = roofline.lookahead_block_tokens(15, 5, 15)
+    c1, c8, c64 = (roofline.step_cost(LLAMA31_8B, t, b, 4096, 2, H100) for b in (1, 8, 64))
     assert c1 < 1.5 < c8 < c64 and c64 > 5
 
 
 def test_materialised_scores_cost_more_than_a_fused_kernel():
-    t = perf.lookahead_block_tokens(15, 5, 15)
-    fused = perf.step_cost(LLAMA31_8B, t, 8, 4096, 2, H100, "fused")
-    xla = perf.step_cost(LLAMA31_8B, t, 8, 4096, 2, H100, "xla")
+    t = roofline.lookahead_block_tokens(15, 5, 15)
+    fused = roofline.step_cost(LLAMA31_8B, t, 8, 4096, 2, H100, "fused")
+    xla = roofline.step_cost(LLAMA31_8B, t, 8, 4096, 2, H100, "xla")
     assert xla > 1.5 * fused
 
 
 def test_paper_check_within_30_percent():
     # Fu et al. 2024: LLaMA-2-7B-chat, MT-Bench, A100, fp16, (W, N, G) = (15, 5, 15) with the
     # prompt pool: S = 2.05, 1.88x over greedy.
-    t = perf.lookahead_block_tokens(15, 5, 15)
+    t = roofline.lookahead_block_tokens(15, 5, 15)
     assert t == 120
-    c = perf.step_cost(LLAMA2_7B, t, 1, 512, 2, perf.PAPER_PROFILE, "eager")
-    assert perf.predicted_speedup(2.05, c) == pytest.approx(1.88, rel=0.30)
+    c = roofline.step_cost(LLAMA2_7B, t, 1, 512, 2, roofline.PAPER_PROFILE, "eager")
+    assert roofline.predicted_speedup(2.05, c) == pytest.approx(1.88, rel=0.30)
     # and the paper's 7B config is memory-bound on an A100 even without the eager stack's host cost
-    bare = dataclasses.replace(perf.PAPER_PROFILE, fixed_layer_seconds=0.0, fixed_call_seconds=0.0)
-    assert perf.step_cost(LLAMA2_7B, t, 1, 512, 2, bare, "eager") < 1.3
+    bare = dataclasses.replace(roofline.PAPER_PROFILE, fixed_layer_seconds=0.0, fixed_call_seconds=0.0)
+    assert roofline.step_cost(LLAMA2_7B, t, 1, 512, 2, bare, "eager") < 1.3
 
 
 def test_block_tokens_match_the_engine():
@@ -99,29 +100,29 @@ def test_block_tokens_match_the_engine():
         sources = (LookaheadWindow(window=w, levels=n - 1, verify_paths=True),)
         if g:
             sources += (NGramCandidates(ngram=n, guesses=g, from_prompt=True),)
-        assert perf.lookahead_block_tokens(w, n, g) == Engine(sources=sources).block_tokens
-    assert perf.prompt_lookup_block_tokens(4, 8) == Engine(sources=(NGramCandidates(ngram=4, guesses=8),)).block_tokens
+        assert roofline.lookahead_block_tokens(w, n, g) == Engine(sources=sources).block_tokens
+    assert roofline.prompt_lookup_block_tokens(4, 8) == Engine(sources=(NGramCandidates(ngram=4, guesses=8),)).block_tokens
 
 
 def test_fits_reads_the_memory():
-    assert not perf.fits(LLAMA31_8B, 1, 4096, 2, perf.PROFILES["v5e"])  # 16 GB of bf16 weights > 16 GB
-    assert perf.fits(LLAMA31_8B, 8, 4096, 2, H100)
+    assert not roofline.fits(LLAMA31_8B, 1, 4096, 2, roofline.PROFILES["v5e"])  # 16 GB of bf16 weights > 16 GB
+    assert roofline.fits(LLAMA31_8B, 8, 4096, 2, H100)
 
 
 @pytest.mark.parametrize("call", [
-    lambda: perf.step_cost(LLAMA31_8B, 0),
-    lambda: perf.step_cost(LLAMA31_8B, 8, batch=0),
-    lambda: perf.step_cost(LLAMA31_8B, 8, cache_len=-1),
-    lambda: perf.step_cost(LLAMA31_8B, 8, dtype_bytes=3),
-    lambda: perf.step_cost(LLAMA31_8B, 8.5),
-    lambda: perf.step_cost(LLAMA31_8B, 8, implementation="flash9"),
-    lambda: perf.step_cost(LLAMA31_8B, 8, profile="h100"),
-    lambda: perf.step_cost({"hidden_size": 4096}, 8),
-    lambda: perf.forward_cost(LLAMA31_8B, 8, head="probs"),
-    lambda: perf.predicted_speedup(0.5, 1.0),
-    lambda: perf.predicted_speedup(2.0, 0.0),
-    lambda: perf.predicted_speedup(float("nan"), 1.0),
-    lambda: perf.lookahead_block_tokens(15, 1, 15),
+    lambda: roofline.step_cost(LLAMA31_8B, 0),
+    lambda: roofline.step_cost(LLAMA31_8B, 8, batch=0),
+    lambda: roofline.step_cost(LLAMA31_8B, 8, cache_len=-1),
+    lambda: roofline.step_cost(LLAMA31_8B, 8, dtype_bytes=3),
+    lambda: roofline.step_cost(LLAMA31_8B, 8.5),
+    lambda: roofline.step_cost(LLAMA31_8B, 8, implementation="flash9"),
+    lambda: roofline.step_cost(LLAMA31_8B, 8, profile="h100"),
+    lambda: roofline.step_cost({"hidden_size": 4096}, 8),
+    lambda: roofline.forward_cost(LLAMA31_8B, 8, head="probs"),
+    lambda: roofline.predicted_speedup(0.5, 1.0),
+    lambda: roofline.predicted_speedup(2.0, 0.0),
+    lambda: roofline.predicted_speedup(float("nan"), 1.0),
+    lambda: roofline.lookahead_block_tokens(15, 1, 15),
     lambda: dataclasses.replace(H100, hbm_bytes_per_s=-1.0),
     lambda: dataclasses.replace(H100, matmul_rows=(1, 8), matmul_efficiency=(0.5,)),
     lambda: dataclasses.replace(H100, read_curve=((2.0, 1e9), (1.0, 1e9))),
@@ -134,25 +135,25 @@ def test_bad_input_is_a_config_error(call):
 
 def test_calibration_arithmetic():
     # Synthetic seconds per step: the derived quantities follow from the definitions.
-    s = {("matmul", r): 2 * r * perf.CALIBRATION_WIDTH ** 2 / (100e9 * min(1.0, r / 16))
-         for r in perf.CALIBRATION_ROWS}
-    s["bf16"] = 2 * 256 * perf.CALIBRATION_WIDTH ** 2 / 50e9
-    s.update({("read", n): n / 10e9 for n in perf.READ_SIZES})
-    s.update({("rw", n): 2 * n / 20e9 for n in perf.RW_SIZES})
-    table = perf._HEAD[0] * perf._HEAD[1] * 4
-    s[("head", "whole")] = table / 5e9 + perf._HEAD[0] * 4e-3 / (8 * 128 * 512)  # + the argmax's reduce
+    s = {("matmul", r): 2 * r * roofline.CALIBRATION_WIDTH ** 2 / (100e9 * min(1.0, r / 16))
+         for r in roofline.CALIBRATION_ROWS}
+    s["bf16"] = 2 * 256 * roofline.CALIBRATION_WIDTH ** 2 / 50e9
+    s.update({("read", n): n / 10e9 for n in roofline.READ_SIZES})
+    s.update({("rw", n): 2 * n / 20e9 for n in roofline.RW_SIZES})
+    table = roofline._HEAD[0] * roofline._HEAD[1] * 4
+    s[("head", "whole")] = table / 5e9 + roofline._HEAD[0] * 4e-3 / (8 * 128 * 512)  # + the argmax's reduce
     s[("head", "chunked")] = s[("head", "whole")] + 2 * table / 8e9
     s.update(exp=2e-3, mul=1e-3, argmax=5e-3, max=1e-3, softmax=6e-3)
     s[("batched", 2)], s[("batched", 256)] = 1e-5, 1e-5 + 254 * 2e-6
     s[("tiny", 2)], s[("tiny", 10)] = 3 * 5e-6 + 1e-6, 11 * 5e-6 + 1e-6
-    c = perf.calibration(s)
+    c = roofline.calibration(s)
     assert max(c["matmul_flops"].values()) == pytest.approx(100e9)
     assert c["tied_head_bytes_per_s"] == pytest.approx(5e9) and c["copy_bytes_per_s"] == pytest.approx(8e9)
     assert c["fixed_layer_seconds"] == pytest.approx(5e-6) and c["fixed_call_seconds"] == pytest.approx(1e-6)
     assert c["matmul_call_seconds"] == pytest.approx(2e-6)
     assert c["reduce_seconds"] == pytest.approx(4e-3 / (8 * 128 * 512))
     assert c["softmax_access_seconds"] == pytest.approx(1e-3 / (8 * 128 * 512))
-    profile = perf.profile_from_measurements(c)
+    profile = roofline.profile_from_measurements(c)
     assert profile.hbm_bytes_per_s == pytest.approx(10e9) and not profile.overlap and profile.gemm_packs
     assert profile.efficiency(4) == pytest.approx(0.25)
 
@@ -185,7 +186,7 @@ def test_calibration_programs_build_and_the_head_ones_run():
     `Transformer.head_argmax` on a stand-in module (`_HeadOnly`), which must offer what it reads."""
     import jax
 
-    cases = perf.calibration_cases()
+    cases = roofline.calibration_cases()
     assert {("head", "whole"), ("head", "chunked")} <= set(cases)
     for key in (("head", "whole"), ("head", "chunked")):
         fn, args, calls, steps = cases[key]

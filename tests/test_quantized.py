@@ -1,4 +1,4 @@
-"""int8 weights (`jaxspec.load(..., dtype="int8")`, `jaxspec.quantize`): quantized per output channel,
+"""int8 weights (`jaxspec.load(..., dtype="int8")`, `jaxspec.models.quantize`): quantized per output channel,
 dequantized inside each matmul, activations float32.
 
 (a) the int8 model's logits are the float32 model's within the quantization error, and exactly
@@ -22,11 +22,11 @@ import pytest
 from flax import nnx
 
 import jaxspec
-import jaxspec.quantize as quantize
-from jaxspec import exactness
+import jaxspec.models.quantize as quantize
+from jaxspec.decoding import exactness
 from jaxspec.cli import main
 from jaxspec.errors import ConfigError
-from jaxspec.memory import tree_bytes
+from jaxspec.runtime.memory import tree_bytes
 from stories import CASES, CHECKPOINT, needs_stories
 from test_speculative import random_drafter
 

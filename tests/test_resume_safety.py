@@ -19,7 +19,7 @@ import pytest
 
 from jaxspec.cli import main
 from jaxspec.errors import ConfigError
-from jaxspec.train.config import RESUMABLE_KEYS, TrainConfig, parse_train_config
+from jaxspec.train.train_config import RESUMABLE_KEYS, TrainConfig, parse_train_config
 from jaxspec.train.drafter_config import RESUMABLE_DRAFTER_KEYS, parse_drafter_config
 from jaxspec.train.drafter_trainer import train_drafter
 from jaxspec.train.trainer import train

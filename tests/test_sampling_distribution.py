@@ -45,10 +45,10 @@ from scipy import stats
 
 import jaxspec
 import jaxspec.decoding.verify as verify_module
-from jaxspec.kv_cache import KVCache
+from jaxspec.models.kv_cache import KVCache
 from stories import needs_stories
-from jaxspec.model import causal_mask
-from jaxspec.sampling import SamplingParams, target_probs
+from jaxspec.models.model import causal_mask
+from jaxspec.decoding.sampling import SamplingParams, target_probs
 
 VOCAB = 8
 TINY = jaxspec.ModelConfig(

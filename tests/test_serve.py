@@ -24,11 +24,11 @@ import openai
 import pytest
 
 import jaxspec
-from jaxspec import memory
+from jaxspec.runtime import memory
 from jaxspec.serving import make_server
 from jaxspec.serving.app import background
 from jaxspec.serving.scheduler import Detokenizer, Job
-from jaxspec.sampling import SamplingParams
+from jaxspec.decoding.sampling import SamplingParams
 
 MODEL_ID = "pycode-5M"
 PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:\n    def push(self, x):", "for i in range(10):",

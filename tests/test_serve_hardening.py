@@ -27,7 +27,7 @@ from jaxspec.serving import make_server
 from jaxspec.serving.app import Limits, background
 from jaxspec.serving.requests import ApiError
 from jaxspec.serving.scheduler import Job, Scheduler
-from jaxspec.sampling import SamplingParams
+from jaxspec.decoding.sampling import SamplingParams
 
 MODEL_ID = "pycode-5M"
 LIMITS = Limits(max_body_bytes=64 * 1024, body_timeout_s=1.0, header_timeout_s=1.0)
@@ -273,9 +273,9 @@ def test_drafter_folders_the_operator_lists_are_offered_by_name(model, tmp_path)
 
 # ------------------------------------------------------------------ CLI and library
 def test_cli_huge_max_new_tokens_with_auto_is_refused_before_decoding(capsys, monkeypatch):
-    import jaxspec.auto
+    import jaxspec.runtime.auto
 
-    monkeypatch.setattr(jaxspec.auto, "choose", lambda *a, **k: pytest.fail("auto ran before the length check"))
+    monkeypatch.setattr(jaxspec.runtime.auto, "choose", lambda *a, **k: pytest.fail("auto ran before the length check"))
     for n in ("1000000", "1000000000000"):
         assert cli.main(["generate", "--prompt", "x", "--max-new-tokens", n]) == 2
         err = capsys.readouterr().err
@@ -350,7 +350,7 @@ def test_special_tokens_in_chat_content_cannot_forge_a_turn():
 
 
 def test_a_template_of_nested_long_loops_is_stopped(monkeypatch):
-    from jaxspec import chat_template
+    from jaxspec.checkpoint import chat_template
 
     monkeypatch.setattr(chat_template, "RENDER_SECONDS", 0.5)
     messages = [{"role": "user", "content": "hi"}]

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import jaxspec
 from jaxspec import cli
 from jaxspec.chat import chat_prompt
-from jaxspec.chat_template import ChatTemplate
+from jaxspec.checkpoint.chat_template import ChatTemplate
 from jaxspec.serving import make_server
 from jaxspec.serving.app import Limits, background
 

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 import jaxspec
-from jaxspec.chat_template import ChatTemplate
+from jaxspec.checkpoint.chat_template import ChatTemplate
 from jaxspec.serving import make_server
 from jaxspec.serving.app import background
 

@@ -305,7 +305,7 @@ def worker(compare: list[str], argv: list[str]) -> dict:
                         for m in (dp, jaxspec.load(compare[0]))]
         # LP x TP across the processes: 2 LP groups (one per process) of 4-way tensor parallelism,
         # loaded straight onto the (lp, model) mesh; against one device's greedy and lookahead.
-        from jaxspec.parallel import lp_mesh
+        from jaxspec.models.meshes import lp_mesh
 
         lookahead = dict(method="lookahead", window=4, ngram=3, guesses=4, max_new_tokens=BUDGET, stop_at_eos=False)
         one = jaxspec.load(compare[0])
@@ -322,7 +322,7 @@ def worker(compare: list[str], argv: list[str]) -> dict:
             report["relayout_error"] = str(e)
         # As a later process would: auto's choice from the measurements the CLI's run stored
         # (process 0 reads them and tells process 1), nothing measured again.
-        from jaxspec import auto
+        from jaxspec.runtime import auto
 
         def measured_again(*args, **kwargs):
             raise AssertionError("auto measured again instead of reading its store")

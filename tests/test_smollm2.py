@@ -64,7 +64,7 @@ def test_continuations_equal_transformers_greedy(model, method, options):
 
 
 def test_the_shipped_drafter_is_found_and_auto_weighs_it(model):
-    from jaxspec import auto
+    from jaxspec.runtime import auto
     from jaxspec.decoding.options import resolve_drafter
 
     drafter = resolve_drafter(model.config, None, None, model.drafters, model)[0]

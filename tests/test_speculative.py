@@ -28,7 +28,7 @@ import jaxspec
 import jaxspec.decoding.verify as verify_module
 import test_sampling_distribution as harness
 from jaxspec.cli import main
-from jaxspec.drafter import Drafter
+from jaxspec.checkpoint.drafter_files import Drafter
 from jaxspec.errors import GenerationError
 from stories import CASES, CHECKPOINT, needs_stories
 

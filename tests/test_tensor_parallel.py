@@ -77,8 +77,8 @@ def _error(call) -> str:
 
 def worker() -> dict:
     import jax
-    from jaxspec.parallel import hlo_collectives
-    from jaxspec.tensor_parallel import shard, tp_mesh
+    from jaxspec.models.meshes import hlo_collectives
+    from jaxspec.models.tensor_parallel import shard, tp_mesh
     from test_lookahead_parallel import tiny_model
     from test_speculative import copy_drafter
 
@@ -86,7 +86,7 @@ def worker() -> dict:
     # The chunked LM-head argmax in every run (vocabulary 64 in chunks of at most 16 entries: a
     # 64-byte logits budget): at TP 2-8 the vocabulary is split too, and chunks must stay within
     # each device's slice.
-    jaxspec.model.ARGMAX_LOGITS_BYTES = 64
+    jaxspec.models.model.ARGMAX_LOGITS_BYTES = 64
     single = tiny_model()
     drafter = copy_drafter(single)
     # One device: greedy (every greedy method must equal it) and the sampled methods' samples.
@@ -226,7 +226,7 @@ def test_a_mesh_with_unknown_axis_names_is_refused():
     import numpy as np
     from jax.sharding import Mesh
 
-    from jaxspec.tensor_parallel import shard
+    from jaxspec.models.tensor_parallel import shard
 
     mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("batch", "heads"))
     with pytest.raises(jaxspec.ConfigError, match=r"axes \('data', 'model'\) \(or \('lp', 'model'\) for LP x TP\), got "

@@ -19,11 +19,11 @@ import gguf
 import numpy as np
 import pytest
 
-from jaxspec import chat_template as chat_template_module
-from jaxspec.chat_template import ChatTemplate
+from jaxspec.checkpoint import chat_template as chat_template_module
+from jaxspec.checkpoint.chat_template import ChatTemplate
 from jaxspec.checkpoint.gguf_tokenizer import DIGIT_SPLIT_PRE, PRE_TOKENIZER_SPLITS, tokenizer_from_gguf
 from jaxspec.errors import CheckpointError, ConfigError, PromptError
-from jaxspec.tokenizer import HFTokenizer, SentencePieceTokenizer
+from jaxspec.checkpoint.tokenizer import HFTokenizer, SentencePieceTokenizer
 
 transformers = pytest.importorskip("transformers")
 

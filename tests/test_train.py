@@ -21,7 +21,7 @@ import pytest
 from jaxspec.cli import main
 from jaxspec.errors import CheckpointError, ConfigError
 from jaxspec.train import corpus
-from jaxspec.train.config import load_train_config, parse_train_config
+from jaxspec.train.train_config import load_train_config, parse_train_config
 from jaxspec.train.trainer import train
 from processes import check_all_succeeded, cpu_env, free_port, run_processes
 

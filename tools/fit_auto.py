@@ -1,4 +1,4 @@
-"""Fit the expected tokens per step S that `method="auto"` uses (`jaxspec.auto`) on this
+"""Fit the expected tokens per step S that `method="auto"` uses (`jaxspec.runtime.auto`) on this
 project's benchmark results, and write `configs/auto.toml`.
 
 Lookahead follows the paper's scaling law: S grows with the log of a step's work. Per model,
@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from jaxspec import perf
+from jaxspec import roofline
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -66,7 +66,7 @@ def _speculative_label(label: str) -> str:
 
 
 def fit(runs: list) -> dict:
-    points = [(perf.lookahead_block_tokens(*cfg), s) for label, s in runs if (cfg := _lookahead(label))]
+    points = [(roofline.lookahead_block_tokens(*cfg), s) for label, s in runs if (cfg := _lookahead(label))]
     slope = sum((s - 1) * math.log(t) for t, s in points) / sum(math.log(t) ** 2 for t, _ in points)
     worst = max(abs(1 + slope * math.log(t) - s) / s for t, s in points)
     out = {"lookahead_slope": round(slope, 4), "lookahead_points": len(points), "lookahead_max_error": round(worst, 3)}
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=OUT)
     out = p.parse_args(argv).out
     fitted = {name: fit(runs) for name, runs in measured().items()}
-    lines = ["# Expected tokens per step S for `method=\"auto\"` (jaxspec/auto.py), fitted on the benchmark",
+    lines = ["# Expected tokens per step S for `method=\"auto\"` (jaxspec/runtime/auto.py), fitted on the benchmark",
              "# results by `python tools/fit_auto.py`: do not edit by hand.",
              "# lookahead: S = 1 + lookahead_slope * ln(block tokens), fitted through S(1) = 1 (the paper's law:",
              "# S grows with the log of a step's work); lookahead_max_error: the fit's worst relative error.",

@@ -27,26 +27,26 @@ from pathlib import Path
 # Lower layers first; a module may import its own layer and the ones before it. A package
 # name covers its modules; modules not listed are the top (the API: generate, chat, cli, ...).
 LAYERS = (
-    ("errors", "config", "progress"),  # foundations
-    ("kv_cache", "masks", "attention", "model", "quantize", "tensor_parallel"),  # the model
-    ("sampling", "ngram_pool", "exactness", "decoding", "parallel", "methods"),  # decoding: no file I/O
-    ("checkpoint", "tokenizer", "chat_template", "loading", "drafter", "pard_format", "real_prompts"),  # files
-    ("compile_cache", "memory", "perf", "auto_store", "auto"),  # runtime
+    ("errors", "progress"),  # foundations
+    ("models",),  # the model: architecture config, transformer, attention, KV cache, layouts
+    ("decoding",),  # the engine, draft sources, verification, sampling, methods: no file I/O
+    ("checkpoint", "real_prompts"),  # files: checkpoints, tokenizers, chat templates, drafters, prompt data
+    ("runtime", "roofline"),  # program cache, memory guard, devices, auto; the step-cost model
     ("inputs", "generate", "chat"),  # the API (and the package's own `jaxspec.*` names)
     ("serving", "train", "cli"),  # applications
 )
 API_LAYER = 5
 # Debts issue 43 removes: decoding/ resolving drafters and configs from files.
 KNOWN_UPWARD = {
-    ("jaxspec.decoding.options", "jaxspec.drafter"),
-    ("jaxspec.decoding.options", "jaxspec.loading"),
-    ("jaxspec.decoding.options", "jaxspec.parallel"),
-    ("jaxspec.auto", "jaxspec"),  # auto times the methods through generate (its own programs: issue 43)
-    ("jaxspec.drafter", "jaxspec.compile_cache"),  # the draft head's rows through the program cache
+    ("jaxspec.decoding.options", "jaxspec.checkpoint.drafter_files"),
+    ("jaxspec.decoding.options", "jaxspec.checkpoint.loading"),
+    ("jaxspec.decoding.options", "jaxspec.models.meshes"),
+    ("jaxspec.runtime.auto", "jaxspec"),  # auto times the methods through generate (its own programs: issue 43)
+    ("jaxspec.checkpoint.drafter_files", "jaxspec.runtime.compile_cache"),  # the draft head's rows through the program cache
 }
 KNOWN_LAZY_CYCLES = {
-    frozenset({"jaxspec", "jaxspec.auto", "jaxspec.chat", "jaxspec.generate"}),  # auto times generate
-    frozenset({"jaxspec.drafter", "jaxspec.pard_format"}),  # the authors' format loads and saves drafters
+    frozenset({"jaxspec", "jaxspec.runtime.auto", "jaxspec.chat", "jaxspec.generate"}),  # auto times generate
+    frozenset({"jaxspec.checkpoint.drafter_files", "jaxspec.checkpoint.pard_format"}),  # the authors' format loads and saves drafters
 }
 
 

@@ -1,5 +1,5 @@
 """docs/performance.md's generated tables: the step-cost model's predictions (pure arithmetic on
-`jaxspec.perf`), beside this CPU's recorded measurement (benchmarks/results/roofline.json).
+`jaxspec.roofline`), beside this CPU's recorded measurement (benchmarks/results/roofline.json).
 
     python tools/performance_tables.py                # rewrites every <!-- table:NAME --> block of the doc
     python tools/performance_tables.py --count-eager  # HF LLaMA eager ops per layer (needs torch + transformers)
@@ -22,7 +22,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import report  # noqa: E402
 from harness import RESULTS, write_result  # noqa: E402
-from jaxspec import ModelConfig, perf  # noqa: E402
+from jaxspec import ModelConfig  # noqa: E402
+from jaxspec import roofline  # noqa: E402
 from roofline import CACHE_LEN, predict  # noqa: E402
 
 DOC = ROOT / "docs" / "performance.md"
@@ -48,9 +49,9 @@ PAPER = dict(window=15, ngram=5, guesses=15, S=2.05, speedup=1.88, cache_len=512
 # configurations the paper did not publish (benchmarks/results/real_bench.json: 16 MT-Bench
 # first turns + 8 HumanEval, 128 tokens each). An 8B model's S is not measured here.
 METHODS = (
-    ("lookahead (15,5,15)", perf.lookahead_block_tokens(15, 5, 15), 2.05, "paper, LLaMA-2-7B-chat MT-Bench"),
-    ("lookahead (7,4,7)", perf.lookahead_block_tokens(7, 4, 7), None, "real_bench.json, SmolLM2-135M"),
-    ("prompt lookup (N=4,G=8)", perf.prompt_lookup_block_tokens(4, 8), None, "real_bench.json, SmolLM2-135M"),
+    ("lookahead (15,5,15)", roofline.lookahead_block_tokens(15, 5, 15), 2.05, "paper, LLaMA-2-7B-chat MT-Bench"),
+    ("lookahead (7,4,7)", roofline.lookahead_block_tokens(7, 4, 7), None, "real_bench.json, SmolLM2-135M"),
+    ("prompt lookup (N=4,G=8)", roofline.prompt_lookup_block_tokens(4, 8), None, "real_bench.json, SmolLM2-135M"),
 )
 HARDWARE = ("h100", "h200", "v5e", "v5p")
 
@@ -90,10 +91,10 @@ def count_eager() -> dict:
                 torch=torch.__version__, transformers=__import__("transformers").__version__)
 
 
-def profile_table(cpu: perf.HardwareProfile) -> list[str]:
+def profile_table(cpu: roofline.HardwareProfile) -> list[str]:
     lines = ["| profile | bf16 TFLOP/s | fp32 TFLOP/s | bytes/s | memory | fixed per layer | matmul tile (rows) "
              "| source |", "|---|---:|---:|---:|---:|---:|---:|---|"]
-    for p in [*perf.PROFILES.values(), perf.PAPER_PROFILE, cpu]:
+    for p in [*roofline.PROFILES.values(), roofline.PAPER_PROFILE, cpu]:
         tile = "measured curve" if p.matmul_rows else str(p.tile_rows)
         lines.append(f"| {p.name} | {p.peak_bf16_flops / 1e12:.3g} | {p.peak_fp32_flops / 1e12:.3g} | "
                      f"{p.hbm_bytes_per_s / 1e9:,.0f} GB/s | {p.memory_bytes / 1e9:.0f} GB | "
@@ -102,19 +103,19 @@ def profile_table(cpu: perf.HardwareProfile) -> list[str]:
 
 
 def paper_table() -> list[str]:
-    t = perf.lookahead_block_tokens(PAPER["window"], PAPER["ngram"], PAPER["guesses"])
+    t = roofline.lookahead_block_tokens(PAPER["window"], PAPER["ngram"], PAPER["guesses"])
     lines = [f"LLaMA-2-7B (hidden 4096, 32 layers, 32 heads, ffn 11008, vocab 32000), fp16, batch 1, cache "
              f"{PAPER['cache_len']}, (W, N, G) = (15, 5, 15): T = {t} block tokens. "
              f"S = {PAPER['S']} (reported, prompt pool on); reported speed-up {PAPER['speedup']}x.", "",
              "| stack | predicted greedy ms/token | predicted c(T) | predicted speed-up S / c | reported | error |",
              "|---|---:|---:|---:|---:|---:|"]
-    for label, profile, impl in (("A100, PyTorch eager (the paper's stack)", perf.PAPER_PROFILE, "eager"),
+    for label, profile, impl in (("A100, PyTorch eager (the paper's stack)", roofline.PAPER_PROFILE, "eager"),
                                  ("A100, eager attention, no host overhead", dataclasses.replace(
-                                     perf.PAPER_PROFILE, fixed_layer_seconds=0.0, fixed_call_seconds=0.0), "eager"),
-                                 ("A100, fused attention, XLA-like fixed cost", perf.PROFILES["a100"], "fused")):
-        c = perf.step_cost(LLAMA2_7B, t, 1, PAPER["cache_len"], 2, profile, impl)
-        g = perf.forward_seconds(LLAMA2_7B, 1, 1, PAPER["cache_len"], 2, profile, impl)
-        s = perf.predicted_speedup(PAPER["S"], c)
+                                     roofline.PAPER_PROFILE, fixed_layer_seconds=0.0, fixed_call_seconds=0.0), "eager"),
+                                 ("A100, fused attention, XLA-like fixed cost", roofline.PROFILES["a100"], "fused")):
+        c = roofline.step_cost(LLAMA2_7B, t, 1, PAPER["cache_len"], 2, profile, impl)
+        g = roofline.forward_seconds(LLAMA2_7B, 1, 1, PAPER["cache_len"], 2, profile, impl)
+        s = roofline.predicted_speedup(PAPER["S"], c)
         lines.append(f"| {label} | {1e3 * g:.1f} | {c:.3f} | {s:.2f}x | {PAPER['speedup']:.2f}x | "
                      f"{100 * (s - PAPER['speedup']) / PAPER['speedup']:+.0f}% |")
     return lines
@@ -135,27 +136,27 @@ def prediction_table() -> list[str]:
              "| model | hardware | batch | method | T | S | c(T) | speed-up | c unfused | speed-up unfused | "
              "compute-bound share |", "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for model_name, cfg in TARGETS.items():
-        for p, batch, (name, t, s, _) in ((perf.PROFILES[hw], b, m) for hw in HARDWARE for b in (1, 8)
+        for p, batch, (name, t, s, _) in ((roofline.PROFILES[hw], b, m) for hw in HARDWARE for b in (1, 8)
                                           for m in methods):
-            c, c_xla = (perf.step_cost(cfg, t, batch, 4096, 2, p, impl) for impl in ("fused", "unfused"))
-            sp = f"**{perf.predicted_speedup(s, c):.2f}x**" if s else "-"
-            spx = f"{perf.predicted_speedup(s, c_xla):.2f}x" if s else "-"
-            mark = "" if perf.fits(cfg, batch, 4096, 2, p) else " \u2020"
+            c, c_xla = (roofline.step_cost(cfg, t, batch, 4096, 2, p, impl) for impl in ("fused", "unfused"))
+            sp = f"**{roofline.predicted_speedup(s, c):.2f}x**" if s else "-"
+            spx = f"{roofline.predicted_speedup(s, c_xla):.2f}x" if s else "-"
+            mark = "" if roofline.fits(cfg, batch, 4096, 2, p) else " \u2020"
             lines.append(f"| {model_name} | {p.name}{mark} | {batch} | "
                          f"{name} | {t} | {s:.2f} | {c:.2f} | {sp} | {c_xla:.2f} | {spx} | "
-                         f"{100 * perf.forward_cost(cfg, t, batch, 4096, 2, p, 'fused').compute_bound_fraction:.0f}% |")
+                         f"{100 * roofline.forward_cost(cfg, t, batch, 4096, 2, p, 'fused').compute_bound_fraction:.0f}% |")
     return lines + ["", "S sources: " + "; ".join(f"{name}: {s:.2f} ({source})" for name, _, s, source in methods if s)]
 
 
 def sensitivity_table() -> list[str]:
     """c(T) of Llama-3.1-8B at (15,5,15) with the accelerators' fixed cost scaled."""
-    cfg, t = TARGETS["Llama-3.1-8B"], perf.lookahead_block_tokens(15, 5, 15)
+    cfg, t = TARGETS["Llama-3.1-8B"], roofline.lookahead_block_tokens(15, 5, 15)
     head = " | ".join(f"fixed x{s:g}" for s in FIXED_SCALES)
     lines = [f"| hardware | batch | {head} |", "|---|---:|" + "---:|" * len(FIXED_SCALES)]
     for hw in HARDWARE:
-        p = perf.PROFILES[hw]
+        p = roofline.PROFILES[hw]
         for batch in (1, 8):
-            cs = [perf.step_cost(cfg, t, batch, 4096, 2, dataclasses.replace(
+            cs = [roofline.step_cost(cfg, t, batch, 4096, 2, dataclasses.replace(
                 p, fixed_layer_seconds=s * p.fixed_layer_seconds), "fused") for s in FIXED_SCALES]
             lines.append(f"| {p.name} | {batch} | " + " | ".join(f"{c:.2f}" for c in cs) + " |")
     return lines
@@ -163,21 +164,21 @@ def sensitivity_table() -> list[str]:
 
 def regime_table() -> list[str]:
     """c(T) against T for Llama-3.1-8B on H100: flat while memory-bound, then linear."""
-    cfg, p = TARGETS["Llama-3.1-8B"], perf.PROFILES["h100"]
+    cfg, p = TARGETS["Llama-3.1-8B"], roofline.PROFILES["h100"]
     ts = (1, 8, 32, 64, 120, 256, 512, 1024)
     lines = ["| batch | " + " | ".join(f"T={t}" for t in ts) + " |", "|---:|" + "---:|" * len(ts)]
     for batch in (1, 8, 32):
         lines.append(f"| {batch} | " + " | ".join(
-            f"{perf.step_cost(cfg, t, batch, 4096, 2, p, 'fused'):.2f}" for t in ts) + " |")
+            f"{roofline.step_cost(cfg, t, batch, 4096, 2, p, 'fused'):.2f}" for t in ts) + " |")
     return lines
 
 
 def _block_of(name: str) -> int | None:
     m = re.match(r"lookahead \((\d+),(\d+),(\d+)\)$", name)
     if m:
-        return perf.lookahead_block_tokens(*map(int, m.groups()))
+        return roofline.lookahead_block_tokens(*map(int, m.groups()))
     m = re.match(r"prompt[- ]lookup \(N=(\d+),G=(\d+)\)$", name)
-    return perf.prompt_lookup_block_tokens(*map(int, m.groups())) if m else None
+    return roofline.prompt_lookup_block_tokens(*map(int, m.groups())) if m else None
 
 
 def _steps_of(r: dict) -> list[tuple]:
@@ -191,7 +192,7 @@ def _steps_of(r: dict) -> list[tuple]:
     return rows
 
 
-def generate_step_table(result: dict, profile: perf.HardwareProfile) -> list[str]:
+def generate_step_table(result: dict, profile: roofline.HardwareProfile) -> list[str]:
     """The full decode step of the earlier benchmarks (c = S / speed-up, pool and verification
     included) against the forward's predicted c(T) at that block."""
     lines = ["| model | method | T | S | benchmark speed-up | measured step c | predicted forward c(T) |"
@@ -201,7 +202,7 @@ def generate_step_table(result: dict, profile: perf.HardwareProfile) -> list[str
         if (RESULTS / file).exists() and model in result["configs"]:
             cfg = ModelConfig.from_hf(result["configs"][model])
             for name, t, S, speed, c_step in _steps_of(json.loads((RESULTS / file).read_text())):
-                c_pred = perf.step_cost(cfg, t, 1, CACHE_LEN, 4, profile, "xla")
+                c_pred = roofline.step_cost(cfg, t, 1, CACHE_LEN, 4, profile, "xla")
                 lines.append(f"| {model} | {name} | {t} | {S:.2f} | {speed:.2f}x | {c_step:.1f} | {c_pred:.1f} | "
                              f"`{file}` |")
     return lines
@@ -212,7 +213,7 @@ def write_tables(doc: Path = DOC) -> None:
     result = json.loads((RESULTS / "roofline.json").read_text())
     result["rows"] = predict(result)
     write_result(result, RESULTS, quiet=True)
-    cpu = perf.profile_from_measurements(result["calibration"], name=result["profile"]["name"])
+    cpu = roofline.profile_from_measurements(result["calibration"], name=result["profile"]["name"])
     tables = {"profiles": profile_table(cpu), "calibration": report.roofline_calibration(result),
               "cpu": report.roofline_cpu(result), "generate": generate_step_table(result, cpu),
               "paper": paper_table(), "regime": regime_table(), "predictions": prediction_table(),

@@ -8,10 +8,10 @@ rounds with medians and min..max, token identity with the reference setting (gre
 an interrupted run, the machine's facts and the JSON result. Benchmarks that time compiled
 programs rather than decodes use `time_programs` (same order, same rules). `report.py` renders
 every result from its JSON alone (`from harness import ...` in a script under benchmarks/).
-Programs an earlier run compiled are loaded from `jaxspec.compile_cache` (compile times only).
+Programs an earlier run compiled are loaded from `jaxspec.runtime.compile_cache` (compile times only).
 """
 
-from jaxspec import compile_cache
+from jaxspec.runtime import compile_cache
 
 from harness.cases import chat_cases, code_cases, story_cases  # noqa: F401
 from harness.decode import Case, DecodeBench, Setting, run_decode  # noqa: F401

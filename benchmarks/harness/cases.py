@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from jaxspec.train.config import load_train_config
+from jaxspec.train.train_config import load_train_config
 from jaxspec.train.corpus import is_heldout, list_documents, read_text
 from harness.decode import Case
 from harness.machine import ROOT

@@ -19,7 +19,7 @@ def machine_info() -> dict:
     import jax
 
     import jaxspec
-    from jaxspec.perf import cpu_name
+    from jaxspec.roofline import cpu_name
 
     info = {"platform": platform.platform(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "jax": jax.__version__, "jax_backend": jax.default_backend(),

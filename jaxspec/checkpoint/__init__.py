@@ -1,1 +1,2 @@
-"""Checkpoint formats: HF folders (safetensors), llama2.c legacy `.bin`."""
+"""Files: checkpoint formats (HF safetensors folders, GGUF, llama2.c), loading a model, its tokenizer and
+chat template, drafter folders (ours and the authors' PARD format)."""

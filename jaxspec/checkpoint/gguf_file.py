@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from jaxspec.checkpoint.params import Index, RowPermuted, full_index
-from jaxspec.config import ARCHITECTURES, GEMMA_PATTERNS, ModelConfig, RopeConfig
+from jaxspec.models.config import ARCHITECTURES, GEMMA_PATTERNS, ModelConfig, RopeConfig
 from jaxspec.errors import CheckpointError
 
 # general.architecture -> ModelConfig.model_type
@@ -50,7 +50,7 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-# Gemma's four norms per layer (`jaxspec.model.DecoderLayer`).
+# Gemma's four norms per layer (`jaxspec.models.model.DecoderLayer`).
 _GEMMA_LAYER_NAMES = {
     **_LAYER_NAMES,
     "post_attention_norm": "post_attention_layernorm",

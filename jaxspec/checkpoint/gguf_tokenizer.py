@@ -26,7 +26,7 @@ from functools import lru_cache
 from typing import Any
 
 from jaxspec.errors import CheckpointError
-from jaxspec.tokenizer import HFTokenizer
+from jaxspec.checkpoint.tokenizer import HFTokenizer
 
 # llama.cpp's token types (gguf.TokenType).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6

@@ -10,9 +10,9 @@ import numpy as np
 
 from jaxspec.checkpoint.params import tensors_from_model
 from jaxspec.checkpoint.safetensors_io import read_safetensors, write_safetensors
-from jaxspec.config import ModelConfig
+from jaxspec.models.config import ModelConfig
 from jaxspec.errors import CheckpointError
-from jaxspec.model import Transformer
+from jaxspec.models.model import Transformer
 
 INDEX = "model.safetensors.index.json"
 WEIGHTS = "model.safetensors"

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxspec.checkpoint.params import RowPermuted
-from jaxspec.config import ModelConfig, RopeConfig
+from jaxspec.models.config import ModelConfig, RopeConfig
 from jaxspec.errors import CheckpointError
 
 HEADER_FIELDS = ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len")

@@ -19,9 +19,9 @@ import numpy as np
 from flax import nnx
 
 from jaxspec import progress
-from jaxspec.config import ModelConfig
+from jaxspec.models.config import ModelConfig
 from jaxspec.errors import CheckpointError
-from jaxspec.model import Transformer
+from jaxspec.models.model import Transformer
 
 # Tensors some exporters write that carry no weights we need.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

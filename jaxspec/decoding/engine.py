@@ -10,9 +10,9 @@ One start-up and one loop serve every method (`decode`):
   `commit` of its K/V and one `append` of the emitted tokens; every source's `update`.
 
 autoregressive = no source; lookahead = [window, pool]; prompt lookup = [pool]; Jacobi =
-[guess]; speculative = [drafter]; hybrid = [window, pool, drafter] (`jaxspec.methods`).
+[guess]; speculative = [drafter]; hybrid = [window, pool, drafter] (`jaxspec.decoding.methods`).
 How the block is built, run and verified is the `Block`'s business: `LocalBlock` here (one
-device), `ShardedBlock` in `jaxspec.decoding.parallel` (lookahead parallelism). Everything is
+device), `ShardedBlock` in `jaxspec.decoding.lookahead_parallel` (lookahead parallelism). Everything is
 fixed-shape and rows finish on their own: a finished row's updates are masked, not skipped.
 """
 
@@ -33,9 +33,9 @@ from jaxspec.decoding.sources.base import Outcome, Start, Step
 from jaxspec.decoding.state import DecodeState, TokenLogprobs, append
 from jaxspec.decoding.tree import TokenTree
 from jaxspec.decoding.verify import Greedy
-from jaxspec.kv_cache import KVCache, commit, init_cache
-from jaxspec.model import Transformer
-from jaxspec.sampling import SamplingParams, next_token, penalize
+from jaxspec.models.kv_cache import KVCache, commit, init_cache
+from jaxspec.models.model import Transformer
+from jaxspec.decoding.sampling import SamplingParams, next_token, penalize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Engine:
 
     sources: tuple = ()
     verifier: Any = Greedy()
-    # Logits processing (`jaxspec.sampling`) beyond warping: the penalties applied before every
+    # Logits processing (`jaxspec.decoding.sampling`) beyond warping: the penalties applied before every
     # choice, and per generated token its log-probability and the `logprobs` most likely (-1: none).
     penalties: bool = False
     logprobs: int = -1

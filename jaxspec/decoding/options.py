@@ -14,19 +14,19 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from jaxspec.config import ModelConfig
+from jaxspec.models.config import ModelConfig
 from jaxspec.decoding.sources.drafter import DraftSpec
-from jaxspec.drafter import Drafter, load_drafter
+from jaxspec.checkpoint.drafter_files import Drafter, load_drafter
 from jaxspec.errors import CheckpointError, ConfigError, GenerationError
-from jaxspec.loading import ASSETS, Model
-from jaxspec.loading import resolve as resolve_model
-from jaxspec.parallel import check_lp_devices
+from jaxspec.checkpoint.loading import ASSETS, Model
+from jaxspec.checkpoint.loading import resolve as resolve_model
+from jaxspec.models.meshes import check_lp_devices
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # jaxspec/configs (-> configs/), in the wheel
 # The drafter used for a target when none is given: the default model's PARD-2 drafter,
 # shipped inside the package (its name can be passed instead of a path).
 DEFAULT_DRAFTER = "pycode-5M-pard2"
-# Shipped drafters by the named model they draft for (`jaxspec.loading.NAMED_MODELS`).
+# Shipped drafters by the named model they draft for (`jaxspec.checkpoint.loading.NAMED_MODELS`).
 SHIPPED_DRAFTERS = {"pycode-5M": DEFAULT_DRAFTER, "smollm2-135m-instruct": "smollm2-135m-instruct-pard2"}
 
 
@@ -201,7 +201,7 @@ def resolve_drafter(cfg: ModelConfig, drafter, target_features: bool | None, dra
                               target_vocab_size=drafter.config.vocab_size - 1, target_layers=(),
                               target_hidden_size=0)
     elif not isinstance(drafter, Drafter):
-        raise GenerationError(f"drafter must be a Drafter (jaxspec.drafter.load_drafter), a drafter folder or "
+        raise GenerationError(f"drafter must be a Drafter (jaxspec.checkpoint.drafter_files.load_drafter), a drafter folder or "
                               f"name, got {type(drafter).__name__}")
     if target_features is None:
         target_features = drafter.projection is not None

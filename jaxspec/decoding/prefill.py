@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from jaxspec.kv_cache import KVCache, commit
-from jaxspec.model import Transformer, causal_mask
+from jaxspec.models.kv_cache import KVCache, commit
+from jaxspec.models.model import Transformer, causal_mask
 
 
 def concat_features(hidden_states: tuple, batch: int, length: int) -> Float[Array, "b t f"]:

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
-from jaxspec.kv_cache import KVCache
+from jaxspec.models.kv_cache import KVCache
 
 
 @struct.dataclass

@@ -27,7 +27,7 @@ import functools
 
 import numpy as np
 
-from jaxspec.masks import TreeMask, tree_relation
+from jaxspec.models.masks import TreeMask, tree_relation
 
 ROOT = -1  # a branch token whose parent is the root
 

@@ -29,7 +29,7 @@ import numpy as np
 from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
-from jaxspec.sampling import SamplingParams, next_token, target_probs
+from jaxspec.decoding.sampling import SamplingParams, next_token, target_probs
 
 
 @struct.dataclass

@@ -7,7 +7,8 @@ builds a `Server` for a loaded model; `app.run` serves it.
 
 from __future__ import annotations
 
-from jaxspec import auto, progress
+from jaxspec import progress
+from jaxspec.runtime import auto
 from jaxspec.chat import chat_prompt, stop_ids
 from jaxspec.errors import GenerationError
 from jaxspec.serving.requests import ServeSettings
@@ -24,7 +25,7 @@ def eos_ids(model) -> tuple[int, ...]:
 
 
 def resolve_auto(model, slots: int, context: int) -> tuple[str, dict, str]:
-    """`auto` for a server: the method and options `jaxspec.auto` measures fastest for `slots`
+    """`auto` for a server: the method and options `jaxspec.runtime.auto` measures fastest for `slots`
     rows of a typical request; with the reason."""
     if model.tokenizer is not None and model.tokenizer.chat_template is not None:
         prompt = chat_prompt(model, [{"role": "user", "content": AUTO_PROBE}])

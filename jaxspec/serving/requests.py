@@ -7,7 +7,7 @@ their neutral value and refused otherwise; so are vLLM's own fields (`VLLM_NEUTR
 where they change nothing, and named in the answer's `Warning` header); unknown fields are
 refused, as OpenAI's API does.
 `n` choices decode in n slots; the penalties, `min_p` and `logprobs` apply identically under
-every method (`jaxspec.sampling`), so each answer is the one autoregressive decoding gives.
+every method (`jaxspec.decoding.sampling`), so each answer is the one autoregressive decoding gives.
 
 Extensions (beside OpenAI's fields): vLLM's `top_k`, `min_p`, `repetition_penalty`,
 `stop_token_ids`, `ignore_eos`, and `method` + `method_options` (a decoding method for this
@@ -21,12 +21,12 @@ import json
 import math
 from typing import Any
 
-from jaxspec import memory
+from jaxspec.runtime import memory
 from jaxspec.chat import chat_prompt
 from jaxspec.errors import GenerationError, JaxspecError, MemoryLimitError
 from jaxspec.inputs import normalize_prompts
-from jaxspec.methods import ALIASES, METHODS, bind, resolve_method
-from jaxspec.sampling import MAX_LOGPROBS, SamplingParams, penalized
+from jaxspec.decoding.methods import ALIASES, METHODS, bind, resolve_method
+from jaxspec.decoding.sampling import MAX_LOGPROBS, SamplingParams, penalized
 from jaxspec.serving.scheduler import Plan, random_seed
 
 COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "n",

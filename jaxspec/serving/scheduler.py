@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxspec.decoding.engine import Engine
-from jaxspec.sampling import SamplingParams
+from jaxspec.decoding.sampling import SamplingParams
 from jaxspec.serving.slots import SlotGroup
 
 

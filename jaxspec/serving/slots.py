@@ -12,7 +12,7 @@ for that request alone (batch 1), so every row computes what the request compute
 Four programs, none recompiled while serving:
 
 * `start` (one per prompt bucket): prefill + first token + sources' state of one request
-  (`jaxspec.methods.begin`, batch 1), with buffers sized by the prompt (the n-gram pool's copy
+  (`jaxspec.decoding.methods.begin`, batch 1), with buffers sized by the prompt (the n-gram pool's copy
   of the text) padded to the slots' shapes;
 * `insert`: writes that state into one slot's row (the slots' state is donated: in place);
 * `advance`: up to `chunk_steps` engine steps, until every busy slot is done. A row stops at
@@ -33,11 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import compile_cache
+from jaxspec.runtime import compile_cache
 from jaxspec.decoding import engine as engine_lib
 from jaxspec.decoding.engine import Engine, EngineState
-from jaxspec.methods import begin
-from jaxspec.sampling import SamplingParams
+from jaxspec.decoding.methods import begin
+from jaxspec.decoding.sampling import SamplingParams
 
 
 def prompt_bucket(length: int) -> int:

@@ -40,7 +40,7 @@ import numpy as np
 from jaxspec.errors import ConfigError
 from jaxspec.real_prompts import PromptDataError
 from jaxspec.train.corpus import is_heldout, list_documents
-from jaxspec.train.config import DataConfig
+from jaxspec.train.train_config import DataConfig
 
 SENTINEL = "\x00QUESTION\x00"
 STDLIB_TEMPLATES = (

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxspec.errors import ConfigError
-from jaxspec.train.config import DataConfig, TokenizerConfig
+from jaxspec.train.train_config import DataConfig, TokenizerConfig
 
 BOS, EOS = 1, 2
 

@@ -1,5 +1,5 @@
 """PARD-2 drafter training configuration: a TOML file (`configs/pard2_*.toml`) parsed into
-frozen dataclasses with the same checks as the LM trainer's (`jaxspec.train.config`)."""
+frozen dataclasses with the same checks as the LM trainer's (`jaxspec.train.train_config`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from jaxspec.config import ModelConfig, RopeConfig
+from jaxspec.models.config import ModelConfig, RopeConfig
 from jaxspec.errors import ConfigError
-from jaxspec.train.config import (RESUMABLE_KEYS, ArchConfig, DataConfig, MeshConfig, OptimConfig, RunConfig,
+from jaxspec.train.train_config import (RESUMABLE_KEYS, ArchConfig, DataConfig, MeshConfig, OptimConfig, RunConfig,
                                   build_section, read_toml)
 from jaxspec.train.chat_data import ChatDataConfig
 from jaxspec.train.distill_data import DistillConfig

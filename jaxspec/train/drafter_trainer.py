@@ -32,16 +32,16 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxspec
 from jaxspec.checkpoint.safetensors_io import read_safetensors
-from jaxspec.drafter import PROJECTION_FILE, Drafter, default_target_layers, load_drafter
+from jaxspec.checkpoint.drafter_files import PROJECTION_FILE, Drafter, default_target_layers, load_drafter
 from jaxspec.errors import CheckpointError, ConfigError
-from jaxspec.loading import Model
-from jaxspec.model import Transformer
+from jaxspec.checkpoint.loading import Model
+from jaxspec.models.model import Transformer
 from jaxspec.train import chat_data, corpus, distill_data, target_cache
 from jaxspec.train.acceptance import AcceptanceStats, acceptance
-from jaxspec.train.config import SCHEDULE_KEY, TokenizerConfig, check_resume_config, resolve_schedule_steps
+from jaxspec.train.train_config import SCHEDULE_KEY, TokenizerConfig, check_resume_config, resolve_schedule_steps
 from jaxspec.train.drafter_config import RESUMABLE_DRAFTER_KEYS, DrafterTrainConfig
 from jaxspec.train.loop import LoopHooks, run_loop, start_or_resume
-from jaxspec.train.metrics import append_metric, plot_losses
+from jaxspec.train.run_log import append_metric, plot_losses
 from jaxspec.train.pard_batch import cod_counts, full_counts, make_batch
 from jaxspec.train.pard_objective import (LossConfig, aligned_features, drafter_logits, gold_log_probs, pard_loss,
                                           row_weights, target_outputs)
@@ -592,9 +592,9 @@ def drafter_card(cfg: DrafterTrainConfig, layers, target: Model, final: dict, se
              f"({run.steps} steps{schedule}, {seconds / 60:.1f} minutes"
              f"{'' if cpu is None else f', {cpu / 60:.1f} CPU-minutes'}, "
              f"{mode}, K = {cfg.pard.num_blocks}, init {cfg.drafter.init}).", "",
-             ("Load it with `jaxspec.drafter.load_drafter(folder, target=model)`: its token embeddings are the "
+             ("Load it with `jaxspec.checkpoint.drafter_files.load_drafter(folder, target=model)`: its token embeddings are the "
               "target's, read from it." if cfg.drafter.shared_embeddings else
-              "Load it with `jaxspec.drafter.load_drafter(folder)`.")
+              "Load it with `jaxspec.checkpoint.drafter_files.load_drafter(folder)`.")
              + f" Target-dependent mode needs the target's hidden states at layers {list(layers)}; "
              "`target_independent=True` loads it without its projection. `jaxspec.generate(model, ..., "
              "method=\"speculative\", drafter=folder)` does either.", "",

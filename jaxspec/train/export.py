@@ -12,8 +12,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxspec.checkpoint.hf import save_hf_folder
-from jaxspec.model import Transformer
-from jaxspec.train.config import TrainConfig
+from jaxspec.models.model import Transformer
+from jaxspec.train.train_config import TrainConfig
 
 
 def export_model(cfg: TrainConfig, params, tokenizer_path: Path, folder: Path, *, meta: dict,

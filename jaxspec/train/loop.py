@@ -17,7 +17,7 @@ import jax
 
 from jaxspec.errors import ConfigError
 from jaxspec.train.checkpoints import TrainCheckpoints
-from jaxspec.train.metrics import append_metric, read_metrics, write_metrics
+from jaxspec.train.run_log import append_metric, read_metrics, write_metrics
 from jaxspec.train.sharding import replicated_scalar, tree_shardings
 
 

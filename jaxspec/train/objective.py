@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from jaxspec.kv_cache import init_cache
-from jaxspec.model import Transformer, causal_mask
+from jaxspec.models.kv_cache import init_cache
+from jaxspec.models.model import Transformer, causal_mask
 
 
 def sequence_logits(model: Transformer, inputs: Int[Array, "b t"]) -> Float[Array, "b t vocab"]:

@@ -1,5 +1,5 @@
 """PARD drafter-training batches: K blocks per sequence, conditional drop (COD), labels and
-the target-feature alignment (`../shared/docs/pard2.md`, relation in `jaxspec.masks`).
+the target-feature alignment (`../shared/docs/pard2.md`, relation in `jaxspec.models.masks`).
 
 A training sequence is L + 1 corpus tokens x_0..x_L. The drafter's input holds block 0 =
 the real tokens x_0..x_{L-1} and mask blocks 1..K-1, every token tagged with (block j,

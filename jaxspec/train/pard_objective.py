@@ -18,10 +18,10 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from jaxspec.decoding.sources.drafter import embed_offset
-from jaxspec.drafter import head_rows
-from jaxspec.kv_cache import init_cache
-from jaxspec.masks import PardMask
-from jaxspec.model import Transformer, causal_mask
+from jaxspec.checkpoint.drafter_files import head_rows
+from jaxspec.models.kv_cache import init_cache
+from jaxspec.models.masks import PardMask
+from jaxspec.models.model import Transformer, causal_mask
 from jaxspec.train.pard_batch import feature_index
 
 WEIGHT_FLOOR = 1e-6  # denominators of the weighted means

@@ -13,7 +13,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxspec.errors import ConfigError
-from jaxspec.train.config import MeshConfig
+from jaxspec.train.train_config import MeshConfig
 
 BATCH_AXES = ("data", "fsdp")
 

@@ -27,11 +27,11 @@ import optax
 from flax import nnx
 
 from jaxspec.errors import CheckpointError
-from jaxspec.model import Transformer
+from jaxspec.models.model import Transformer
 from jaxspec.train import corpus
-from jaxspec.train.config import SCHEDULE_KEY, OptimConfig, TrainConfig, check_resume_config, resolve_schedule_steps
+from jaxspec.train.train_config import SCHEDULE_KEY, OptimConfig, TrainConfig, check_resume_config, resolve_schedule_steps
 from jaxspec.train.loop import LoopHooks, run_loop, start_or_resume
-from jaxspec.train.metrics import append_metric, plot_losses
+from jaxspec.train.run_log import append_metric, plot_losses
 from jaxspec.train.objective import token_nats
 from jaxspec.train.sharding import batch_sharding, global_array, make_mesh, replicated_scalar
 

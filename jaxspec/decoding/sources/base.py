@@ -30,7 +30,7 @@ from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
 from jaxspec.decoding.tree import BranchLayout
-from jaxspec.sampling import SamplingParams
+from jaxspec.decoding.sampling import SamplingParams
 
 
 @struct.dataclass

@@ -38,9 +38,9 @@ from jaxtyping import Array, Bool, Float, Int
 
 from jaxspec.decoding.sources.base import Branch, Outcome, Start, Step
 from jaxspec.decoding.tree import BranchLayout, chain
-from jaxspec.kv_cache import KVCache, commit, init_cache
-from jaxspec.model import Transformer, causal_mask
-from jaxspec.sampling import target_probs, warp_logits
+from jaxspec.models.kv_cache import KVCache, commit, init_cache
+from jaxspec.models.model import Transformer, causal_mask
+from jaxspec.decoding.sampling import target_probs, warp_logits
 
 
 def embed_offset(projection: Float[Array, "f d"], features: Float[Array, "b t f"], scale: float

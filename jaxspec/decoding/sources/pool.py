@@ -2,7 +2,7 @@
 
 Up to G candidate (N-1)-grams continuing the last token (`candidates`), each a chain after
 the root verified as one path; empty pool slots are invalid paths. The pool
-(`jaxspec.ngram_pool`) is filled from the prompt (`from_prompt`), from the n-grams ending in
+(`jaxspec.decoding.ngram_pool`) is filled from the prompt (`from_prompt`), from the n-grams ending in
 each step's emitted tokens, and from whatever the sources before it saw (the lookahead
 window's columns). It keeps its own copy of the text so far (prompt + output), which feeds it.
 
@@ -19,7 +19,7 @@ from jaxtyping import Array, Int
 
 from jaxspec.decoding.sources.base import Branch, Outcome, Start, Step
 from jaxspec.decoding.tree import ROOT, BranchLayout
-from jaxspec.ngram_pool import NGramPool, insert, sequence_ngrams
+from jaxspec.decoding.ngram_pool import NGramPool, insert, sequence_ngrams
 
 
 def candidates(pool: NGramPool, prev: Int[Array, " b"], last: Int[Array, " b"]):

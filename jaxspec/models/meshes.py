@@ -1,6 +1,6 @@
-"""Devices and processes: the `lp` mesh, replicated inputs, and multi-process start-up.
+"""Meshes, devices and processes: the `lp` mesh, replicated inputs, and multi-process start-up.
 
-Lookahead parallelism (see `jaxspec.decoding.parallel`) runs on a one-axis mesh
+Lookahead parallelism (see `jaxspec.decoding.lookahead_parallel`) runs on a one-axis mesh
 named `lp` over the first `lp_devices` devices of the run. With several processes
 (`jax.distributed.initialize`), `jax.devices()` lists every process's devices, so the same
 mesh spans hosts and every process runs the same program on its own devices.
@@ -45,7 +45,7 @@ def lp_mesh(lp_devices: int, tensor_parallel: int = 1) -> Mesh:
     lp_devices = check_lp_devices(lp_devices)
     if tensor_parallel == 1:
         return Mesh(np.array(jax.devices()[:lp_devices]), (LP_AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
-    from jaxspec.tensor_parallel import MODEL_AXIS
+    from jaxspec.models.tensor_parallel import MODEL_AXIS
 
     need, available = lp_devices * tensor_parallel, jax.device_count()
     if need > available:
@@ -185,10 +185,10 @@ def hlo_collectives(hlo: str) -> list[dict]:
 def lp_params(model, lp_devices: int) -> tuple[Mesh, object]:
     """LP x TP: the (lp, model) mesh for `lp_devices` LP groups of a tensor-parallel model's T
     devices, and the model's parameters laid out on it (split over `model` as
-    `jaxspec.tensor_parallel` says, replicated across `lp`). A model loaded on that mesh
+    `jaxspec.models.tensor_parallel` says, replicated across `lp`). A model loaded on that mesh
     (`load(..., mesh=lp_mesh(L, T))`, what the CLI does) is used as it is; one on a (data, model)
     mesh is re-laid out once per lp_devices and kept on the model."""
-    from jaxspec.tensor_parallel import DATA_AXIS, MODEL_AXIS, param_shardings
+    from jaxspec.models.tensor_parallel import DATA_AXIS, MODEL_AXIS, param_shardings
 
     if model.mesh.shape.get(DATA_AXIS, 1) > 1:
         raise GenerationError(f"lp_devices > 1 on a model with data_parallel {model.mesh.shape[DATA_AXIS]}: "

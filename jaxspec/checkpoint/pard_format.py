@@ -94,7 +94,7 @@ import numpy as np
 from jaxspec.checkpoint.hf import read_config, read_tensors, save_hf_folder
 from jaxspec.checkpoint.params import model_from_tensors
 from jaxspec.checkpoint.safetensors_io import read_safetensors, write_safetensors
-from jaxspec.config import ModelConfig
+from jaxspec.models.config import ModelConfig
 from jaxspec.errors import CheckpointError, GenerationError
 
 WARP_FILE = "warp_model.bin"  # the authors' target_proj weights (torch.save of a dict)
@@ -335,9 +335,9 @@ def load_amd_drafter(path: str | os.PathLike, *, target=None, target_independent
     `target`: the Model it drafts for (its vocabulary size, depth and tokenizer); without it
     the drafter's own vocabulary is taken as the target's, and a PARD-2 drafter loads only
     target-independent."""
-    from jaxspec.drafter import DRAFT_FILE, EMBED_NAME, Drafter
-    from jaxspec.loading import DTYPES, Model
-    from jaxspec.tokenizer import find_tokenizer
+    from jaxspec.checkpoint.drafter_files import DRAFT_FILE, EMBED_NAME, Drafter
+    from jaxspec.checkpoint.loading import DTYPES, Model
+    from jaxspec.checkpoint.tokenizer import find_tokenizer
 
     folder = Path(path)
     hf = _config(folder)
@@ -469,7 +469,7 @@ def export_pard(drafter, folder: str | os.PathLike, *, target=None, dtype: str =
     hf[JAXSPEC_KEY] = meta
     cfg_path.write_text(json.dumps(hf, indent=2) + "\n")
     if drafter.draft_vocab is not None:
-        from jaxspec.drafter import DRAFT_FILE
+        from jaxspec.checkpoint.drafter_files import DRAFT_FILE
 
         write_safetensors(folder / DRAFT_FILE, {"draft_vocab": np.asarray(drafter.draft_vocab, np.int32)})
     return folder

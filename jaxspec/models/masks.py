@@ -1,6 +1,6 @@
 """Attention relations inside a forward block: dense masks and compact mask specs.
 
-The model's attention (`jaxspec.attention`) takes the relation among the block's T tokens
+The model's attention (`jaxspec.models.attention`) takes the relation among the block's T tokens
 ("query i sees block key j") as `block_mask`, which is either
 
 * a dense `Bool[b, t, t]` array: any relation (prefill's causal mask, autoregressive,

@@ -20,7 +20,7 @@ build their arrays the same way, so a mesh can span several processes.
 
 Every decoding method runs unchanged: `generate` jit-compiles the same program on sharded
 parameters and inputs. Float32 results can differ from one device at the last bit (partial
-sums add in another order), so greedy tokens can part only at near-ties (`jaxspec.exactness`).
+sums add in another order), so greedy tokens can part only at near-ties (`jaxspec.decoding.exactness`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxspec.config import ModelConfig
+from jaxspec.models.config import ModelConfig
 from jaxspec.errors import ConfigError
 
 MODEL_AXIS = "model"
@@ -113,7 +113,7 @@ def placement(mesh: Mesh, cfg: ModelConfig, dtype):
 
 
 # The meshes a model's weights can be laid out on: tensor parallelism with data parallelism,
-# and LP x TP (`jaxspec.parallel.lp_mesh(L, T)`).
+# and LP x TP (`jaxspec.models.meshes.lp_mesh(L, T)`).
 MESH_AXES = ((DATA_AXIS, MODEL_AXIS), ("lp", MODEL_AXIS))
 
 
@@ -122,8 +122,8 @@ def check_mesh(mesh) -> None:
         raise ConfigError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
     if tuple(mesh.axis_names) not in MESH_AXES:
         raise ConfigError(f"a tensor-parallel mesh has the axes {MESH_AXES[0]} (or {MESH_AXES[1]} for LP x TP), got "
-                          f"{tuple(mesh.axis_names)} (make one with jaxspec.tensor_parallel.tp_mesh or "
-                          "jaxspec.parallel.lp_mesh)")
+                          f"{tuple(mesh.axis_names)} (make one with jaxspec.models.tensor_parallel.tp_mesh or "
+                          "jaxspec.models.meshes.lp_mesh)")
 
 
 def put(x, sharding: NamedSharding):

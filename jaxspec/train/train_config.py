@@ -15,7 +15,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from jaxspec.config import ModelConfig, RopeConfig
+from jaxspec.models.config import ModelConfig, RopeConfig
 from jaxspec.errors import CheckpointError, ConfigError
 
 

@@ -4,7 +4,7 @@ Every method is a configuration of the one engine (`jaxspec.decoding.engine`): `
 builds its `Engine` (the sources, in block order, and the verifier: greedy at temperature 0,
 else the method's sampled verifier) from validated options (`jaxspec.decoding.options`).
 `decode` runs an engine on one device or, with `lp_devices` > 1, split over devices
-(`jaxspec.decoding.parallel`). The `*_decode` functions below are the same methods as pure
+(`jaxspec.decoding.lookahead_parallel`). The `*_decode` functions below are the same methods as pure
 functions of the option values, for research code under your own `jax.jit`.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from jaxspec.config import ModelConfig
+from jaxspec.models.config import ModelConfig
 from jaxspec.decoding import engine as engine_lib
-from jaxspec.decoding import parallel
+from jaxspec.decoding import lookahead_parallel
 from jaxspec.decoding.engine import Engine, EngineState
 from jaxspec.decoding.options import (DEFAULT_DRAFTER, HybridOptions, JacobiOptions, LookaheadOptions, NoOptions,
                                       Options, PromptLookupOptions, SpeculativeOptions, lookahead_defaults)
@@ -114,7 +114,7 @@ def decode(graphdef, params, prompts, prompt_lengths, rng, sampling, *, engine: 
     Pure and jit-able: `jax.jit(decode, static_argnames=("engine", "max_new_tokens", "cache_len",
     "eos_ids", "lp_devices", "tensor_parallel"))`."""
     if lp_devices > 1:
-        return parallel.decode(engine, graphdef, params, prompts, prompt_lengths, rng, sampling,
+        return lookahead_parallel.decode(engine, graphdef, params, prompts, prompt_lengths, rng, sampling,
                                max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids,
                                lp_devices=lp_devices, tensor_parallel=tensor_parallel)
     return engine_lib.decode(engine, graphdef, params, prompts, prompt_lengths, rng, sampling,
@@ -125,7 +125,7 @@ def begin(graphdef, params, prompts, prompt_lengths, rng, sampling, *, engine: E
           cache_len: int, eos_ids: tuple[int, ...], lp_devices: int = 1, tensor_parallel: int = 1) -> EngineState:
     """The state `advance` resumes from (prefill and first token done); jit-able like `decode`."""
     if lp_devices > 1:
-        return parallel.begin_sharded(engine, graphdef, params, prompts, prompt_lengths, rng, sampling,
+        return lookahead_parallel.begin_sharded(engine, graphdef, params, prompts, prompt_lengths, rng, sampling,
                                       max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids,
                                       lp_devices=lp_devices, tensor_parallel=tensor_parallel)
     return engine_lib.begin_jit(engine, engine_lib.LocalBlock(), graphdef, params, prompts, prompt_lengths, rng,
@@ -137,7 +137,7 @@ def advance(graphdef, params, state: EngineState, sampling, until, *, engine: En
     """Steps until every row is done or has taken `until` steps (a traced scalar): streaming runs
     one compiled `advance` chunk after chunk, `engine_lib.finish` gives the statistics."""
     if lp_devices > 1:
-        return parallel.advance_sharded(engine, graphdef, params, state, sampling, until, eos_ids=eos_ids,
+        return lookahead_parallel.advance_sharded(engine, graphdef, params, state, sampling, until, eos_ids=eos_ids,
                                         lp_devices=lp_devices, tensor_parallel=tensor_parallel)
     return engine_lib.advance(engine, engine_lib.LocalBlock(), graphdef, params, state, sampling, until,
                               eos_ids=eos_ids)

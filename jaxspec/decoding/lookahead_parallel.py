@@ -26,7 +26,7 @@ every device computes their K/V itself and commits them with that step's.
 The emitted tokens, the steps and S are those of the single-device engine (same paths, same
 choice, same updates).
 
-LP x TP: on an (lp, model) mesh (`jaxspec.parallel.lp_mesh(D, T)`) the shard_map is manual over
+LP x TP: on an (lp, model) mesh (`jaxspec.models.meshes.lp_mesh(D, T)`) the shard_map is manual over
 `lp` only. Each LP "device" above is then a group of T devices holding the weights split in
 the tensor-parallel layout, and GSPMD partitions the group's forward as it does for tensor
 parallelism alone (all-reduces within the group). The one all_gather per step still crosses
@@ -50,10 +50,10 @@ from jaxspec.decoding.state import DecodeState
 from jaxspec.decoding.tree import TokenTree, dfs_intervals
 from jaxspec.decoding.verify import verify_greedy
 from jaxspec.errors import GenerationError
-from jaxspec.kv_cache import KVCache, commit
-from jaxspec.masks import TreeMask, tree_relation
-from jaxspec.parallel import LP_AXIS, lp_mesh
-from jaxspec.sampling import SamplingParams
+from jaxspec.models.kv_cache import KVCache, commit
+from jaxspec.models.masks import TreeMask, tree_relation
+from jaxspec.models.meshes import LP_AXIS, lp_mesh
+from jaxspec.decoding.sampling import SamplingParams
 
 
 def _ceil_div(a: int, b: int) -> int:

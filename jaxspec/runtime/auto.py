@@ -34,7 +34,7 @@ vocabulary, timed with that head) is at times worth timing there, and the timing
 request decides between it and greedy. On an accelerator at batch 1, c(T) stays near 1 up to
 ~100 tokens. Measurements are kept per model (checkpoint, dtype, attention, layout), backend
 and shape bucket for the process, and on disk for later processes on this machine
-(`jaxspec.auto_store`). In a multi-process run every process takes process 0's measurements
+(`jaxspec.runtime.auto_store`). In a multi-process run every process takes process 0's measurements
 (`agreed`), so that all choose the same setting.
 """
 
@@ -52,10 +52,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxspec import auto_store, compile_cache, perf, progress
-from jaxspec.kv_cache import KVCache
-from jaxspec.masks import TreeMask
-from jaxspec.quantize import module_dtype
+from jaxspec import progress
+from jaxspec.runtime import auto_store
+from jaxspec.runtime import compile_cache
+from jaxspec import roofline
+from jaxspec.models.kv_cache import KVCache
+from jaxspec.models.masks import TreeMask
+from jaxspec.models.quantize import module_dtype
 
 CONFIG = Path(__file__).resolve().parent / "configs" / "auto.toml"  # jaxspec/configs (-> configs/), in the wheel
 MARGIN = 1.1  # the measured speed-up a setting must reach to be chosen over greedy
@@ -112,7 +115,7 @@ class Choice:
     candidates: tuple  # dicts: label, block_tokens, expected_s, step_cost, predicted_speedup (and
     # bound: True where step_cost is a lower bound, predicted_speedup an upper one)
     measure_seconds: float  # measuring c now (0 when cached)
-    recalled: str | None = None  # where and when an earlier process measured (`jaxspec.auto_store`), or None
+    recalled: str | None = None  # where and when an earlier process measured (`jaxspec.runtime.auto_store`), or None
 
     def as_dict(self) -> dict:
         # Shallow copies (the rows hold only scalars): `dataclasses.asdict`'s deep copy cost ~0.6 ms
@@ -122,8 +125,8 @@ class Choice:
 
 
 def model_key(model) -> str | None:
-    """The name `configs/auto.toml` knows the model by (one of `jaxspec.loading.NAMED_MODELS`), or None."""
-    from jaxspec.loading import NAMED_MODELS
+    """The name `configs/auto.toml` knows the model by (one of `jaxspec.checkpoint.loading.NAMED_MODELS`), or None."""
+    from jaxspec.checkpoint.loading import NAMED_MODELS
 
     source = Path(model.source)
     for name, where in NAMED_MODELS.items():
@@ -148,7 +151,7 @@ def candidates(model, lookahead_only: bool = False) -> list[Candidate]:
     expect = expectations(model_key(model))
     out = [Candidate("autoregressive", {}, 1, 1.0)]
     for w, n, g in LOOKAHEAD_GRID:
-        t = perf.lookahead_block_tokens(w, n, g)
+        t = roofline.lookahead_block_tokens(w, n, g)
         out.append(Candidate("lookahead", dict(window=w, ngram=n, guesses=g), t,
                              1 + expect["lookahead_slope"] * math.log(t)))
     if lookahead_only:
@@ -156,13 +159,13 @@ def candidates(model, lookahead_only: bool = False) -> list[Candidate]:
     for key, s in expect.items():
         if key.startswith("prompt_lookup_"):
             n, g = (int(x) for x in key.split("_")[2:])
-            out.append(Candidate("prompt-lookup", dict(ngram=n, guesses=g), perf.prompt_lookup_block_tokens(n, g),
+            out.append(Candidate("prompt-lookup", dict(ngram=n, guesses=g), roofline.prompt_lookup_block_tokens(n, g),
                                  s))
         elif key.startswith("speculative_"):  # speculative_K, or speculative_K_lookup_N_G
             k, *lookup = (int(x) for x in key.split("_")[1:] if x != "lookup")
             options = dict(draft_len=k) if not lookup else dict(draft_len=k, lookup_ngram=lookup[0],
                                                                 lookup_guesses=lookup[1])
-            block = k + 1 + (perf.prompt_lookup_block_tokens(*lookup) - 1 if lookup else 0)
+            block = k + 1 + (roofline.prompt_lookup_block_tokens(*lookup) - 1 if lookup else 0)
             out.append(Candidate("speculative", options, block, s, drafter_tokens=k + 1))
     return out
 

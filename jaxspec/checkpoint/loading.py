@@ -13,20 +13,20 @@ from typing import Any
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxspec.attention import get_attention
+from jaxspec.models.attention import get_attention
 from jaxspec.checkpoint.gguf_file import read_gguf
 from jaxspec.checkpoint.gguf_tokenizer import tokenizer_from_gguf
 from jaxspec.checkpoint.hf import read_config, read_tensors, save_hf_folder
 from jaxspec.checkpoint.llama2c import read_llama2c
 from jaxspec.checkpoint.params import model_from_tensors
-from jaxspec.config import ModelConfig
+from jaxspec.models.config import ModelConfig
 from jaxspec.errors import CheckpointError, ConfigError
-from jaxspec.model import Transformer
-from jaxspec.quantize import placement, quantize_model
-from jaxspec.tokenizer import Tokenizer, find_tokenizer
+from jaxspec.models.model import Transformer
+from jaxspec.models.quantize import placement, quantize_model
+from jaxspec.checkpoint.tokenizer import Tokenizer, find_tokenizer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-# What `load` takes: the float dtypes above, or int8 weights with float32 activations (`jaxspec.quantize`).
+# What `load` takes: the float dtypes above, or int8 weights with float32 activations (`jaxspec.models.quantize`).
 LOAD_DTYPES = (*DTYPES, "int8")
 
 _PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -99,12 +99,12 @@ class Model:
     # Drafters loaded from disk for this target, by (folder, target-independent): a speculative
     # `generate` reads its drafter once, not at every call.
     drafters: dict = dataclasses.field(default_factory=dict, repr=False)
-    # What `jaxspec.memory` and `generate` count once rather than at every call: the estimates of
+    # What `jaxspec.runtime.memory` and `generate` count once rather than at every call: the estimates of
     # prepared requests and XLA's memory analysis, by program shape; the weights' bytes, by tree.
     memory_estimates: dict = dataclasses.field(default_factory=dict, repr=False)
-    # The (data, model) mesh the parameters are laid out on (`jaxspec.tensor_parallel`), or None.
+    # The (data, model) mesh the parameters are laid out on (`jaxspec.models.tensor_parallel`), or None.
     mesh: Any = None
-    # LP x TP: the parameters re-laid out on an (lp, model) mesh, by lp_devices (`jaxspec.parallel.lp_params`).
+    # LP x TP: the parameters re-laid out on an (lp, model) mesh, by lp_devices (`jaxspec.models.meshes.lp_params`).
     lp_layouts: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @classmethod
@@ -226,14 +226,14 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str = "float32"
     """Load a checkpoint for decoding (default: the shipped model). `attention` names the
     attention backend ("xla" | "pallas"). `tensor_parallel` T > 1 or `data_parallel` D > 1 lay
     the weights out over T devices (and the batch over D) of a (data, model) mesh
-    (`jaxspec.tensor_parallel`); every method then runs on that mesh. Each parameter is then
+    (`jaxspec.models.tensor_parallel`); every method then runs on that mesh. Each parameter is then
     read straight into its layout: a process reads only the slices its devices hold (a
     multi-process mesh never puts the whole model in one process). `mesh` instead: a
-    `tp_mesh(T, D)` or, for LP x TP, a `jaxspec.parallel.lp_mesh(L, T)` ((lp, model) axes:
+    `tp_mesh(T, D)` or, for LP x TP, a `jaxspec.models.meshes.lp_mesh(L, T)` ((lp, model) axes:
     `generate(..., lp_devices=L)` then uses the weights as loaded). `dtype` "int8": every matmul
-    weight quantized as it is read, int8 per output channel, activations float32 (`jaxspec.quantize`;
+    weight quantized as it is read, int8 per output channel, activations float32 (`jaxspec.models.quantize`;
     the reference for exactness is then int8 greedy decoding); one device only."""
-    from jaxspec import tensor_parallel as tp_lib
+    from jaxspec.models import tensor_parallel as tp_lib
 
     if dtype == "int8" and (mesh is not None or (tensor_parallel, data_parallel) != (1, 1)):
         raise ConfigError("dtype int8 runs on one device; tensor_parallel, data_parallel and mesh need "

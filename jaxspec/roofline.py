@@ -20,7 +20,7 @@ work; then the embedding, final norm, LM head and its argmax). Each operation is
 summed over the operations (they run one after another, so a memory-bound matmul does not hide
 a memory-bound softmax), plus a fixed cost per layer (kernel launches / per-op overhead) and per
 call. Bytes: every weight read once per forward (a CPU GEMM also packs it: one more write and
-read); the KV cache (`jaxspec.memory.kv_cache_bytes`) read as often as the implementation does
+read); the KV cache (`jaxspec.runtime.memory.kv_cache_bytes`) read as often as the implementation does
 (the XLA reference transposes it first); activations written and read; the attention scores
 when the implementation materialises them (the XLA reference and PyTorch eager do, a fused flash
 kernel does not); the LM head's table and logits. Why a CPU needs the extra terms (caches, GEMM
@@ -42,7 +42,7 @@ What is calibrated and how (never fitted to the checks in `benchmarks/roofline.p
   10 layers).
 * Implementations (`IMPLEMENTATIONS`): how many times each attention score, KV-cache entry and
   head weight is touched, counted once from the compiled program (`xla`: the CPU HLO of
-  `jaxspec.attention.xla_attention`), from the source (`eager`: transformers' eager LLaMA
+  `jaxspec.models.attention.xla_attention`), from the source (`eager`: transformers' eager LLaMA
   attention, the paper's stack), or the ideal (`fused`, `unfused`).
 """
 
@@ -55,10 +55,10 @@ import os
 import time
 from pathlib import Path
 
-from jaxspec.config import ModelConfig
+from jaxspec.models.config import ModelConfig
 from jaxspec.errors import ConfigError
-from jaxspec.memory import F32, kv_cache_bytes
-from jaxspec.model import argmax_chunk
+from jaxspec.runtime.memory import F32, kv_cache_bytes
+from jaxspec.models.model import argmax_chunk
 
 GB = 1e9
 TB = 1e12
@@ -264,7 +264,7 @@ class Implementation:
 
 
 IMPLEMENTATIONS: dict[str, Implementation] = {
-    # Counted from XLA's compiled CPU program of jaxspec.attention.xla_attention (jax 0.10): the score
+    # Counted from XLA's compiled CPU program of jaxspec.models.attention.xla_attention (jax 0.10): the score
     # and value dots write the two score blocks (1 f32 access), a scale fusion reads and writes them
     # (2), a concatenate (2), the mask select (2), max + exp (reads twice, writes once: 3), the sum
     # (1), the normalise fusion reads them once (1); it writes the probabilities and the PV dots
@@ -571,8 +571,8 @@ def calibration_cases() -> dict:
     import jax.numpy as jnp
     from flax import nnx
 
-    from jaxspec.kv_cache import KVCache
-    from jaxspec.model import Transformer, causal_mask
+    from jaxspec.models.kv_cache import KVCache
+    from jaxspec.models.model import Transformer, causal_mask
 
     def looped(body, steps):
         return jax.jit(lambda *a: jax.lax.fori_loop(0, steps, lambda i, y: body(y, *a[1:]), a[0]))
@@ -699,7 +699,7 @@ def profile_from_measurements(m: dict, name: str = "this CPU") -> HardwareProfil
         name=name, peak_bf16_flops=m["bf16_flops"], peak_fp32_flops=peak,
         hbm_bytes_per_s=read[-1][1], memory_bytes=m["memory_bytes"],
         fixed_layer_seconds=m["fixed_layer_seconds"], fixed_call_seconds=m["fixed_call_seconds"],
-        source="measured on this machine (jaxspec.perf.measure_cpu)",
+        source="measured on this machine (jaxspec.roofline.measure_cpu)",
         matmul_rows=rows, matmul_efficiency=tuple(m["matmul_flops"][str(r)] / peak for r in rows),
         read_curve=read, rw_curve=tuple((float(a), float(b)) for a, b in m["rw_curve"]), overlap=False,
         gemm_packs=True, matmul_call_seconds=m["matmul_call_seconds"],

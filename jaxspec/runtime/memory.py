@@ -37,11 +37,11 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxspec import compile_cache
-from jaxspec.config import ModelConfig
+from jaxspec.runtime import compile_cache
+from jaxspec.models.config import ModelConfig
 from jaxspec.errors import MemoryLimitError
-from jaxspec.model import argmax_chunk
-from jaxspec.quantize import activation_dtype
+from jaxspec.models.model import argmax_chunk
+from jaxspec.models.quantize import activation_dtype
 
 F32 = 4
 SAMPLING_BUFFERS = 12
@@ -167,11 +167,11 @@ def estimate(request, cfg: ModelConfig, dtype_bytes: int, begin_fn) -> MemoryEst
 
 def per_device(estimate: MemoryEstimate, cfg: ModelConfig, dtype_bytes: int, mesh, batch: int, cache_len: int
                ) -> MemoryEstimate:
-    """One device's share under tensor parallelism (`jaxspec.tensor_parallel`): the KV cache over
+    """One device's share under tensor parallelism (`jaxspec.models.tensor_parallel`): the KV cache over
     the `model` axis when the KV heads split, the step's buffers when the heads and the ffn
     split; everything over `data` when the batch divides. `weights_bytes` is already one
     device's (`tree_bytes` of sharded arrays counts one shard)."""
-    from jaxspec.tensor_parallel import DATA_AXIS, MODEL_AXIS, splits
+    from jaxspec.models.tensor_parallel import DATA_AXIS, MODEL_AXIS, splits
 
     tp, dp = mesh.shape[MODEL_AXIS], mesh.shape.get(DATA_AXIS, 1)
     split = splits(cfg, tp)

@@ -20,8 +20,8 @@ import numpy as np
 from flax import nnx
 
 from jaxspec.decoding.prefill import prefill
-from jaxspec.kv_cache import KVCache
-from jaxspec.quantize import activation_dtype, module_dtype
+from jaxspec.models.kv_cache import KVCache
+from jaxspec.models.quantize import activation_dtype, module_dtype
 
 NEAR_TIE_ULPS = 4
 

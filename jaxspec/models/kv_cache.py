@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from flax import struct
 from jaxtyping import Array, Float, Int
 
-from jaxspec.quantize import module_dtype
+from jaxspec.models.quantize import module_dtype
 
 
 @struct.dataclass

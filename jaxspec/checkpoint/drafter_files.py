@@ -27,7 +27,7 @@ tokenizer: `draft.safetensors` holds the mask token's embedding row (and `draft_
 The authors' own drafter folders (AMD-AGI/PARD: `amd/PARD-*`, `amd/PARD2-*`, a plain HF model
 whose config.json has `pard_token` / `spd_type`) load through the same `load_drafter`, mapped
 onto this format at load time, and `Drafter.save(folder, format="pard")` writes that layout
-(`jaxspec.pard_format`).
+(`jaxspec.checkpoint.pard_format`).
 """
 
 from __future__ import annotations
@@ -41,14 +41,14 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from jaxspec import compile_cache
+from jaxspec.runtime import compile_cache
 from jaxspec.checkpoint.hf import WEIGHTS, read_config, save_hf_folder
 from jaxspec.checkpoint.params import model_from_tensors
 from jaxspec.checkpoint.safetensors_io import read_safetensors, write_safetensors
-from jaxspec.config import ModelConfig
+from jaxspec.models.config import ModelConfig
 from jaxspec.errors import CheckpointError, GenerationError
-from jaxspec.loading import DTYPES, Model, load
-from jaxspec.quantize import float_table
+from jaxspec.checkpoint.loading import DTYPES, Model, load
+from jaxspec.models.quantize import float_table
 
 PROJECTION_FILE = "projection.safetensors"
 DRAFT_FILE = "draft.safetensors"  # draft_vocab ids and/or the mask embedding row (shared embeddings)
@@ -114,12 +114,12 @@ class Drafter:
     def save(self, folder: str | os.PathLike, dtype: str = "float32", format: str = "jaxspec",
              target=None) -> Path:
         """Write the drafter: `format="jaxspec"` (this module's format) or `"pard"`, the authors'
-        layout (`jaxspec.pard_format.export_pard`; `target`, the Model it drafts for, names the
+        layout (`jaxspec.checkpoint.pard_format.export_pard`; `target`, the Model it drafts for, names the
         target layers in HF's indexing)."""
         import ml_dtypes
 
         if format == "pard":
-            from jaxspec.pard_format import export_pard
+            from jaxspec.checkpoint.pard_format import export_pard
 
             return export_pard(self, folder, target=target, dtype=dtype)
         if format != "jaxspec":
@@ -207,10 +207,10 @@ def _load_shared(folder: Path, target: Model | None, dtype: str, attention: str)
 def load_drafter(path: str | os.PathLike, *, dtype: str = "float32", attention: str = "xla",
                  target_independent: bool = False, target: Model | None = None) -> Drafter:
     """A drafter folder (see the module docstring) or an authors'-format PARD / PARD-2 folder
-    (`jaxspec.pard_format`); `target_independent` skips the projection; `target`: the model it
+    (`jaxspec.checkpoint.pard_format`); `target_independent` skips the projection; `target`: the model it
     drafts for (needed when the drafter shares the target's embeddings, and to place an
     authors' PARD-2 drafter's target layers)."""
-    from jaxspec.pard_format import is_amd_folder, load_amd_drafter
+    from jaxspec.checkpoint.pard_format import is_amd_folder, load_amd_drafter
 
     folder = Path(path)
     if is_amd_folder(folder):

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from jaxspec.chat_template import ChatTemplate, chat_template_source
+from jaxspec.checkpoint.chat_template import ChatTemplate, chat_template_source
 from jaxspec.errors import CheckpointError, PromptError
 
 # Tokens that end an assistant turn in the common chat formats (ChatML, Llama 3, Phi-3, Gemma, ...).

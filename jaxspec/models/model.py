@@ -5,7 +5,7 @@ Parameter names follow Hugging Face's (`layers[i].self_attn.q_proj.kernel` is
 
 The single entry point is `Transformer.__call__(tokens, positions, block_mask, cache)`:
 a block of T query tokens at explicit positions, an arbitrary attention relation inside
-the block (a dense mask or a `jaxspec.masks` spec), the committed cache visible to every
+the block (a dense mask or a `jaxspec.models.masks` spec), the committed cache visible to every
 query. It returns float32 logits (or only their argmax, see `head`) and the block's K/V
 (`BlockKV`) for the caller to `commit`.
 """
@@ -20,11 +20,11 @@ import numpy as np
 from flax import nnx, struct
 from jaxtyping import Array, Bool, Float, Int
 
-from jaxspec.attention import get_attention
-from jaxspec.config import ModelConfig
-from jaxspec.kv_cache import BlockKV, KVCache
-from jaxspec.masks import BlockMask
-from jaxspec.quantize import QUANTIZED, dequantize_after, int8_matmul, piece_channels
+from jaxspec.models.attention import get_attention
+from jaxspec.models.config import ModelConfig
+from jaxspec.models.kv_cache import BlockKV, KVCache
+from jaxspec.models.masks import BlockMask
+from jaxspec.models.quantize import QUANTIZED, dequantize_after, int8_matmul, piece_channels
 
 
 class RMSNorm(nnx.Module):
@@ -156,13 +156,13 @@ class ForwardOutput:
 
 
 class Transformer(nnx.Module):
-    """Decoder-only LM. `attention` names the attention backend (see `jaxspec.attention`)."""
+    """Decoder-only LM. `attention` names the attention backend (see `jaxspec.models.attention`)."""
 
     def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, attention: str = "xla",
                  rngs: nnx.Rngs):
         self.config = cfg
         self.attention = attention
-        # Devices the vocabulary is split over (tensor parallelism sets it: `jaxspec.tensor_parallel`);
+        # Devices the vocabulary is split over (tensor parallelism sets it: `jaxspec.models.tensor_parallel`);
         # the chunked argmax then chunks within each device's slice (`head_argmax`).
         self.vocab_shards = 1
         self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=dtype,
@@ -216,7 +216,7 @@ class Transformer(nnx.Module):
         tied = self.config.tie_word_embeddings
         head = self.embed_tokens if tied else self.lm_head
         w, spec = (head.embedding[...], "...d,vd->...v") if tied else (head.kernel[...], "...d,dv->...v")
-        if isinstance(head, QUANTIZED):  # int8 weights (`jaxspec.quantize`): converted chunk by chunk
+        if isinstance(head, QUANTIZED):  # int8 weights (`jaxspec.models.quantize`): converted chunk by chunk
             return self.softcap(int8_matmul(x, w, head.scale[...], transposed=tied))
         return self.softcap(jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(jnp.float32))
 
@@ -235,7 +235,7 @@ class Transformer(nnx.Module):
         seen as [vocab_shards, vocab / vocab_shards] and chunked along the second axis, so every
         chunk stays on its device: a chunk that crossed the split would make XLA gather the whole
         head on every device, every step. Each slice's best then meets the others' in one small
-        reduction (the first best wins: the lowest id). An int8 head (`jaxspec.quantize`) is converted
+        reduction (the first best wins: the lowest id). An int8 head (`jaxspec.models.quantize`) is converted
         chunk by chunk too: chunks are at most `piece_channels` entries, each chunk's logits scaled."""
         vocab, shards = self.config.vocab_size, self.vocab_shards
         part = vocab // shards

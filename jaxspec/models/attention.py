@@ -4,7 +4,7 @@ Every forward attends from a block of T query tokens to (a) the committed KV cac
 length mask per row, and (b) the block's own T keys under an arbitrary boolean relation
 `block_mask[b, i, j]` ("query i sees block token j"). Lookahead, verification, drafting
 and prefill differ only in that relation and in the position ids. `block_mask` is a dense
-array or a compact spec from `jaxspec.masks` (`TreeMask`, `PardMask`): a backend may
+array or a compact spec from `jaxspec.models.masks` (`TreeMask`, `PardMask`): a backend may
 compute a spec's relation itself (the Pallas kernels do) or call `dense_block_mask`.
 
 `xla` is the reference implementation; `pallas` is the Pallas kernels (`pallas_kernels`);
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from jaxspec.errors import ConfigError
-from jaxspec.masks import BlockMask, dense_block_mask
+from jaxspec.models.masks import BlockMask, dense_block_mask
 
 # Large finite negative instead of -inf: a fully masked row (padding) gives a uniform
 # distribution over garbage rather than NaN, and padding rows are never read.
@@ -91,11 +91,11 @@ def xla_attention(
 
 
 # The one table of attention backends: name -> the function, or "module:function" for one
-# imported on first use (the Pallas kernels import `jaxspec.masks`, so importing them here
+# imported on first use (the Pallas kernels import `jaxspec.models.masks`, so importing them here
 # at module level would make the two packages import each other).
 BACKENDS: dict[str, Callable | str] = {
     "xla": xla_attention,
-    "pallas": "pallas_kernels.attention:pallas_attention",
+    "pallas": "pallas_kernels.pallas_attention:pallas_attention",
 }
 
 

@@ -225,7 +225,7 @@ def _machine(h) -> None:
     versions, XLA's flags, the backend and its devices, and (for CPU code) the processor's
     features."""
     global _machine_key
-    from jaxspec import model
+    from jaxspec.models import model
 
     if not jax.sharding.get_abstract_mesh().empty:  # a mesh context can change how a program traces
         raise _Unkeyable("a mesh context is set")

@@ -1,0 +1,1 @@
+"""What runs around the decoding loop: the program cache, the memory guard, `auto` and its store."""
