@@ -25,6 +25,7 @@ from jaxspec.inputs import as_bool, describe, given, int_arg, is_array, normaliz
 from jaxspec.checkpoint.loading import Model
 from jaxspec.runtime.memory import MemoryEstimate
 from jaxspec.decoding.engine import finish
+from jaxspec.checkpoint.method_defaults import FileDefaults
 from jaxspec.decoding.methods import advance, begin, bind, decode, resolve_method
 from jaxspec.models.meshes import lp_mesh, lp_params, replicate
 from jaxspec.decoding.sampling import MAX_LOGPROBS, SamplingParams, penalized
@@ -196,7 +197,7 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
                                        stop_at_eos=stop_at_eos, stop_ids=stop_ids, **knobs).items()}
         method, method_options, choice = _choose(model, prompt, rows, max_new_tokens, method, method_options,
                                                  generation)
-    name, spec, options = resolve_method(method, model.config, method_options, model.drafters, model)
+    name, spec, options = resolve_method(method, model.config, method_options, FileDefaults(model))
     lp_devices = getattr(options, "lp_devices", 1)
     seed = int_arg("seed", seed, "an integer in [0, 2**32)", lambda n: 0 <= n < 2**32)
     stop_at_eos_flag = as_bool(stop_at_eos)

@@ -55,6 +55,7 @@ import os
 import time
 from pathlib import Path
 
+from jaxspec.decoding.methods import lookahead_block_tokens, prompt_lookup_block_tokens  # noqa: F401 (a step's tokens)
 from jaxspec.models.config import ModelConfig
 from jaxspec.errors import ConfigError
 from jaxspec.runtime.memory import F32, kv_cache_bytes
@@ -488,21 +489,6 @@ def fits(cfg: ModelConfig, batch: int, cache_len: int, dtype_bytes: int, profile
     """Whether the weights and the KV cache fit the device's memory (the step's buffers aside)."""
     _check(cfg, 1, batch, cache_len, dtype_bytes, profile, "fused")
     return cfg.num_params * dtype_bytes + kv_cache_bytes(cfg, dtype_bytes, batch, cache_len) <= profile.memory_bytes
-
-
-def lookahead_block_tokens(window: int, ngram: int, guesses: int) -> int:
-    """Tokens of a lookahead step: 1 + (W-1) + (N-2)W + G(N-1) (`Engine.block_tokens`)."""
-    _positive_int("window", window)
-    _positive_int("ngram", ngram, 2)
-    _positive_int("guesses", guesses, 0)
-    return 1 + (window - 1) + (ngram - 2) * window + guesses * (ngram - 1)
-
-
-def prompt_lookup_block_tokens(ngram: int, guesses: int) -> int:
-    """Tokens of a prompt-lookup step: the last token + G candidates of N-1 tokens."""
-    _positive_int("ngram", ngram, 2)
-    _positive_int("guesses", guesses, 0)
-    return 1 + guesses * (ngram - 1)
 
 
 # ----------------------------------------------------------------------------- this CPU, measured

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import json, sys
-from jaxspec import compile_cache
+from jaxspec.runtime import compile_cache
 compile_cache.enable()
 import jaxspec
 model = jaxspec.load("pycode-5M")

@@ -30,7 +30,8 @@ import jaxspec.decoding.engine as engine_module
 from jaxspec.cli import main
 from jaxspec.decoding.options import LookaheadOptions as LookaheadConfig
 from jaxspec.decoding.methods import METHODS as METHODS_REGISTRY
-from jaxspec.decoding.methods import decode, lookahead_defaults, resolve_method
+from jaxspec.checkpoint.method_defaults import FileDefaults, lookahead_defaults
+from jaxspec.decoding.methods import decode, resolve_method
 
 from stories import CASES, needs_stories
 from trees import StepLayout
@@ -222,7 +223,7 @@ def _assert_no_host_round_trip(text: str) -> None:
 def test_lookahead_loop_is_one_program_without_host_callbacks(tiny):
     model = dataclasses.replace(tiny, compiled={})
     options = dict(window=4, ngram=2, guesses=4)
-    name, spec, resolved = resolve_method("lookahead", model.config, options)
+    name, spec, resolved = resolve_method("lookahead", model.config, options, FileDefaults())
     statics = dict(engine=spec.engine(resolved, greedy=True), max_new_tokens=7, cache_len=64, eos_ids=())
     args = (model.graphdef, model.params, jnp.zeros((2, 16), jnp.int32), jnp.asarray([1, 11], jnp.int32),
             jax.random.key(0), jaxspec.SamplingParams.create(0.0, 0, 1.0))
@@ -385,7 +386,7 @@ def test_defaults_come_from_configs_lookahead_toml(tiny):
     defaults = lookahead_defaults(tiny.config)
     assert (defaults.window, defaults.ngram, defaults.guesses) == (15, 5, 15)  # the "small" entry
     def resolved(method, options):
-        return resolve_method(method, tiny.config, options)[2]
+        return resolve_method(method, tiny.config, options, FileDefaults())[2]
 
     la = resolved("lookahead", {})
     assert (la.window, la.ngram, la.guesses, la.pool_from_prompt) == (15, 5, 15, True)

@@ -105,10 +105,11 @@ def test_cli_refuses_in_one_line_and_reports_the_estimate(capsys):
 def test_block_tokens_without_the_tree_equal_the_tree(method, options):
     """The first check prices the block from the options (`Engine.block_tokens`) before the
     tree exists: it must be the tree's real size."""
+    from jaxspec.checkpoint.method_defaults import FileDefaults
     from jaxspec.decoding.methods import resolve_method
 
     target = jaxspec.load("pycode-5M")
-    _, spec, opts = resolve_method(method, target.config, options, target.drafters)
+    _, spec, opts = resolve_method(method, target.config, options, FileDefaults(drafters=target.drafters))
     for greedy in (True, False):
         engine = spec.engine(opts, greedy)
         assert engine.block_tokens == engine.tree.size

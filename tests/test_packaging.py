@@ -7,7 +7,7 @@ from pathlib import Path
 
 import jaxspec
 from jaxspec.runtime import auto
-from jaxspec.decoding import options
+from jaxspec.checkpoint import method_defaults
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = Path(jaxspec.__file__).resolve().parent
@@ -27,7 +27,7 @@ def test_pyproject_ships_the_configs_as_package_data():
 def test_run_time_configs_are_read_from_the_package():
     # Not from the repository folder: an installed wheel has no `configs/` beside `jaxspec/`.
     assert auto.CONFIG.parent == PACKAGE / "configs" and auto.CONFIG.is_file()
-    assert options.CONFIG_DIR == PACKAGE / "configs" and (options.CONFIG_DIR / "lookahead.toml").is_file()
+    assert method_defaults.CONFIG_DIR == PACKAGE / "configs" and (method_defaults.CONFIG_DIR / "lookahead.toml").is_file()
 
 
 def test_cli_finds_a_shipped_recipe_by_name(tmp_path, monkeypatch):

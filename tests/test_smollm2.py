@@ -65,7 +65,7 @@ def test_continuations_equal_transformers_greedy(model, method, options):
 
 def test_the_shipped_drafter_is_found_and_auto_weighs_it(model):
     from jaxspec.runtime import auto
-    from jaxspec.decoding.options import resolve_drafter
+    from jaxspec.checkpoint.method_defaults import resolve_drafter
 
     drafter = resolve_drafter(model.config, None, None, model.drafters, model)[0]
     assert drafter.model.source.endswith("smollm2-135m-instruct-pard2")

@@ -29,7 +29,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # What `load` takes: the float dtypes above, or int8 weights with float32 activations (`jaxspec.models.quantize`).
 LOAD_DTYPES = (*DTYPES, "int8")
 
-_PROJECT_ROOT = Path(__file__).resolve().parents[1]
+_PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the checkout holding jaxspec/
 
 
 def shared_dir() -> Path:
@@ -37,7 +37,7 @@ def shared_dir() -> Path:
     return Path(os.environ.get("JAXSPEC_SHARED", _PROJECT_ROOT.parent / "shared"))
 
 
-ASSETS = Path(__file__).resolve().parent / "assets"
+ASSETS = Path(__file__).resolve().parents[1] / "assets"  # jaxspec/assets
 
 # The model `jaxspec.load()` and `jaxspec generate` use when none is named: trained by
 # `jaxspec train --config configs/pycode.toml` and shipped inside the package.

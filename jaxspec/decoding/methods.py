@@ -17,16 +17,16 @@ from jaxspec.models.config import ModelConfig
 from jaxspec.decoding import engine as engine_lib
 from jaxspec.decoding import lookahead_parallel
 from jaxspec.decoding.engine import Engine, EngineState
-from jaxspec.decoding.options import (DEFAULT_DRAFTER, HybridOptions, JacobiOptions, LookaheadOptions, NoOptions,
-                                      Options, PromptLookupOptions, SpeculativeOptions, lookahead_defaults)
+from jaxspec.decoding.options import (Defaults, HybridOptions, JacobiOptions, LookaheadOptions, NoOptions, Options,
+                                      PromptLookupOptions, SpeculativeOptions)
 from jaxspec.decoding.sources.drafter import PardDrafter
 from jaxspec.decoding.sources.jacobi import JacobiGuess
 from jaxspec.decoding.sources.pool import NGramCandidates
 from jaxspec.decoding.sources.window import LookaheadWindow
 from jaxspec.decoding.verify import Greedy, MultiDraft, Speculative
-from jaxspec.errors import GenerationError
+from jaxspec.errors import ConfigError, GenerationError
 
-__all__ = ["DEFAULT_DRAFTER", "METHODS", "Method", "decode", "lookahead_defaults", "resolve_method"]
+__all__ = ["METHODS", "Method", "decode", "lookahead_block_tokens", "prompt_lookup_block_tokens", "resolve_method"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,11 +79,10 @@ METHODS: dict[str, Method] = {
 ALIASES = {"greedy": "autoregressive"}
 
 
-def resolve_method(name: str, cfg: ModelConfig, options: dict, drafters: dict | None = None, target=None
-                   ) -> tuple[str, Method, Options]:
+def resolve_method(name: str, cfg: ModelConfig, options: dict, defaults: Defaults) -> tuple[str, Method, Options]:
     """Canonical name, method, and its validated options with the model's defaults filled in
-    (`drafters`: the target's cache of loaded drafters, `Model.drafters`; `target`: the target
-    `Model`, which picks its shipped drafter and lends its embeddings to one that shares them)."""
+    from `defaults` (`jaxspec.checkpoint.method_defaults.FileDefaults(target)`: lookahead's
+    table, the target's shipped drafter and its cache of loaded drafters)."""
     canonical = ALIASES.get(name, name)
     if canonical not in METHODS:
         raise GenerationError(f"unknown method {name!r}; available: {', '.join(sorted([*METHODS, *ALIASES]))}")
@@ -93,7 +92,27 @@ def resolve_method(name: str, cfg: ModelConfig, options: dict, drafters: dict | 
         raise GenerationError(f"method {canonical!r} has no option {unknown[0]!r}; "
                               f"its options: {', '.join(method.option_names) or 'none'}")
     given = {k: v for k, v in options.items() if v is not None}
-    return canonical, method, method.options.resolve(cfg, given, drafters, target)
+    return canonical, method, method.options.resolve(cfg, given, defaults)
+
+
+def _at_least(name: str, value, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def lookahead_block_tokens(window: int, ngram: int, guesses: int) -> int:
+    """Tokens of a lookahead step: 1 + (W-1) + (N-2)W + G(N-1) (`Engine.block_tokens`)."""
+    _at_least("window", window)
+    _at_least("ngram", ngram, 2)
+    _at_least("guesses", guesses, 0)
+    return 1 + (window - 1) + (ngram - 2) * window + guesses * (ngram - 1)
+
+
+def prompt_lookup_block_tokens(ngram: int, guesses: int) -> int:
+    """Tokens of a prompt-lookup step: the last token + G candidates of N-1 tokens."""
+    _at_least("ngram", ngram, 2)
+    _at_least("guesses", guesses, 0)
+    return 1 + guesses * (ngram - 1)
 
 
 def bind(model, engine: Engine, options: Options) -> tuple[Any, Any]:

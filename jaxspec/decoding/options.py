@@ -1,51 +1,30 @@
 """Typed options of each decoding method: frozen dataclasses, validated once on construction.
 
-A field left None is filled from the model by `resolve` (lookahead's (W, N, G) from
-`configs/lookahead.toml` by parameter count; a drafter's K from the drafter). `as_dict` is
-what `generate` reports. Options that name a drafter resolve it to a loaded `Drafter`.
+A field left None is filled by `resolve` from a `Defaults` (lookahead's (W, N, G) by model
+size, a drafter and its K): decoding itself reads no file, `jaxspec.checkpoint.method_defaults`
+reads them from the package's files. `as_dict` is what `generate` reports.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import tomllib
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from jaxspec.models.config import ModelConfig
 from jaxspec.decoding.sources.drafter import DraftSpec
-from jaxspec.checkpoint.drafter_files import Drafter, load_drafter
-from jaxspec.errors import CheckpointError, ConfigError, GenerationError
-from jaxspec.checkpoint.loading import ASSETS, Model
-from jaxspec.checkpoint.loading import resolve as resolve_model
+from jaxspec.errors import GenerationError
+from jaxspec.models.config import ModelConfig
 from jaxspec.models.meshes import check_lp_devices
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # jaxspec/configs (-> configs/), in the wheel
-# The drafter used for a target when none is given: the default model's PARD-2 drafter,
-# shipped inside the package (its name can be passed instead of a path).
-DEFAULT_DRAFTER = "pycode-5M-pard2"
-# Shipped drafters by the named model they draft for (`jaxspec.checkpoint.loading.NAMED_MODELS`).
-SHIPPED_DRAFTERS = {"pycode-5M": DEFAULT_DRAFTER, "smollm2-135m-instruct": "smollm2-135m-instruct-pard2"}
 
+class Defaults(Protocol):
+    """Where an option left None gets its value (`jaxspec.checkpoint.method_defaults.FileDefaults`)."""
 
-def shipped_drafter(target: Model | None, cfg: ModelConfig) -> Path | None:
-    """The shipped drafter folder for this target: the one trained for the named model the
-    target was loaded from, else (a target built in memory) the default model's when the
-    vocabularies agree; None when there is none."""
-    if target is not None:
-        for name, drafter in SHIPPED_DRAFTERS.items():
-            try:
-                same = resolve_model(name).resolve() == Path(target.source).resolve()
-            except (CheckpointError, OSError):
-                continue
-            if same and (ASSETS / drafter).exists():
-                return ASSETS / drafter
-    folder = ASSETS / DEFAULT_DRAFTER
-    if folder.exists() and json.loads((folder / "config.json").read_text())["pard"]["target_vocab_size"] == cfg.vocab_size:
-        return folder
-    return None
+    def lookahead(self, cfg: ModelConfig) -> "LookaheadOptions":
+        """(W, N, G) for a model of this size."""
+
+    def drafter(self, cfg: ModelConfig, drafter: Any, target_features: bool | None) -> tuple[Any, bool]:
+        """(a loaded, checked `Drafter`, whether it reads the target's features) for what the caller
+        gave: a `Drafter`, a folder or shipped name, a drafter `Model`, or None (the target's own)."""
 
 
 def _check_int(method: str, name: str, value, low: int) -> None:
@@ -69,10 +48,8 @@ class Options:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
-    def resolve(cls, cfg: ModelConfig, given: dict, drafters: dict | None = None, target: Model | None = None
-                ) -> "Options":
-        """Options from the caller's values (None = the model's default), validated. `drafters`:
-        drafters already loaded for this target (`Model.drafters`), reused and filled in."""
+    def resolve(cls, cfg: ModelConfig, given: dict, defaults: Defaults) -> "Options":
+        """Options from the caller's values (a value left out = the model's default), validated."""
         return cls(**given)
 
 
@@ -81,27 +58,11 @@ class NoOptions(Options):
     pass
 
 
-def lookahead_defaults(cfg: ModelConfig, path: Path | None = None) -> "LookaheadOptions":
-    """(W, N, G) for a model of this size, from configs/lookahead.toml."""
-    path = path or CONFIG_DIR / "lookahead.toml"
-    try:
-        table = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"cannot read lookahead defaults {path}: {e}") from None
-    for entry in table.get("default", []):
-        unknown = set(entry) - {"name", "max_params", "window", "ngram", "guesses"}
-        if unknown:
-            raise ConfigError(f"{path}: unknown key {sorted(unknown)[0]!r} in [[default]] {entry.get('name')!r}")
-        if cfg.num_params <= entry["max_params"]:
-            return LookaheadOptions(window=entry["window"], ngram=entry["ngram"], guesses=entry["guesses"])
-    raise ConfigError(f"{path}: no [[default]] entry covers a model of {cfg.num_params} parameters")
-
-
-def _fill_lookahead(cfg: ModelConfig, given: dict, names) -> dict:
+def _fill_lookahead(cfg: ModelConfig, given: dict, names, defaults: Defaults) -> dict:
     if all(given.get(k) is not None for k in names):
         return given
-    defaults = lookahead_defaults(cfg)
-    return {**given, **{k: getattr(defaults, k) for k in names if given.get(k) is None}}
+    table = defaults.lookahead(cfg)
+    return {**given, **{k: getattr(table, k) for k in names if given.get(k) is None}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +87,8 @@ class LookaheadOptions(Options):
         object.__setattr__(self, "lp_devices", check_lp_devices(self.lp_devices))
 
     @classmethod
-    def resolve(cls, cfg, given, drafters=None, target=None):
-        return cls(**_fill_lookahead(cfg, given, ("window", "ngram", "guesses")))
+    def resolve(cls, cfg, given, defaults):
+        return cls(**_fill_lookahead(cfg, given, ("window", "ngram", "guesses"), defaults))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,8 +101,8 @@ class PromptLookupOptions(Options):
         _check_int("prompt-lookup", "guesses", self.guesses, 0)
 
     @classmethod
-    def resolve(cls, cfg, given, drafters=None, target=None):
-        return cls(**_fill_lookahead(cfg, given, ("ngram", "guesses")))
+    def resolve(cls, cfg, given, defaults):
+        return cls(**_fill_lookahead(cfg, given, ("ngram", "guesses"), defaults))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,71 +113,8 @@ class JacobiOptions(Options):
         _check_int("jacobi", "window", self.window, 1)
 
     @classmethod
-    def resolve(cls, cfg, given, drafters=None, target=None):
-        return cls(**_fill_lookahead(cfg, given, ("window",)))
-
-
-# ----------------------------------------------------------------------------- drafters
-
-
-def find_drafter(name_or_path) -> Path:
-    path = Path(name_or_path)
-    if path.exists():
-        return path
-    if str(name_or_path) in SHIPPED_DRAFTERS.values():
-        return ASSETS / str(name_or_path)
-    raise GenerationError(f"drafter {str(name_or_path)!r} does not exist; pass a drafter folder "
-                          f"(trained with `jaxspec train-drafter`) or one of {', '.join(SHIPPED_DRAFTERS.values())}")
-
-
-def resolve_drafter(cfg: ModelConfig, drafter, target_features: bool | None, drafters: dict | None = None,
-                    target: Model | None = None) -> tuple[Drafter, bool]:
-    """A `Drafter` for this target: given (a Drafter, a drafter folder or name, or a loaded
-    drafter `Model`), or the shipped drafter of the target (`shipped_drafter`).
-    Drafters read from disk are kept in `drafters` (keyed by folder and mode) for the next call;
-    `target` gives a drafter that shares the target's embeddings its rows."""
-    independent = target_features is False
-    drafters = {} if drafters is None else drafters
-
-    def load(folder: Path) -> Drafter:
-        key = (str(folder.resolve()), independent)
-        if key not in drafters:
-            drafters[key] = load_drafter(folder, target_independent=independent, target=target)
-        return drafters[key]
-
-    if drafter is None:
-        folder = shipped_drafter(target, cfg)
-        if folder is None:
-            raise GenerationError("speculative decoding needs a drafter for this model: pass drafter=PATH "
-                                  "(CLI: --drafter PATH); shipped drafters exist for "
-                                  + ", ".join(SHIPPED_DRAFTERS))
-        drafter = load(folder)
-    elif isinstance(drafter, (str, os.PathLike)):
-        drafter = load(find_drafter(drafter))
-    elif isinstance(drafter, Model):
-        try:
-            drafter = load(Path(drafter.source))
-        except (CheckpointError, OSError):  # a bare model: a PARD drafter without features
-            drafter = Drafter(model=drafter, mask_token_id=drafter.config.vocab_size - 1,
-                              target_vocab_size=drafter.config.vocab_size - 1, target_layers=(),
-                              target_hidden_size=0)
-    elif not isinstance(drafter, Drafter):
-        raise GenerationError(f"drafter must be a Drafter (jaxspec.checkpoint.drafter_files.load_drafter), a drafter folder or "
-                              f"name, got {type(drafter).__name__}")
-    if target_features is None:
-        target_features = drafter.projection is not None
-    if target_features and drafter.projection is None:
-        raise GenerationError("target_features=True needs the drafter's projection, which this drafter lacks "
-                              "(loaded target-independent or never trained with features); "
-                              "pass target_features=False (CLI: --target-independent)")
-    if target_features:
-        drafter.check_compatible(cfg)
-    else:  # no features: only the vocabulary has to agree
-        dataclasses.replace(drafter, projection=None, target_layers=()).check_compatible(cfg)
-    if drafter.model.config.vocab_size != drafter.target_vocab_size + 1:
-        raise GenerationError(f"drafter vocabulary {drafter.model.config.vocab_size} is not the target's "
-                              f"{drafter.target_vocab_size} + 1 mask token; use a PARD drafter")
-    return drafter, bool(target_features)
+    def resolve(cls, cfg, given, defaults):
+        return cls(**_fill_lookahead(cfg, given, ("window",), defaults))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,10 +134,9 @@ class DrafterOptions(Options):
         _check_bool("bonus_in_context", self.bonus_in_context)
 
     @classmethod
-    def resolve(cls, cfg, given, drafters=None, target=None):
+    def resolve(cls, cfg, given, defaults):
         cls(**{**given, "drafter": None, "target_features": None})  # validates the plain values first
-        drafter, target_features = resolve_drafter(cfg, given.get("drafter"), given.get("target_features"),
-                                                   drafters, target)
+        drafter, target_features = defaults.drafter(cfg, given.get("drafter"), given.get("target_features"))
         draft_len = given.get("draft_len")
         return cls(**{**given, "drafter": drafter, "target_features": target_features,
                       "draft_len": drafter.draft_len if draft_len is None else draft_len})
@@ -287,6 +184,5 @@ class HybridOptions(DrafterOptions, LookaheadOptions):
         LookaheadOptions.__post_init__(self)
 
     @classmethod
-    def resolve(cls, cfg, given, drafters=None, target=None):
-        return super().resolve(cfg, _fill_lookahead(cfg, given, ("window", "ngram", "guesses")), drafters,
-                               target)
+    def resolve(cls, cfg, given, defaults):
+        return super().resolve(cfg, _fill_lookahead(cfg, given, ("window", "ngram", "guesses"), defaults), defaults)

@@ -55,12 +55,12 @@ from flax import nnx
 from jaxspec import progress
 from jaxspec.runtime import auto_store
 from jaxspec.runtime import compile_cache
-from jaxspec import roofline
 from jaxspec.models.kv_cache import KVCache
 from jaxspec.models.masks import TreeMask
 from jaxspec.models.quantize import module_dtype
+from jaxspec.decoding.methods import lookahead_block_tokens, prompt_lookup_block_tokens
 
-CONFIG = Path(__file__).resolve().parent / "configs" / "auto.toml"  # jaxspec/configs (-> configs/), in the wheel
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "auto.toml"  # jaxspec/configs (-> configs/), in the wheel
 MARGIN = 1.1  # the measured speed-up a setting must reach to be chosen over greedy
 # The forward's c is a lower bound of a step's (on this project's CPU the bookkeeping adds
 # 35-40% for pycode-5M): only a candidate predicted this much faster is worth timing.
@@ -151,7 +151,7 @@ def candidates(model, lookahead_only: bool = False) -> list[Candidate]:
     expect = expectations(model_key(model))
     out = [Candidate("autoregressive", {}, 1, 1.0)]
     for w, n, g in LOOKAHEAD_GRID:
-        t = roofline.lookahead_block_tokens(w, n, g)
+        t = lookahead_block_tokens(w, n, g)
         out.append(Candidate("lookahead", dict(window=w, ngram=n, guesses=g), t,
                              1 + expect["lookahead_slope"] * math.log(t)))
     if lookahead_only:
@@ -159,13 +159,13 @@ def candidates(model, lookahead_only: bool = False) -> list[Candidate]:
     for key, s in expect.items():
         if key.startswith("prompt_lookup_"):
             n, g = (int(x) for x in key.split("_")[2:])
-            out.append(Candidate("prompt-lookup", dict(ngram=n, guesses=g), roofline.prompt_lookup_block_tokens(n, g),
+            out.append(Candidate("prompt-lookup", dict(ngram=n, guesses=g), prompt_lookup_block_tokens(n, g),
                                  s))
         elif key.startswith("speculative_"):  # speculative_K, or speculative_K_lookup_N_G
             k, *lookup = (int(x) for x in key.split("_")[1:] if x != "lookup")
             options = dict(draft_len=k) if not lookup else dict(draft_len=k, lookup_ngram=lookup[0],
                                                                 lookup_guesses=lookup[1])
-            block = k + 1 + (roofline.prompt_lookup_block_tokens(*lookup) - 1 if lookup else 0)
+            block = k + 1 + (prompt_lookup_block_tokens(*lookup) - 1 if lookup else 0)
             out.append(Candidate("speculative", options, block, s, drafter_tokens=k + 1))
     return out
 
@@ -381,9 +381,9 @@ def decode_seconds(model, prompt, max_new_tokens: int, settings: list[tuple[str,
 
 
 def _default_drafter(model):
-    from jaxspec.decoding.options import resolve_drafter
+    from jaxspec.checkpoint.method_defaults import FileDefaults
 
-    return resolve_drafter(model.config, None, None, model.drafters, model)[0]
+    return FileDefaults(model).drafter(model.config, None, None)[0]
 
 
 def _bucket(n: int, size: int) -> int:
@@ -408,7 +408,7 @@ def choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, look
 
 def _choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, lookahead_only: bool,
             generation: dict) -> Choice:
-    from jaxspec.decoding.options import shipped_drafter
+    from jaxspec.checkpoint.method_defaults import shipped_drafter
 
     options = candidates(model, lookahead_only)
     if any(c.drafter_tokens for c in options) and shipped_drafter(model, model.config) is None:

@@ -204,7 +204,7 @@ def _code_digest() -> str:
     """jaxspec's own code (and pallas_kernels'), which every trace runs through: an edited
     checkout never loads a program compiled from the old code."""
     h = hashlib.sha256()
-    roots = [Path(__file__).parent]
+    roots = [Path(__file__).resolve().parents[1]]  # jaxspec/, every subpackage
     try:
         import pallas_kernels
 

@@ -25,6 +25,7 @@ from jaxspec.runtime import memory
 from jaxspec.chat import chat_prompt
 from jaxspec.errors import GenerationError, JaxspecError, MemoryLimitError
 from jaxspec.inputs import normalize_prompts
+from jaxspec.checkpoint.method_defaults import SHIPPED_DRAFTERS, FileDefaults
 from jaxspec.decoding.methods import ALIASES, METHODS, bind, resolve_method
 from jaxspec.decoding.sampling import MAX_LOGPROBS, SamplingParams, penalized
 from jaxspec.serving.scheduler import Plan, random_seed
@@ -209,7 +210,7 @@ class Requests:
                            "too_many_method_settings")
         if key not in self._plans:
             model, s = self.model, self.settings
-            name, spec, resolved = resolve_method(method, model.config, options, model.drafters, model)
+            name, spec, resolved = resolve_method(method, model.config, options, FileDefaults(model))
             if getattr(resolved, "lp_devices", 1) > 1:
                 raise GenerationError("lp_devices: jaxspec serve decodes on one device (no lookahead parallelism)")
             # (logprobs: one program reports the most a request may ask for; each answer keeps its own)
@@ -348,8 +349,6 @@ class Requests:
         """A request's drafter: a shipped drafter's name or one the operator listed
         (`--drafter-dir`), by name; never a path of the client's (nothing is read from a folder
         the operator did not offer, and the answer is the same whatever exists on disk)."""
-        from jaxspec.decoding.options import SHIPPED_DRAFTERS
-
         offered = dict(self.settings.drafters)
         if isinstance(value, str) and value in offered:
             return offered[value]
