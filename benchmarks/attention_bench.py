@@ -10,8 +10,8 @@ in-kernel` (the step's `TreeMask`, the relation computed in the kernel: what `at
 a group's variants are timed interleaved (`harness.time_programs`, median of `--rounds`); outputs are compared
 with xla's (max |difference|). `GB/s` = K/V bytes read (cache + block, or the sequence) / time.
 
-    python benchmarks/attention_bench.py            # on a GPU or TPU, ~1-3 minutes
-    python benchmarks/attention_bench.py --smoke    # tiny shapes (no greedy step), interpret mode; CPU, seconds
+    python -m benchmarks.attention_bench            # on a GPU or TPU, ~1-3 minutes
+    python -m benchmarks.attention_bench --smoke    # tiny shapes (no greedy step), interpret mode; CPU, seconds
 """
 
 from __future__ import annotations
@@ -22,17 +22,20 @@ import statistics
 import sys
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness import RESULTS, command_line, time_programs, write_result
-from jaxspec.models.attention import xla_attention
-from jaxspec.decoding.engine import Engine
-from jaxspec.decoding.options import LookaheadOptions
-from jaxspec.models.masks import pard_layout
-from jaxspec.decoding.methods import lookahead_sources
-from pallas_kernels import decode_attention, pard_attention, pard_reference
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.harness import RESULTS, command_line, time_programs, write_result  # noqa: E402
+from jaxspec.models.attention import xla_attention  # noqa: E402
+from jaxspec.decoding.engine import Engine  # noqa: E402
+from jaxspec.decoding.options import LookaheadOptions  # noqa: E402
+from jaxspec.models.masks import pard_layout  # noqa: E402
+from jaxspec.decoding.methods import lookahead_sources  # noqa: E402
+from pallas_kernels import decode_attention, pard_attention, pard_reference  # noqa: E402
 
 FULL = dict(heads=32, kv_heads=8, head_dim=128, cache_lengths=(2048, 4096, 8192), step=(15, 5, 15),
             greedy_step=True, pard=(1024, 4), dtype="bfloat16")

@@ -6,8 +6,8 @@ every prompt first (`auto`'s measurements included), then timed wall-clock aroun
 `jaxspec.generate` (`auto`'s choice included), interleaved by the harness. `auto`'s first call,
 which measures (once per shape, then cached), is timed apart. Every setting must give greedy's tokens.
 
-    python benchmarks/auto_bench.py                        # pycode-5M, stories260K, SmolLM2-135M-Instruct
-    python benchmarks/auto_bench.py --models pycode-5M --prompts 2 --new-tokens 16 --rounds 1   # quick
+    python -m benchmarks.auto_bench                        # pycode-5M, stories260K, SmolLM2-135M-Instruct
+    python -m benchmarks.auto_bench --models pycode-5M --prompts 2 --new-tokens 16 --rounds 1   # quick
 """
 
 from __future__ import annotations
@@ -17,10 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-import jaxspec
-from harness import RESULTS, DecodeBench, Setting, chat_cases, code_cases, command_line, run_decode, story_cases
-from harness import write_result
-from jaxspec.runtime import auto
+if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jaxspec  # noqa: E402
+from benchmarks.harness import RESULTS, DecodeBench, Setting, chat_cases, code_cases, command_line, run_decode, story_cases  # noqa: E402
+from benchmarks.harness import write_result  # noqa: E402
+from jaxspec.runtime import auto  # noqa: E402
 
 MODELS = ("pycode-5M", "stories260K", "smollm2-135m-instruct")
 

@@ -7,19 +7,23 @@ drafter (jaxspec/assets/pycode-5M-pard2 or `--drafter`): speculative target-depe
 the target's features) and target-independent (TI) at each `--draft-len`, TD with the drafter
 seeing only target-verified tokens, and hybrid (the drafter as one more lookahead branch).
 
-    python benchmarks/code_bench.py                      # 20 prompts x 128 tokens
-    python benchmarks/code_bench.py --draft-len 2 4 8    # sweep K
+    python -m benchmarks.code_bench                      # 20 prompts x 128 tokens
+    python -m benchmarks.code_bench --draft-len 2 4 8    # sweep K
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 
-import jaxspec
-from harness import DecodeBench, Setting, code_cases, main_decode, repo_relative
-from jaxspec.checkpoint.drafter_files import load_drafter
-from jaxspec.decoding.methods import DEFAULT_DRAFTER, lookahead_defaults
+if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jaxspec  # noqa: E402
+from benchmarks.harness import DecodeBench, Setting, code_cases, main_decode, repo_relative  # noqa: E402
+from jaxspec.checkpoint.drafter_files import load_drafter  # noqa: E402
+from jaxspec.decoding.methods import DEFAULT_DRAFTER, lookahead_defaults  # noqa: E402
 
 
 def arguments(p) -> None:

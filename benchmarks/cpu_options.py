@@ -9,8 +9,8 @@ forward of T = 1, 2, 3, 5, 9 tokens after a 256-token context (`auto`'s own forw
 median of 25 round-robin runs), then greedy decoding of the real_bench quick split's chats x 48
 tokens, whose token lists every option set must reproduce exactly.
 
-    python benchmarks/cpu_options.py                   # every option set below, 2 rounds
-    python benchmarks/cpu_options.py --sets default,xnnpack --rounds 1
+    python -m benchmarks.cpu_options                   # every option set below, 2 rounds
+    python -m benchmarks.cpu_options --sets default,xnnpack --rounds 1
 
 Writes benchmarks/results/cpu_options.{json,md}.
 """
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
                    "tokens_identical": all(x["tokens"] == reference for x in ok)}
     base = rows["default"]
     result = {"benchmark": args.name, "model": args.model, "rounds": args.rounds, "sizes": list(SIZES),
-              "new_tokens": NEW_TOKENS, "command": "python benchmarks/cpu_options.py " + " ".join(argv or sys.argv[1:]),
+              "new_tokens": NEW_TOKENS, "command": "python -m benchmarks.cpu_options " + " ".join(argv or sys.argv[1:]),
               "date": time.strftime("%Y-%m-%d"), "rows": rows}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")

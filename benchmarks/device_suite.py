@@ -1,7 +1,7 @@
 """The accelerator suite, for a short loan of one GPU (or TPU) chip: one result, DIR/device_suite.{json,md}.
 
-    python benchmarks/device_suite.py --out DIR            # ~7 minutes on one H200
-    python benchmarks/device_suite.py --smoke --out DIR    # tiny shapes on CPU, same layout (~1 minute)
+    python -m benchmarks.device_suite --out DIR            # ~7 minutes on one H200
+    python -m benchmarks.device_suite --smoke --out DIR    # tiny shapes on CPU, same layout (~1 minute)
 
 Parts (--parts): 1. `step_cost`: c(T) = seconds of one decode-step forward of T chained block tokens (greedy
 head, batch 1, a filled KV cache) / the same at T = 1, random-weight bfloat16 Llama-3.2-1B / 3.1-8B shapes,
@@ -38,17 +38,18 @@ import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [p for p in (str(ROOT / "benchmarks"), str(ROOT)) if p not in sys.path]  # a bare checkout: the tree
+if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
+    sys.path.insert(0, str(ROOT))  # (on a bare checkout, jaxspec too comes from the tree)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-import attention_bench  # noqa: E402
+from benchmarks import attention_bench  # noqa: E402
 import jaxspec  # noqa: E402
-from harness import RESULTS, command_line, machine_info, now, repo_relative, time_programs, write_result  # noqa: E402
-from harness.decode import Case, DecodeBench, Setting, decode, differences, run_decode, summarize  # noqa: E402
+from benchmarks.harness import RESULTS, command_line, machine_info, now, repo_relative, time_programs, write_result  # noqa: E402
+from benchmarks.harness.decode import Case, DecodeBench, Setting, decode, differences, run_decode, summarize  # noqa: E402
 from jaxspec import Model, ModelConfig, Transformer  # noqa: E402
 from jaxspec.models.kv_cache import KVCache  # noqa: E402
 from jaxspec.models.masks import TreeMask  # noqa: E402
@@ -302,14 +303,14 @@ def step_cost_cell(suite: Suite, model: Model, cell: dict, until: float) -> None
 
 def freeze_prompts(count: int = 12, length: int = 64) -> None:
     """Rewrite benchmarks/device_suite_prompts.json from this interpreter's held-out stdlib files."""
-    from harness.cases import code_prompts
+    from benchmarks.harness.cases import code_prompts
 
     tokenizer = jaxspec.load(jaxspec.checkpoint.loading.DEFAULT_MODEL).tokenizer
     out = [{**p, "tokens": len(tokenizer.encode(p["text"]))} for p in code_prompts(4 * count)]
     PROMPTS_FILE.write_text(json.dumps({
         "about": "Held-out pycode-5M prompts (benchmarks/harness/cases.py: function starts of the standard-library "
                  "files configs/pycode.toml holds out), frozen so that a machine with another Python (another "
-                 "stdlib) decodes the same prompts. Regenerate: python benchmarks/device_suite.py --freeze-prompts.",
+                 "stdlib) decodes the same prompts. Regenerate: python -m benchmarks.device_suite --freeze-prompts.",
         "python": sys.version.split()[0], "prompts": [p for p in out if p["tokens"] >= length][:count]},
         indent=1) + "\n")
 

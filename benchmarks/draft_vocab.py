@@ -11,7 +11,7 @@ decodes, the drafter's forward over its step block ([pending run, masks] = 2K to
 target's verification forward (K + 1 tokens) are each timed alone (compiled, minimum of repeats,
 `jaxspec.runtime.auto.forward_seconds`) against the target's one-token forward: the drafter's share of a step.
 
-    python benchmarks/draft_vocab.py --data runs/pard2-smollm2/data/train.npy
+    python -m benchmarks.draft_vocab --data runs/pard2-smollm2/data/train.npy
 """
 
 from __future__ import annotations
@@ -20,14 +20,17 @@ import dataclasses
 import sys
 from pathlib import Path
 
-import jax.numpy as jnp
-import numpy as np
+if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jaxspec
-from harness import DecodeBench, Setting, chat_cases, main_decode, repo_relative
-from jaxspec.runtime.auto import forward_seconds
-from jaxspec.decoding.options import resolve_drafter
-from jaxspec.train.drafter_trainer import draft_vocabulary
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jaxspec  # noqa: E402
+from benchmarks.harness import DecodeBench, Setting, chat_cases, main_decode, repo_relative  # noqa: E402
+from jaxspec.runtime.auto import forward_seconds  # noqa: E402
+from jaxspec.decoding.options import resolve_drafter  # noqa: E402
+from jaxspec.train.drafter_trainer import draft_vocabulary  # noqa: E402
 
 SIZES = (49152, 16384, 8192, 4096)
 CACHE_LEN = 512  # the forwards' KV cache length

@@ -14,8 +14,8 @@ extended by 8, 16, ... tokens of their reference continuation; pycode-5M's first
 code prompts (`code_cases`); SmolLM2's first 8 "bench" chats (`chat_cases`). An interrupted run
 resumes from its journal (results/.exactness.runs.jsonl) unless given --fresh.
 
-    python benchmarks/exactness.py                       # all models (SmolLM2 if installed)
-    python benchmarks/exactness.py --models stories260K --smoke
+    python -m benchmarks.exactness                       # all models (SmolLM2 if installed)
+    python -m benchmarks.exactness --models stories260K --smoke
 """
 
 from __future__ import annotations
@@ -25,13 +25,16 @@ import sys
 import time
 from pathlib import Path
 
-import jax
+if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jaxspec
-from harness import RESULTS, chat_cases, code_cases, command_line, story_cases, write_result
-from harness.decode import Journal
-from jaxspec.decoding import exactness
-from jaxspec.decoding.methods import resolve_method
+import jax  # noqa: E402
+
+import jaxspec  # noqa: E402
+from benchmarks.harness import RESULTS, chat_cases, code_cases, command_line, story_cases, write_result  # noqa: E402
+from benchmarks.harness.decode import Journal  # noqa: E402
+from jaxspec.decoding import exactness  # noqa: E402
+from jaxspec.decoding.methods import resolve_method  # noqa: E402
 
 PROMPTS = 8
 BATCHES = (1, 4, 8)

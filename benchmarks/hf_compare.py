@@ -8,8 +8,8 @@ count (on a small or busy machine intra-op threading can make a tiny model sever
 transformers step is a forward (counted with a hook, prefill included, like jaxspec's steps), its seconds the
 `generate` call's; jaxspec's are its decode time (compilation excluded). Every output must equal jaxspec greedy's.
 
-    python benchmarks/hf_compare.py            # pycode-5M: 10 held-out code prompts x 128 tokens
-    python benchmarks/hf_compare.py --stories  # greedy_bench: stories260K from BOS, 256 tokens, 5 rounds, greedy
+    python -m benchmarks.hf_compare            # pycode-5M: 10 held-out code prompts x 128 tokens
+    python -m benchmarks.hf_compare --stories  # greedy_bench: stories260K from BOS, 256 tokens, 5 rounds, greedy
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import jaxspec
-from harness import Case, DecodeBench, Setting, code_cases, main_decode
+if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jaxspec  # noqa: E402
+from benchmarks.harness import Case, DecodeBench, Setting, code_cases, main_decode  # noqa: E402
 
 JAX_PROMPT_LOOKUP = {"ngram": 4, "guesses": 8}
 HF_PROMPT_LOOKUP = {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2}

@@ -10,8 +10,8 @@ differs, `jaxspec.decoding.exactness` gives the float32 logit gap of the two dis
 (within 4 ulps; a block forward and a one-token forward round differently) or not. Block tokens per
 step (FLOPs per step are proportional to it) are in the JSON's `block_tokens`.
 
-    python benchmarks/lookahead_bench.py           # 17 settings x (3 + 24) cases (~15 min on 2 idle cores)
-    python benchmarks/lookahead_bench.py --quick   # 7 settings x (2 + 6) cases -> lookahead_bench_quick
+    python -m benchmarks.lookahead_bench           # 17 settings x (3 + 24) cases (~15 min on 2 idle cores)
+    python -m benchmarks.lookahead_bench --quick   # 7 settings x (2 + 6) cases -> lookahead_bench_quick
 
 Exits 1 when an output differs from its expected tokens other than at a near-tie.
 """
@@ -21,11 +21,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
-import jaxspec
-from harness import Case, DecodeBench, Setting, main_decode, story_cases, write_result
-from harness.decode import decode, differences
-from jaxspec.decoding import exactness
+if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jaxspec  # noqa: E402
+from benchmarks.harness import Case, DecodeBench, Setting, main_decode, story_cases, write_result  # noqa: E402
+from benchmarks.harness.decode import decode, differences  # noqa: E402
+from jaxspec.decoding import exactness  # noqa: E402
 
 HELD_OUT_NEW_TOKENS = 256
 RUN = {}  # the arguments and bench of this run, for the near-tie analysis after it

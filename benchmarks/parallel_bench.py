@@ -15,9 +15,9 @@ imported; an accelerator host runs unchanged). The devices share the CPU's cores
   `jax.eval_shape`, layout from `partition_spec`): weights, KV cache at 4096 tokens and n-gram pool per device;
   TP and LP bytes per lookahead step.
 
-    python benchmarks/parallel_bench.py lp             # results/lp_bench.{json,md}
-    python benchmarks/parallel_bench.py tp [--smoke]   # results/tp_bench[_smoke].{json,md}
-    python benchmarks/parallel_bench.py plan           # results/tp_plan.{json,md}
+    python -m benchmarks.parallel_bench lp             # results/lp_bench.{json,md}
+    python -m benchmarks.parallel_bench tp [--smoke]   # results/tp_bench[_smoke].{json,md}
+    python -m benchmarks.parallel_bench plan           # results/tp_plan.{json,md}
 """
 
 from __future__ import annotations
@@ -33,12 +33,15 @@ import dataclasses  # noqa: E402
 from collections import Counter  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import jaxspec  # noqa: E402
-from harness import RESULTS, command_line, repo_relative, story_cases, time_programs, write_result  # noqa: E402
+from benchmarks.harness import RESULTS, command_line, repo_relative, story_cases, time_programs, write_result  # noqa: E402
 from jaxspec.models.meshes import hlo_collectives  # noqa: E402
 
 WINDOW, NGRAM, GUESSES = 15, 5, 15

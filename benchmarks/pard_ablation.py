@@ -7,9 +7,9 @@ verification would accept the matching prefix plus one bonus token. Per drafter 
 with the target's features, target-independent = without): the mean acceptance length (bonus included), the
 per-position rates a_k = P(draft k accepted | drafts 1..k-1 accepted), and 95% bootstrap intervals over prompts.
 
-  python benchmarks/pard_ablation.py --drafter PARD=runs/pard2-pard/drafter \\
+  python -m benchmarks.pard_ablation --drafter PARD=runs/pard2-pard/drafter \\
       --drafter CAT=runs/pard2-cat/drafter --drafter CAT+KD=runs/pard2-catkd/drafter
-  python benchmarks/pard_ablation.py --name pard2_shipped --drafter shipped=jaxspec/assets/pycode-5M-pard2
+  python -m benchmarks.pard_ablation --name pard2_shipped --drafter shipped=jaxspec/assets/pycode-5M-pard2
 """
 
 from __future__ import annotations
@@ -18,17 +18,20 @@ import argparse
 import sys
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
+if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jaxspec
-from harness import RESULTS, chat_cases, code_cases, command_line, repo_relative, write_result
-from jaxspec.checkpoint.drafter_files import load_drafter
-from jaxspec.train.acceptance import accepted_drafts, stats_of
-from jaxspec.train.pard_batch import full_counts, make_batch
-from jaxspec.train.pard_objective import aligned_features, drafter_logits, target_outputs
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import jaxspec  # noqa: E402
+from benchmarks.harness import RESULTS, chat_cases, code_cases, command_line, repo_relative, write_result  # noqa: E402
+from jaxspec.checkpoint.drafter_files import load_drafter  # noqa: E402
+from jaxspec.train.acceptance import accepted_drafts, stats_of  # noqa: E402
+from jaxspec.train.pard_batch import full_counts, make_batch  # noqa: E402
+from jaxspec.train.pard_objective import aligned_features, drafter_logits, target_outputs  # noqa: E402
 
 MODES = {"td": "target-dependent", "ti": "target-independent"}
 

@@ -23,8 +23,8 @@ matmuls alone, timed the same way: the LM head's argmax and layer 0's seven proj
 memory, as decoding does), each format's own code, plus int8 with its convert left to XLA's
 scheduler ("int8 unordered", `jaxspec.models.quantize`'s docstring).
 
-    python benchmarks/quantized_weights.py                  # ~25 min on this project's shared 2-core CPU
-    python benchmarks/quantized_weights.py --smoke          # 1 round, 8 tokens, no methods, few programs
+    python -m benchmarks.quantized_weights                  # ~25 min on this project's shared 2-core CPU
+    python -m benchmarks.quantized_weights --smoke          # 1 round, 8 tokens, no methods, few programs
 
 Writes benchmarks/results/quantized_weights.{json,md}.
 """
@@ -39,18 +39,21 @@ import sys
 from pathlib import Path
 from unittest import mock
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
+if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jaxspec
-import jaxspec.models.model as model_lib
-import jaxspec.models.quantize as quantize
-from harness import RESULTS, chat_cases, command_line, time_programs, write_result
-from jaxspec.checkpoint.gguf_file import _unpermuted_rows, hf_tensor_name, open_gguf
-from jaxspec.checkpoint.loading import Model, resolve
-from jaxspec.runtime.memory import tree_bytes
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import jaxspec  # noqa: E402
+import jaxspec.models.model as model_lib  # noqa: E402
+import jaxspec.models.quantize as quantize  # noqa: E402
+from benchmarks.harness import RESULTS, chat_cases, command_line, time_programs, write_result  # noqa: E402
+from jaxspec.checkpoint.gguf_file import hf_tensor_name, open_gguf, read_gguf  # noqa: E402
+from jaxspec.checkpoint.loading import Model, resolve  # noqa: E402
+from jaxspec.runtime.memory import tree_bytes  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 METHODS = ("lookahead", "prompt-lookup", "speculative")
@@ -148,12 +151,14 @@ def _blocks(info, block_bytes: int) -> np.ndarray:
 
 def gguf_kept(name: str) -> Model:
     """The model with its GGUF file's Q8_0 embeddings and Q4_1 projections kept as blocks (norms from
-    the float32 load; llama.cpp's q/k row order undone on the blocks' rows, as at load)."""
+    the float32 load; llama.cpp's q/k row order undone on the blocks' rows, in the row order the loader
+    reads them in: `read_gguf`'s tensors, a `RowPermuted` with its `rows` for a llama q/k)."""
     import gguf
 
     f32 = jaxspec.load(name)
     module, cfg = f32.module, f32.config
     reader = open_gguf(resolve(name))
+    _, loaded, _ = read_gguf(resolve(name))
     by_hf = {hf_tensor_name(t.name): t for t in reader.tensors}
     emb = by_hf["model.embed_tokens.weight"]
     if emb.tensor_type != gguf.GGMLQuantizationType.Q8_0 or not cfg.tie_word_embeddings:
@@ -168,8 +173,9 @@ def gguf_kept(name: str) -> Model:
             if info.tensor_type != gguf.GGMLQuantizationType.Q4_1:
                 raise SystemExit(f"{name}: gguf kept needs Q4_1 projections, {info.name} is {info.tensor_type.name}")
             b = _blocks(info, 20)
-            if proj in ("q_proj", "k_proj") and cfg.model_type in ("llama", "mistral"):
-                b = b[_unpermuted_rows(b.shape[0], cfg.num_heads if proj == "q_proj" else cfg.num_kv_heads)]
+            rows = getattr(loaded[f"model.layers.{i}.{part}.{proj}.weight"], "rows", None)  # llama's q and k
+            if rows is not None:
+                b = b[rows]
             half = lambda a: a.copy().view(np.float16)[..., 0]  # noqa: E731  (2 bytes -> one float16)
             setattr(getattr(layer, part), proj, Q4_1Linear(b[..., 4:].copy(), half(b[..., :2]), half(b[..., 2:4])))
     module.__class__ = KeptTransformer

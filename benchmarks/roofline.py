@@ -4,11 +4,11 @@ Measures one jitted forward (the decode step's model call: T block tokens, T in 
 a 256-position KV cache, greedy argmax head, batch 1, float32) of stories260K, pycode-5M and
 SmolLM2-135M-Instruct, and the CPU's calibration programs (`jaxspec.roofline.calibration_cases`: matmul chains,
 256 MB streams, tiny decoders), all timed interleaved in the same rounds (`harness.time_programs`), minimum over
-rounds. c(T) = t(T) / t(1), measured and predicted from the calibrated profile. `predict` recomputes a result's
-predictions from its recorded calibration (tools/performance_tables.py writes docs/performance.md's tables).
+rounds. c(T) = t(T) / t(1), measured and predicted from the calibrated profile (`record`). `predict` recomputes a
+result's predictions from its recorded calibration (tools/performance_tables.py writes docs/performance.md's tables).
 
-    python benchmarks/roofline.py                 # ~5 min on 2 busy cores
-    python benchmarks/roofline.py --rounds 5 --models stories260K
+    python -m benchmarks.roofline                 # ~5 min on 2 busy cores
+    python -m benchmarks.roofline --rounds 5 --models stories260K
 """
 
 from __future__ import annotations
@@ -19,9 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-from harness import RESULTS, command_line, machine_info, time_programs, write_result
-from jaxspec import ModelConfig
-from jaxspec import roofline
+if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import RESULTS, command_line, machine_info, time_programs, write_result  # noqa: E402
+from jaxspec import ModelConfig  # noqa: E402
+from jaxspec import roofline  # noqa: E402
 
 TOKENS = (1, 8, 16, 32, 64, 128)
 CACHE_LEN = 256
@@ -37,8 +40,7 @@ def forward_case(model, tokens: int):
     import jax.numpy as jnp
     from flax import nnx
 
-    from jaxspec.models.kv_cache import KVCache
-    from jaxspec.models.model import causal_mask
+    from jaxspec import KVCache, causal_mask
 
     cfg, graphdef = model.config, model.graphdef
 
@@ -69,16 +71,24 @@ def measure(models, rounds: int) -> dict:
             cases[("forward", name, t)] = forward_case(model, t)
     times = time_programs({key: (fn, args) for key, (fn, args, _) in cases.items()}, rounds)
     seconds = {key: min(times[key]) / steps for key, (_, _, steps) in cases.items()}  # the least disturbed round
+    return record(seconds, {name: model.config for name, model in loaded.items()},
+                  {key: steps for key, (_, _, steps) in cases.items()}, rounds, machine_info())
+
+
+def record(seconds: dict, configs: dict, steps: dict, rounds: int, info: dict) -> dict:
+    """The result of a run from its seconds per step: the calibration programs' (the keys of
+    `jaxspec.roofline.calibration_cases`) and each model's forwards (`("forward", name, T)` for every T
+    in TOKENS; `configs`: name -> ModelConfig, `steps`: the forward programs' steps), with the
+    predictions (`predict`)."""
     calib = dict(roofline.calibration(seconds), rounds=rounds)
-    info = machine_info()
     profile = roofline.profile_from_measurements(calib, name=f"{info['cpu']} ({info['cpu_count']} cores)")
-    rows = [dict(model=name, params=model.config.num_params, tokens=t, steps=cases[("forward", name, t)][2],
+    rows = [dict(model=name, params=cfg.num_params, tokens=t, steps=steps[("forward", name, t)],
                  measured_seconds=seconds[("forward", name, t)],
                  measured_c=seconds[("forward", name, t)] / seconds[("forward", name, 1)])
-            for name, model in loaded.items() for t in TOKENS]
+            for name, cfg in configs.items() for t in TOKENS]
     result = dict(benchmark="roofline", title="Step-cost model vs this CPU: c(T) measured and predicted",
                   calibration=calib, profile=dataclasses.asdict(profile),
-                  configs={name: model.config.to_hf() for name, model in loaded.items()}, cache_len=CACHE_LEN,
+                  configs={name: cfg.to_hf() for name, cfg in configs.items()}, cache_len=CACHE_LEN,
                   dtype="float32", batch=1, implementation="xla", rows=rows, machine=info)
     return dict(result, rows=predict(result))
 

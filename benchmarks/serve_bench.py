@@ -8,8 +8,8 @@ requests/s, output tokens/s, time to first token and time per output token (p50 
 requests from 16 clients with random disconnects and bad requests mixed in; every good response is checked,
 every bad one must get a 4xx, and afterwards the server must be idle and still answer.
 
-    python benchmarks/serve_bench.py                    # pycode-5M, 32 requests, soak 500
-    python benchmarks/serve_bench.py --smoke            # seconds: the machinery only
+    python -m benchmarks.serve_bench                    # pycode-5M, 32 requests, soak 500
+    python -m benchmarks.serve_bench --smoke            # seconds: the machinery only
 """
 
 from __future__ import annotations
@@ -24,12 +24,15 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-import numpy as np
+if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jaxspec
-from harness import RESULTS, command_line, interleaved, write_result
-from harness.cases import code_prompts
+import httpx  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jaxspec  # noqa: E402
+from benchmarks.harness import RESULTS, command_line, interleaved, write_result  # noqa: E402
+from benchmarks.harness.cases import code_prompts  # noqa: E402
 
 
 def build_requests(model_name: str, count: int, budgets: tuple[int, ...], seed: int = 0) -> list[dict]:

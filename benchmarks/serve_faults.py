@@ -3,8 +3,8 @@ hang up mid-stream, bad requests, bodies that never finish arriving. Every compl
 must equal `jaxspec.generate` alone; nothing may be lost; the counters must add up; RSS must
 level off.
 
-    python benchmarks/serve_faults.py                 # 600 requests, 16 clients, pycode-5M
-    python benchmarks/serve_faults.py --requests 60   # a quick look
+    python -m benchmarks.serve_faults                 # 600 requests, 16 clients, pycode-5M
+    python -m benchmarks.serve_faults --requests 60   # a quick look
 
 The server runs in this process (`jaxspec.serving.app.background`, loopback only), so its RSS
 is this process's. Results: benchmarks/results/serve_faults.{json,md}. `drive` is also
@@ -199,9 +199,9 @@ def main(argv=None) -> int:
                                                                stop_ids=server.requests.eos_ids).tokens)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"command": "python benchmarks/serve_faults.py "
+    out.with_suffix(".json").write_text(json.dumps({"command": "python -m benchmarks.serve_faults "
                                                    + " ".join(argv or sys.argv[1:]), **result}, indent=1) + "\n")
-    md = ["# serve_faults", "", f"`python benchmarks/serve_faults.py {' '.join(argv or sys.argv[1:])}`: pycode-5M, "
+    md = ["# serve_faults", "", f"`python -m benchmarks.serve_faults {' '.join(argv or sys.argv[1:])}`: pycode-5M, "
           f"greedy, {args.slots} slots, {args.clients} concurrent clients, in-process server on 127.0.0.1.", "",
           "| requests | good | answered | exact | lost | wrong | hung up | bad (4xx, OpenAI shape) | slow bodies (408) "
           "| p50 / p99 ms | RSS MB before / half / after | counters consistent | seconds |",

@@ -4,8 +4,8 @@ jaxspec chunks only where the logits exceed `ARGMAX_LOGITS_BYTES` (column `jaxsp
 16384). Cases: greedy lookahead on a random-weight Llama of the default model's shape with the vocabulary replaced,
 and a real model's one-token steps; both programs compiled (XLA's memory analysis) and timed interleaved.
 
-    python benchmarks/vocab_memory.py                  # vocab 4096, 32000, 128256, 151936; SmolLM2-135M
-    python benchmarks/vocab_memory.py --smoke          # one small vocabulary, seconds
+    python -m benchmarks.vocab_memory                  # vocab 4096, 32000, 128256, 151936; SmolLM2-135M
+    python -m benchmarks.vocab_memory --smoke          # one small vocabulary, seconds
 """
 
 from __future__ import annotations
@@ -15,14 +15,17 @@ import sys
 from pathlib import Path
 from unittest import mock
 
-import jax
-from flax import nnx
+if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jaxspec
-import jaxspec.models.model as model_lib
-from harness import RESULTS, command_line, time_programs, write_result
-from jaxspec import Model, ModelConfig, Transformer
-from jaxspec.roofline import lookahead_block_tokens
+import jax  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import jaxspec  # noqa: E402
+import jaxspec.models.model as model_lib  # noqa: E402
+from benchmarks.harness import RESULTS, command_line, time_programs, write_result  # noqa: E402
+from jaxspec import Model, ModelConfig, Transformer  # noqa: E402
+from jaxspec.roofline import lookahead_block_tokens  # noqa: E402
 
 SHAPE = dict(hidden_size=256, intermediate_size=688, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=64)
 OFF = 1 << 40  # a logits budget no block exceeds: the full logits, as before the chunked head

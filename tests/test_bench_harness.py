@@ -5,19 +5,15 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from flax import nnx
 
 import jaxspec
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import report  # noqa: E402
-from harness import Case, DecodeBench, Setting, interleaved, run_decode  # noqa: E402
-from harness.decode import Journal, differences, signature  # noqa: E402
+from benchmarks import report
+from benchmarks.harness import Case, DecodeBench, Setting, interleaved, run_decode
+from benchmarks.harness.decode import Journal, differences, signature
 
 CFG = jaxspec.ModelConfig(
     model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,

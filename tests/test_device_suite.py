@@ -61,7 +61,7 @@ def test_device_suite_smoke_runs_every_part_and_matches_greedy(tmp_path):
 
 
 def test_report_shows_a_device_suite_result(tmp_path):
-    from test_benchmark_report import report
+    from benchmarks import report
 
     r = {"benchmark": "device_suite", "smoke": False, "date": "2026-01-01T00:00:00+00:00", "command": "x",
          "machine": {"cpu": "c", "cpu_count": 16, "jax": "0.11", "jax_backend": "gpu", "device": "cuda:0"},
@@ -83,9 +83,8 @@ def test_report_shows_a_device_suite_result(tmp_path):
 
 
 WATCHDOG = """
-import sys, threading, time
-sys.path.insert(0, {bench!r})
-import device_suite as ds
+import threading, time
+from benchmarks import device_suite as ds
 args = ds.parse_args(["--smoke", "--out", {out!r}])
 args.grace = 0.2
 suite = ds.Suite(args, {{**ds.SMOKE, "deadline": time.monotonic() - ds.START + 0.5}})
@@ -97,7 +96,7 @@ time.sleep(120)
 
 
 def test_the_watchdog_writes_what_was_measured_and_ends_a_stuck_run(tmp_path):
-    code = WATCHDOG.format(bench=str(REPO / "benchmarks"), out=str(tmp_path))
+    code = WATCHDOG.format(out=str(tmp_path))  # (`-c` from the repository root: `benchmarks` is importable)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "JAX_PLATFORMS": "cpu"}, cwd=REPO)
     assert proc.returncode == 3, proc.stdout + proc.stderr

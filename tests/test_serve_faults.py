@@ -8,18 +8,14 @@ and /health's counters add up afterwards (submitted = completed + cancelled, not
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-from pathlib import Path
 
 import httpx
 
 import jaxspec
+from benchmarks import serve_faults
 from jaxspec.serving import make_server
 from jaxspec.serving.app import Limits, background
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import serve_faults  # noqa: E402
 
 
 def test_load_with_disconnects_bad_and_slow_requests_loses_nothing():

@@ -31,7 +31,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
+if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
+    sys.path.insert(0, str(ROOT))  # (jaxspec from this checkout, in an environment without it installed)
 
 from jaxspec.real_prompts import REFERENCE_CHATS, PromptDataError  # noqa: E402
 

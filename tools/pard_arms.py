@@ -54,7 +54,7 @@ def main(argv=None) -> int:
         print(f"{name}: {' '.join(cmd[1:])}", flush=True)
         subprocess.run(cmd, check=True, cwd=ROOT)
     drafters = " ".join(f"--drafter {n}={args.out / n / 'drafter'}" for n in args.only or ARMS)
-    print(f"measure: python benchmarks/pard_ablation.py {drafters}")
+    print(f"measure: python -m benchmarks.pard_ablation {drafters}")
     return 0
 
 

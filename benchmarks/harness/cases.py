@@ -4,19 +4,23 @@ Code (`code_cases`, the default model pycode-5M): files the model never saw, the
 files `jaxspec.train.corpus.is_heldout` puts in configs/pycode.toml's held-out split. A prompt is a
 function start: the `def` line of a file's k-th definition and up to `context_lines` lines before.
 
-Stories (`story_cases`): the prompts of tests/data's stories260K greedy references.
+Stories (`story_cases`): the prompts of stories260K's greedy references (in the shared folder, beside
+the model).
 Chats (`chat_cases`): jaxspec/real_prompts.py's MT-Bench and HumanEval splits, rendered with the
 model's chat template (a base model without one continues the first turn's text).
 """
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
+from jaxspec.checkpoint.loading import shared_dir
 from jaxspec.train.train_config import load_train_config
 from jaxspec.train.corpus import is_heldout, list_documents, read_text
-from harness.decode import Case
-from harness.machine import ROOT
+from benchmarks.harness.decode import Case
+from benchmarks.harness.machine import ROOT
 
 _DEF = re.compile(r"^\s*def \w+\(")
 
@@ -58,15 +62,21 @@ def code_cases(model, count: int, length: int | None = None) -> list[Case]:
     raise SystemExit(f"only {len(cases)} held-out prompts have >= {length} tokens; ask for shorter prompts")
 
 
+def story_reference() -> Path:
+    """stories260K's greedy references: kept outside the repository, beside the model in the shared
+    folder (`jaxspec.checkpoint.loading.shared_dir()`; the tests read the same file)."""
+    return shared_dir() / "models" / "stories260K" / "greedy_reference.json"
+
+
 def story_cases(count: int | None = None) -> list[Case]:
-    """stories260K's reference cases (tests/stories.py), each with its reference continuation."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from stories import CASES
-
+    """stories260K's reference cases (`story_reference()`), each with its reference continuation."""
+    path = story_reference()
+    if not path.exists():
+        raise SystemExit(f"stories260K's greedy references are not at {path} (kept outside the repository, "
+                         "with the model; JAXSPEC_SHARED names another shared folder)")
+    cases = json.loads(path.read_text())["cases"]
     return [Case(f"story {i}", tuple(c["prompt"]), reference=tuple(c["greedy"]))
-            for i, c in enumerate(CASES[:count])]
+            for i, c in enumerate(cases[:count])]
 
 
 def chat_cases(model, split: str, count: int | None = None) -> list[Case]:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from harness.order import interleaved
+from benchmarks.harness.order import interleaved
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ import statistics
 import time
 from typing import Any, Callable, Mapping
 
-from harness.order import interleaved
+from benchmarks.harness.order import interleaved
 
 
 def stats(seconds: list[float]) -> dict:

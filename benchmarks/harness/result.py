@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from harness.machine import RESULTS, machine_info
+from benchmarks.harness.machine import RESULTS, machine_info
 
 
 def now() -> str:
@@ -25,8 +25,9 @@ def now() -> str:
 
 
 def command_line(script: str, argv) -> str:
+    """The command that reruns a benchmark, from the repository root: `python -m benchmarks.NAME ARGS`."""
     args = sys.argv[1:] if argv is None else list(argv)
-    return " ".join(["python", f"benchmarks/{Path(script).name}", *map(shlex.quote, args)])
+    return " ".join(["python", "-m", f"benchmarks.{Path(script).stem}", *map(shlex.quote, args)])
 
 
 def dumps(result: dict) -> str:
@@ -38,7 +39,7 @@ def dumps(result: dict) -> str:
 
 def write_result(result: dict, out: Path, name: str | None = None, quiet: bool = False) -> Path:
     """results -> OUT/NAME.json, .md (and .png): the machine's facts and the date added if missing."""
-    import report
+    from benchmarks import report
 
     result.setdefault("machine", machine_info())
     result.setdefault("date", now())
@@ -58,7 +59,7 @@ def main_decode(script: str, doc: str, arguments: Callable[[argparse.ArgumentPar
                 declare: Callable, argv=None) -> int:
     """The command line of a decode benchmark: `arguments(parser)` adds its options, `declare(args)`
     returns its DecodeBench. Exits 1 when a setting's tokens differ from the reference's."""
-    from harness.decode import run_decode
+    from benchmarks.harness.decode import run_decode
 
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
