@@ -23,7 +23,7 @@ if __name__ == "__main__" and not __package__:  # run by path: the repository ro
 import jaxspec  # noqa: E402
 from benchmarks.harness import DecodeBench, Setting, code_cases, main_decode, repo_relative  # noqa: E402
 from jaxspec.checkpoint.drafter_files import load_drafter  # noqa: E402
-from jaxspec.decoding.methods import DEFAULT_DRAFTER, lookahead_defaults  # noqa: E402
+from jaxspec.checkpoint.method_defaults import DEFAULT_DRAFTER, lookahead_defaults  # noqa: E402
 
 
 def arguments(p) -> None:

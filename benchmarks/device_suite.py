@@ -318,7 +318,7 @@ def freeze_prompts(count: int = 12, length: int = 64) -> None:
 def pycode_bench(suite: Suite) -> DecodeBench:
     """pycode-5M on its frozen prompts: the draft-free methods and the shipped drafter."""
     from jaxspec.checkpoint.drafter_files import load_drafter
-    from jaxspec.decoding.methods import DEFAULT_DRAFTER
+    from jaxspec.checkpoint.method_defaults import DEFAULT_DRAFTER
 
     c = suite.cfg["pycode"]
     model = jaxspec.load(jaxspec.checkpoint.loading.DEFAULT_MODEL)

@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import jaxspec  # noqa: E402
 from benchmarks.harness import DecodeBench, Setting, chat_cases, main_decode, repo_relative  # noqa: E402
 from jaxspec.runtime.auto import forward_seconds  # noqa: E402
-from jaxspec.decoding.options import resolve_drafter  # noqa: E402
+from jaxspec.checkpoint.method_defaults import FileDefaults  # noqa: E402
 from jaxspec.train.drafter_trainer import draft_vocabulary  # noqa: E402
 
 SIZES = (49152, 16384, 8192, 4096)
@@ -51,7 +51,7 @@ def declare(args) -> DecodeBench:
         raise SystemExit(f"{args.data} does not exist: train the drafter (configs/pard2_smollm2.toml) or pass its "
                          "data/train.npy")
     model = jaxspec.load(args.model)
-    shipped, _ = resolve_drafter(model.config, None, None, model.drafters, model)
+    shipped, _ = FileDefaults(model).drafter(model.config, None, None)  # the one generate uses
     tokens = np.load(args.data, mmap_mode="r")
     k = args.k
     target = {t: 1e3 * s for t, s in forward_seconds(model, 1, CACHE_LEN, [1, k + 1]).items()}

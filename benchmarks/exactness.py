@@ -33,6 +33,7 @@ import jax  # noqa: E402
 import jaxspec  # noqa: E402
 from benchmarks.harness import RESULTS, chat_cases, code_cases, command_line, story_cases, write_result  # noqa: E402
 from benchmarks.harness.decode import Journal  # noqa: E402
+from jaxspec.checkpoint.method_defaults import FileDefaults  # noqa: E402
 from jaxspec.decoding import exactness  # noqa: E402
 from jaxspec.decoding.methods import resolve_method  # noqa: E402
 
@@ -76,7 +77,7 @@ def measure(model, prompts, reference, config, batch: int, new_tokens: int) -> d
     for i in range(0, len(prompts), batch):
         tokens += jaxspec.generate(model, prompts[i:i + batch], method=method, max_new_tokens=new_tokens,
                                    stop_at_eos=False, **options).tokens
-    _, spec, resolved = resolve_method(method, model.config, options, model.drafters)
+    _, spec, resolved = resolve_method(method, model.config, options, FileDefaults(model))  # as generate does
     differences = []
     for i, (p, ref, got) in enumerate(zip(prompts, reference, tokens)):
         d = exactness.compare(model, p, ref, got)
