@@ -381,17 +381,15 @@ class Stream:
             t0 = time.perf_counter()  # (after compiling: `seconds` is decoding alone)
             state = begin_fn(*request.args)
             seconds += time.perf_counter() - t0
-            until = jnp.int32(1)
+            chunk = jnp.int32(self.chunk_steps)
             # The state is donated: each chunk updates the cache and buffers in place.
-            step_fn = self._compiled("advance", advance, (graphdef, params, state, sampling, until), advance_statics,
+            step_fn = self._compiled("advance", advance, (graphdef, params, state, sampling, chunk), advance_statics,
                                      donate_argnames=("state",))
         tokenizer = model.tokenizer
         sent, text = 0, ""
-        steps_done = 1
         while True:
             t0 = time.perf_counter()
-            steps_done += self.chunk_steps
-            state = step_fn(graphdef, params, state, sampling, jnp.int32(steps_done))
+            state = step_fn(graphdef, params, state, sampling, chunk)
             # The one host sync per chunk; copies, since the next chunk reuses the donated buffers.
             host = jax.device_get((state.decode.tokens, state.decode.num_generated, state.decode.done))
             row, num, done = np.array(host[0][0]), int(host[1][0]), bool(host[2][0])

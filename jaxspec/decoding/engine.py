@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from jaxspec.decoding.prefill import concat_features, prefill
 from jaxspec.decoding.sources.base import Outcome, Start, Step
@@ -284,14 +284,35 @@ begin_jit = jax.jit(begin, static_argnums=(0, 1), static_argnames=("max_new_toke
 
 
 def advance(engine: Engine, block, graphdef, params, state: EngineState, sampling: SamplingParams,
-            until: Int[Array, ""], *, eos_ids: tuple[int, ...]) -> EngineState:
-    """Steps (one `lax.while_loop`) until every row is done or has taken `until` steps.
+            steps: Int[Array, ""], *, eos_ids: tuple[int, ...], row_limit: Int[Array, " b"] | None = None,
+            per_row: bool = False) -> EngineState:
+    """At most `steps` more steps of every row not yet done, in one `lax.while_loop`: the whole
+    generation (`run`), a stream's chunk and a server's chunk are all this.
 
-    `until` is traced: streaming calls one compiled program chunk after chunk on the same state."""
+    `steps` is traced: one compiled program runs chunk after chunk on the state it returns.
+    `row_limit` (optional, [b]): a row is done once it has generated that many tokens (a server
+    slot's own max_tokens); 0 marks a free row, done before the first step, so its updates are
+    masked. `per_row`: `state` and `sampling` are single-row states stacked on a leading axis
+    (each row with its own random key and knobs), stepped under `jax.vmap`."""
     model, weights = engine.load(graphdef, params)
-    return jax.lax.while_loop(
-        lambda s: jnp.any(~s.decode.done & (s.decode.steps < until)),  # (active rows share one step count)
-        lambda s: step(engine, model, weights, block, s, sampling, eos_ids), state)
+
+    def one_step(s: EngineState, knobs: SamplingParams, limit) -> EngineState:
+        s = step(engine, model, weights, block, s, knobs, eos_ids)
+        if limit is None:
+            return s
+        return s.replace(decode=s.decode.replace(done=s.decode.done | (s.decode.num_generated >= limit)))
+
+    stepper = jax.vmap(one_step) if per_row else one_step
+    if row_limit is not None:
+        free = (row_limit <= 0).reshape(state.decode.done.shape)
+        state = state.replace(decode=state.decode.replace(done=state.decode.done | free))
+
+    def more(carry) -> Bool[Array, ""]:
+        taken, s = carry
+        return (taken < steps) & jnp.any(~s.decode.done)
+
+    return jax.lax.while_loop(more, lambda c: (c[0] + 1, stepper(c[1], sampling, row_limit)),
+                              (jnp.int32(0), state))[1]
 
 
 def finish(engine: Engine, state: EngineState) -> tuple[DecodeState, dict]:
@@ -312,8 +333,8 @@ def run(engine: Engine, block, graphdef, params, prompts: Int[Array, "b p"], pro
     """The whole generation as one `lax.while_loop` with `block` running each step's block."""
     state = begin_jit(engine, block, graphdef, params, prompts, prompt_lengths, rng, sampling,
                       max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
-    # (a row takes at most max_new_tokens steps: the bound never stops the loop early)
-    state = advance(engine, block, graphdef, params, state, sampling, jnp.int32(max_new_tokens + 1), eos_ids=eos_ids)
+    # (a row takes fewer than max_new_tokens more steps: the bound never stops the loop early)
+    state = advance(engine, block, graphdef, params, state, sampling, jnp.int32(max_new_tokens), eos_ids=eos_ids)
     return finish(engine, state)
 
 

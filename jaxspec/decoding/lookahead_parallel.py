@@ -341,12 +341,12 @@ def begin_sharded(engine: Engine, graphdef, params, prompts, prompt_lengths, rng
     return _on_lp_mesh(body, lp_devices, tensor_parallel, params, prompts, prompt_lengths, rng, sampling)
 
 
-def advance_sharded(engine: Engine, graphdef, params, state: EngineState, sampling: SamplingParams, until, *,
+def advance_sharded(engine: Engine, graphdef, params, state: EngineState, sampling: SamplingParams, steps, *,
                     eos_ids: tuple[int, ...], lp_devices: int, tensor_parallel: int = 1) -> EngineState:
     """`engine.advance` on the `lp` mesh."""
     block = ShardedBlock(shard_tree(engine.tree, lp_devices))
 
-    def body(params, state, sampling, until):
-        return advance(engine, block, graphdef, params, state, sampling, until, eos_ids=eos_ids)
+    def body(params, state, sampling, steps):
+        return advance(engine, block, graphdef, params, state, sampling, steps, eos_ids=eos_ids)
 
-    return _on_lp_mesh(body, lp_devices, tensor_parallel, params, state, sampling, until)
+    return _on_lp_mesh(body, lp_devices, tensor_parallel, params, state, sampling, steps)

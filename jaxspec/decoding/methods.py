@@ -151,15 +151,18 @@ def begin(graphdef, params, prompts, prompt_lengths, rng, sampling, *, engine: E
                                 sampling, max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
 
 
-def advance(graphdef, params, state: EngineState, sampling, until, *, engine: Engine, eos_ids: tuple[int, ...],
-            lp_devices: int = 1, tensor_parallel: int = 1) -> EngineState:
-    """Steps until every row is done or has taken `until` steps (a traced scalar): streaming runs
-    one compiled `advance` chunk after chunk, `engine_lib.finish` gives the statistics."""
+def advance(graphdef, params, state: EngineState, sampling, steps, *, engine: Engine, eos_ids: tuple[int, ...],
+            lp_devices: int = 1, tensor_parallel: int = 1, row_limit=None, per_row: bool = False) -> EngineState:
+    """At most `steps` (a traced scalar) more steps of the rows not done: `stream` and the
+    server's slots run one compiled `advance` chunk after chunk, `engine_lib.finish` gives the
+    statistics. `row_limit` / `per_row`: the server's slots (see `engine_lib.advance`)."""
     if lp_devices > 1:
-        return lookahead_parallel.advance_sharded(engine, graphdef, params, state, sampling, until, eos_ids=eos_ids,
-                                        lp_devices=lp_devices, tensor_parallel=tensor_parallel)
-    return engine_lib.advance(engine, engine_lib.LocalBlock(), graphdef, params, state, sampling, until,
-                              eos_ids=eos_ids)
+        if row_limit is not None or per_row:
+            raise GenerationError("lookahead parallelism steps a batch whose rows share one step count")
+        return lookahead_parallel.advance_sharded(engine, graphdef, params, state, sampling, steps, eos_ids=eos_ids,
+                                                  lp_devices=lp_devices, tensor_parallel=tensor_parallel)
+    return engine_lib.advance(engine, engine_lib.LocalBlock(), graphdef, params, state, sampling, steps,
+                              eos_ids=eos_ids, row_limit=row_limit, per_row=per_row)
 
 
 # ----------------------------------------------------------------------------- research entry points

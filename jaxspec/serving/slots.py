@@ -15,7 +15,8 @@ Four programs, none recompiled while serving:
   (`jaxspec.decoding.methods.begin`, batch 1), with buffers sized by the prompt (the n-gram pool's copy
   of the text) padded to the slots' shapes;
 * `insert`: writes that state into one slot's row (the slots' state is donated: in place);
-* `advance`: up to `chunk_steps` engine steps, until every busy slot is done. A row stops at
+* `advance`: the engine's `advance` (the loop `generate` and `stream` run): up to `chunk_steps`
+  steps, until every busy slot is done. A row stops at
   EOS (static, the group's `eos_ids`) or at its own token limit (an argument); a free slot
   has limit 0, so it is done and its row's updates are masked, as a finished row's are. It
   is compiled per tier of rows (1, 2, 4, ... slots) and steps the first rows only; the
@@ -34,9 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.runtime import compile_cache
-from jaxspec.decoding import engine as engine_lib
 from jaxspec.decoding.engine import Engine, EngineState
-from jaxspec.decoding.methods import begin
+from jaxspec.decoding.methods import advance, begin
 from jaxspec.decoding.sampling import SamplingParams
 
 
@@ -106,27 +106,12 @@ def _corner(x, row_axis: int, rows: int, length_axis: int, length: int):
 def _advance(graphdef, params, slots: EngineState, sampling: SamplingParams, limit, *, engine: Engine,
              eos_ids: tuple[int, ...], chunk_steps: int, rows: int, length: int, axes, length_axes,
              per_row: bool) -> EngineState:
-    """Steps of the first `rows` slots over the first `length` cache positions (the busy rows'
-    caches end before it): attention costs the cache it reads, not the context's."""
-    model, weights = engine.load(graphdef, params)
-    block = engine_lib.LocalBlock()
-
-    def limited(state: EngineState, knobs: SamplingParams, row_limit) -> EngineState:
-        state = engine_lib.step(engine, model, weights, block, state, knobs, eos_ids)
-        d = state.decode
-        return state.replace(decode=d.replace(done=d.done | (d.num_generated >= row_limit)))
-
-    step = jax.vmap(limited) if per_row else limited
+    """The engine's `advance` (the loop `generate` and `stream` run) over the first `rows` slots
+    and the first `length` cache positions (the busy rows' caches end before it): attention
+    costs the cache it reads, not the context's. A free slot (limit 0) is masked, never decoded."""
     part = jax.tree.map(lambda x, a, la: _corner(x, a, rows, la, length), slots, axes, length_axes)
-    # A free slot (limit 0) is done before the first step: its row is masked, never decoded.
-    free = (limit <= 0).reshape(part.decode.done.shape)
-    part = part.replace(decode=part.decode.replace(done=part.decode.done | free))
-
-    def cond(carry):
-        i, state = carry
-        return (i < chunk_steps) & jnp.any(~state.decode.done)
-
-    part = jax.lax.while_loop(cond, lambda c: (c[0] + 1, step(c[1], sampling, limit)), (jnp.int32(0), part))[1]
+    part = advance(graphdef, params, part, sampling, jnp.int32(chunk_steps), engine=engine, eos_ids=eos_ids,
+                   row_limit=limit, per_row=per_row)
     return jax.tree.map(lambda x, y: jax.lax.dynamic_update_slice(x, y, (0,) * x.ndim), slots, part)
 
 
