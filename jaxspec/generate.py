@@ -25,8 +25,8 @@ from jaxspec.inputs import as_bool, describe, given, int_arg, is_array, normaliz
 from jaxspec.checkpoint.loading import Model
 from jaxspec.runtime.memory import MemoryEstimate
 from jaxspec.decoding.engine import finish
-from jaxspec.checkpoint.method_defaults import FileDefaults
-from jaxspec.decoding.methods import advance, begin, bind, decode, resolve_method
+from jaxspec.decoding.methods import advance, begin, decode
+from jaxspec.runtime.plan import plan_decode
 from jaxspec.models.meshes import lp_mesh, lp_params, replicate
 from jaxspec.decoding.sampling import MAX_LOGPROBS, SamplingParams, penalized
 from jaxspec.models.tensor_parallel import MODEL_AXIS, place_inputs
@@ -197,8 +197,6 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
                                        stop_at_eos=stop_at_eos, stop_ids=stop_ids, **knobs).items()}
         method, method_options, choice = _choose(model, prompt, rows, max_new_tokens, method, method_options,
                                                  generation)
-    name, spec, options = resolve_method(method, model.config, method_options, FileDefaults(model))
-    lp_devices = getattr(options, "lp_devices", 1)
     seed = int_arg("seed", seed, "an integer in [0, 2**32)", lambda n: 0 <= n < 2**32)
     stop_at_eos_flag = as_bool(stop_at_eos)
     if stop_at_eos_flag is None:
@@ -213,24 +211,22 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
                      for t in stop_ids)
     _check_length(model, rows, max_new_tokens)
     longest = max(len(r) for r in rows)
-
-    greedy = temperature == 0
-    engine = dataclasses.replace(spec.engine(options, greedy), penalties=penalized(**{
-        k: v for k, v in knobs.items() if k != "min_p"}), logprobs=-1 if logprobs is None else logprobs)
     # Bucketed shapes: nearby prompt lengths reuse one compiled program.
     p = _round_up(longest, 16)
-    # Before the step's tree is built or anything compiled: refuse what cannot fit (one line).
-    what = memory.describe(name, options, len(rows), max_new_tokens)
-    memory.guard_options(model, engine, what, len(rows), p, max_new_tokens)
+    eos_ids = tuple(model.config.eos_token_ids) if stop_at_eos else ()
+    # Before anything is compiled: refuse what cannot fit (one line).
+    plan = plan_decode(model, method, method_options, greedy=temperature == 0,
+                       penalties=penalized(**{k: v for k, v in knobs.items() if k != "min_p"}),
+                       logprobs=-1 if logprobs is None else logprobs, batch=len(rows), prompt_len=p,
+                       max_new_tokens=max_new_tokens, eos_ids=tuple(dict.fromkeys(eos_ids + stop_ids)))
+    name, options, engine, lp_devices = plan.name, plan.options, plan.engine, plan.lp_devices
     cache_len = _round_up(p + max_new_tokens + engine.max_commit, 64)
     prompts = np.zeros((len(rows), p), np.int32)
     for i, r in enumerate(rows):
         prompts[i, : len(r)] = r
     lengths = np.asarray([len(r) for r in rows], np.int32)
-    eos_ids = tuple(model.config.eos_token_ids) if stop_at_eos else ()
-    eos_ids = tuple(dict.fromkeys(eos_ids + stop_ids))
-    graphdef, params = bind(model, engine, options)  # a drafter's graph and weights travel with the target's
-    statics = dict(engine=engine, max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids,
+    graphdef, params = plan.graphdef, plan.params  # a drafter's graph and weights travel with the target's
+    statics = dict(engine=engine, max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=plan.eos_ids,
                    lp_devices=lp_devices, tensor_parallel=1)
     # (placed and wrapped, not made by jnp or jax.random.key: each would compile a tiny program per
     # process; threefry's `key(seed)` is the data [0, seed] for a seed below 2**32)
@@ -250,10 +246,10 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
         args = (graphdef, params, *place_inputs(model.mesh, *inputs))
     else:
         args = (graphdef, params, *inputs)
-    request = Request(name=name, options=options, statics=statics, args=args, bound=graphdef is not model.graphdef,
+    request = Request(name=name, options=options, statics=statics, args=args, bound=plan.bound,
                       batched=batched, lp_devices=lp_devices, auto=choice)
     # With the loop state's exact size (traced, not compiled): the estimate `generate` reports.
-    request.memory = memory.guard_request(model, request, what, begin)
+    request.memory = memory.guard_request(model, request, plan.description, begin)
     return request
 
 

@@ -21,14 +21,14 @@ import json
 import math
 from typing import Any
 
-from jaxspec.runtime import memory
 from jaxspec.chat import chat_prompt
 from jaxspec.errors import GenerationError, JaxspecError, MemoryLimitError
 from jaxspec.inputs import normalize_prompts
-from jaxspec.checkpoint.method_defaults import SHIPPED_DRAFTERS, FileDefaults
-from jaxspec.decoding.methods import ALIASES, METHODS, bind, resolve_method
+from jaxspec.checkpoint.method_defaults import SHIPPED_DRAFTERS
+from jaxspec.decoding.methods import ALIASES, METHODS
+from jaxspec.runtime.plan import DecodePlan, plan_decode
 from jaxspec.decoding.sampling import MAX_LOGPROBS, SamplingParams, penalized
-from jaxspec.serving.scheduler import Plan, random_seed
+from jaxspec.serving.scheduler import random_seed
 
 COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "n",
                  "stream", "stream_options", "user", "presence_penalty", "frequency_penalty", "logprobs",
@@ -97,7 +97,7 @@ class Parsed:
     limit: int
     seed: int
     sampling: SamplingParams
-    plan: Plan
+    plan: DecodePlan
     stop_strings: tuple[str, ...]
     stop_ids: frozenset
     stream: bool
@@ -192,10 +192,10 @@ class Requests:
 
     def __init__(self, model, settings: ServeSettings, eos_ids: tuple[int, ...]):
         self.model, self.settings, self.eos_ids = model, settings, eos_ids
-        self._plans: dict[tuple, Plan] = {}
+        self._plans: dict[tuple, DecodePlan] = {}
 
     def plan(self, method: str, options: dict, greedy: bool, ignore_eos: bool, penalties: bool = False,
-             logprobs: bool = False) -> Plan:
+             logprobs: bool = False) -> DecodePlan:
         """The decoding plan (engine, weights), checked against the memory guard once per plan.
 
         At most `max_plans` distinct plans are ever made (each is a program compiled on the
@@ -209,18 +209,15 @@ class Requests:
                            "already in use or the server's default (no method)", "method_options",
                            "too_many_method_settings")
         if key not in self._plans:
-            model, s = self.model, self.settings
-            name, spec, resolved = resolve_method(method, model.config, options, FileDefaults(model))
-            if getattr(resolved, "lp_devices", 1) > 1:
-                raise GenerationError("lp_devices: jaxspec serve decodes on one device (no lookahead parallelism)")
+            s = self.settings
             # (logprobs: one program reports the most a request may ask for; each answer keeps its own)
-            engine = dataclasses.replace(spec.engine(resolved, greedy), penalties=penalties,
-                                         logprobs=MAX_LOGPROBS if logprobs else -1)
-            what = f"{memory.describe(name, resolved, s.slots, s.context)} (the server's slots x context)"
-            memory.guard_options(model, engine, what, s.slots, s.context, s.context)
-            graphdef, params = bind(model, engine, resolved)
-            self._plans[key] = Plan(name=name, options=resolved, engine=engine, graphdef=graphdef, params=params,
-                                    eos_ids=() if ignore_eos else self.eos_ids)
+            plan = plan_decode(self.model, method, options, greedy=greedy, penalties=penalties,
+                               logprobs=MAX_LOGPROBS if logprobs else -1, batch=s.slots, prompt_len=s.context,
+                               max_new_tokens=s.context, eos_ids=() if ignore_eos else self.eos_ids,
+                               where=" (the server's slots x context)")
+            if plan.lp_devices > 1:
+                raise GenerationError("lp_devices: jaxspec serve decodes on one device (no lookahead parallelism)")
+            self._plans[key] = plan
         return self._plans[key]
 
     def parse(self, body: Any, chat: bool) -> Parsed:

@@ -21,25 +21,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jaxspec.decoding.engine import Engine
 from jaxspec.decoding.sampling import SamplingParams
+from jaxspec.runtime.plan import DecodePlan
 from jaxspec.serving.slots import SlotGroup
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """How a job decodes: the method (name, options, engine) and the program's weights."""
-
-    name: str
-    options: Any
-    engine: Engine
-    graphdef: Any
-    params: Any
-    eos_ids: tuple[int, ...]
-
-    @property
-    def key(self) -> tuple:
-        return (self.engine, self.eos_ids)
 
 
 @dataclasses.dataclass
@@ -72,7 +56,7 @@ class Job:
     limit: int  # max new tokens
     seed: int
     sampling: SamplingParams
-    plan: Plan
+    plan: DecodePlan
     deliver: Callable[[Any], None]
     stop_strings: tuple[str, ...] = ()
     stop_ids: frozenset = frozenset()
@@ -169,7 +153,7 @@ class Scheduler:
             return {"waiting": len(self.waiting), "running": busy, "slots": self.slots, "groups": len(self.groups),
                     **self.counters}
 
-    def group(self, plan: Plan) -> SlotGroup | None:
+    def group(self, plan: DecodePlan) -> SlotGroup | None:
         """The plan's slot group, built on first use; idle groups beyond `max_groups` go. None
         while `max_groups` groups are all busy (the job waits)."""
         if plan.key in self.groups:

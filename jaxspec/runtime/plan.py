@@ -1,0 +1,61 @@
+"""One `DecodePlan` per request shape: the method resolved to its engine and the program's
+weights, checked by the memory guard before anything is compiled.
+
+`generate` / `stream` (one request) and the server (`jaxspec.serving`: B slots of a context)
+both plan with `plan_decode`, then run the same engine API (`jaxspec.decoding.methods`:
+`begin`, `advance`, `decode`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jaxspec.checkpoint.method_defaults import FileDefaults
+from jaxspec.decoding.engine import Engine
+from jaxspec.decoding.methods import bind, resolve_method
+from jaxspec.runtime import memory
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    """How a request decodes: the method (canonical name, options with the defaults filled in,
+    engine), the program's weights (the target's, and a drafter's next to them) and the ids
+    that end a row."""
+
+    name: str
+    options: Any
+    engine: Engine
+    graphdef: Any
+    params: Any
+    eos_ids: tuple[int, ...] = ()
+    description: str = ""  # how a memory refusal names it: method, integer options, batch and budget
+
+    @property
+    def key(self) -> tuple:
+        """What decides the compiled programs (weights are arguments, not constants)."""
+        return (self.engine, self.eos_ids)
+
+    @property
+    def bound(self) -> bool:
+        """Whether a drafter's graph travels with the target's (the compile key must say so)."""
+        return isinstance(self.graphdef, tuple)
+
+    @property
+    def lp_devices(self) -> int:
+        return getattr(self.options, "lp_devices", 1)
+
+
+def plan_decode(model, method: str, method_options: dict, *, greedy: bool, penalties: bool = False,
+                logprobs: int = -1, batch: int, prompt_len: int, max_new_tokens: int, eos_ids: tuple[int, ...] = (),
+                where: str = "") -> DecodePlan:
+    """Resolve `method` with `method_options` (defaults from the package's files), build its
+    engine (greedy verification iff `greedy`; `penalties`, `logprobs` = the most reported, -1
+    none) and refuse, in one line, a plan whose `batch` rows of `prompt_len` + `max_new_tokens`
+    cannot fit (`where` completes the refusal's description)."""
+    name, spec, options = resolve_method(method, model.config, method_options, FileDefaults(model))
+    engine = dataclasses.replace(spec.engine(options, greedy), penalties=penalties, logprobs=logprobs)
+    what = memory.describe(name, options, batch, max_new_tokens) + where
+    memory.guard_options(model, engine, what, batch, prompt_len, max_new_tokens)
+    graphdef, params = bind(model, engine, options)
+    return DecodePlan(name=name, options=options, engine=engine, graphdef=graphdef, params=params, eos_ids=eos_ids,
+                      description=what)
