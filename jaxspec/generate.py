@@ -26,7 +26,7 @@ from jaxspec.checkpoint.loading import Model
 from jaxspec.runtime.memory import MemoryEstimate
 from jaxspec.decoding.engine import finish
 from jaxspec.decoding.methods import advance, begin, decode
-from jaxspec.runtime.plan import plan_decode
+from jaxspec.runtime.plan import plan_decode, prompt_bucket
 from jaxspec.models.meshes import lp_mesh, lp_params, replicate
 from jaxspec.decoding.sampling import MAX_LOGPROBS, SamplingParams, penalized
 from jaxspec.models.tensor_parallel import MODEL_AXIS, place_inputs
@@ -212,7 +212,7 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     _check_length(model, rows, max_new_tokens)
     longest = max(len(r) for r in rows)
     # Bucketed shapes: nearby prompt lengths reuse one compiled program.
-    p = _round_up(longest, 16)
+    p = prompt_bucket(longest)
     eos_ids = tuple(model.config.eos_token_ids) if stop_at_eos else ()
     # Before anything is compiled: refuse what cannot fit (one line).
     plan = plan_decode(model, method, method_options, greedy=temperature == 0,

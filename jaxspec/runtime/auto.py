@@ -59,6 +59,7 @@ from jaxspec.models.kv_cache import KVCache
 from jaxspec.models.masks import TreeMask
 from jaxspec.models.quantize import module_dtype
 from jaxspec.decoding.methods import lookahead_block_tokens, prompt_lookup_block_tokens
+from jaxspec.runtime.plan import prompt_bucket
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "auto.toml"  # jaxspec/configs (-> configs/), in the wheel
 MARGIN = 1.1  # the measured speed-up a setting must reach to be chosen over greedy
@@ -398,7 +399,7 @@ def choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, look
     `generation`: the request's sampling and stop arguments, for the timed runs. The choice is
     kept per model and request shape: a later call of the same shape costs a dictionary lookup."""
     generation = generation or {}
-    key = ("choice", *_model_key(model), batch, _bucket(prompt_len, 16), max_new_tokens, lookahead_only,
+    key = ("choice", *_model_key(model), batch, prompt_bucket(prompt_len), max_new_tokens, lookahead_only,
            tuple(sorted(generation.items())))
     if key in _MEASURED:
         return dataclasses.replace(_MEASURED[key], measure_seconds=0.0)
@@ -430,7 +431,7 @@ def _choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, loo
                   f"({row['predicted_speedup']:.2f}x = S {row['expected_s']:.2f} / c {row['step_cost']:.2f})")
         return _choice(best, row, reason, rows, measured, recalled)
     if row["predicted_speedup"] >= WORTH_TIMING:  # confirm on this request: both loops, same tokens, timed
-        request = (batch, _bucket(prompt_len, 16), max_new_tokens, best.label, tuple(sorted(generation.items())))
+        request = (batch, prompt_bucket(prompt_len), max_new_tokens, best.label, tuple(sorted(generation.items())))
         key = (*_model_key(model), *request)
         if key not in _MEASURED:
             t0 = time.perf_counter()

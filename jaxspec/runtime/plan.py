@@ -16,6 +16,16 @@ from jaxspec.decoding.methods import bind, resolve_method
 from jaxspec.runtime import memory
 
 
+def prompt_bucket(length: int) -> int:
+    """A prompt's padded length, the one rule of `generate`, `stream`, the server and `auto`'s
+    cache: 16 x 2^k or 24 x 2^k, the smallest that holds it (two programs per doubling of the
+    prompt, at most half of it padding)."""
+    bucket = 16
+    while bucket < length:
+        bucket = bucket * 3 // 2 if bucket & (bucket - 1) == 0 else bucket * 4 // 3  # 16, 24, 32, 48, 64, ...
+    return bucket
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodePlan:
     """How a request decodes: the method (canonical name, options with the defaults filled in,

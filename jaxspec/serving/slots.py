@@ -38,11 +38,7 @@ from jaxspec.runtime import compile_cache
 from jaxspec.decoding.engine import Engine, EngineState
 from jaxspec.decoding.methods import advance, begin
 from jaxspec.decoding.sampling import SamplingParams
-
-
-def prompt_bucket(length: int) -> int:
-    """Padded prompt length: powers of two from 32, so a server compiles a handful of prefills."""
-    return max(32, 1 << (length - 1).bit_length())
+from jaxspec.runtime.plan import prompt_bucket
 
 
 def _pad_to(x, like: jax.ShapeDtypeStruct):
