@@ -17,8 +17,11 @@ from flax import nnx
 import jaxspec
 from jaxspec import progress
 from jaxspec.runtime import compile_cache
-from jaxspec.cli import STATS_WIDTH, _stats_lines, main
+from jaxspec.cli import STATS_WIDTH
+from jaxspec.cli.reporting import _stats_lines
 from jaxspec.generate import GenerateOutput
+
+from cli_runner import run_cli
 
 TINY = jaxspec.ModelConfig(
     model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
@@ -49,15 +52,6 @@ def chat_folder(tmp_path_factory):
     return out
 
 
-def cli(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as e:
-        code = e.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def phase_lines(err: str) -> list[re.Match]:
     return [m for line in err.splitlines() if (m := PHASE.fullmatch(line))]
 
@@ -67,7 +61,7 @@ def test_generate_says_each_phase_on_stderr(folder, capsys, monkeypatch):
     monkeypatch.delenv("JAXSPEC_PROGRESS", raising=False)  # on by default: stderr is no terminal here
     argv = ["generate", "--model", str(folder), "--prompt-ids", "1,5", "--max-new-tokens", "3", "--method", "greedy",
             "--seed", "11"]  # (a seed of its own: no other test has compiled this program)
-    code, out, err = cli(argv, capsys)
+    code, out, err = run_cli(argv, capsys)
     assert code == 0, err
     lines = err.splitlines()
     assert re.fullmatch(rf"jaxspec: loading {re.escape(str(folder))} \.\.\. \d+\.\d s", lines[0]), lines
@@ -78,21 +72,21 @@ def test_generate_says_each_phase_on_stderr(folder, capsys, monkeypatch):
 
 def test_generate_auto_says_what_it_measures(folder, tmp_path, capsys):
     fresh = shutil.copytree(folder, tmp_path / "fresh")  # a model auto has not measured in this process
-    code, _, err = cli(["generate", "--model", str(fresh), "--prompt-ids", "1,5", "--max-new-tokens", "3"], capsys)
+    code, _, err = run_cli(["generate", "--model", str(fresh), "--prompt-ids", "1,5", "--max-new-tokens", "3"], capsys)
     assert code == 0, err
     labels = [m["label"] for m in phase_lines(err)]
     assert labels[0] == f"loading {fresh}", labels
     assert "auto: timing a forward of fresh (1, 32 tokens), batch 1" in labels, labels
     assert re.search(r"^\[auto\] ", err, re.M), err  # and what it chose, after its measurements
     # A second call of the same shape: auto's measurements are kept; nothing is measured again.
-    code, _, err = cli(["generate", "--model", str(fresh), "--prompt-ids", "1,5", "--max-new-tokens", "3"], capsys)
+    code, _, err = run_cli(["generate", "--model", str(fresh), "--prompt-ids", "1,5", "--max-new-tokens", "3"], capsys)
     assert code == 0 and "auto: timing" not in err, err
 
 
 @pytest.mark.parametrize("flag", ["--quiet", "--json"])
 def test_quiet_and_json_print_no_phase_lines(folder, capsys, flag):
-    code, out, err = cli(["generate", "--model", str(folder), "--prompt-ids", "1,5", "--max-new-tokens", "3",
-                          "--method", "greedy", "--seed", "12", flag], capsys)
+    code, out, err = run_cli(["generate", "--model", str(folder), "--prompt-ids", "1,5", "--max-new-tokens", "3",
+                              "--method", "greedy", "--seed", "12", flag], capsys)
     assert code == 0, err
     assert not phase_lines(err) and "jaxspec: " not in err, err
     if flag == "--json":
@@ -104,15 +98,15 @@ def test_quiet_and_json_print_no_phase_lines(folder, capsys, flag):
 
 def test_progress_off_by_environment(folder, capsys, monkeypatch):
     monkeypatch.setenv("JAXSPEC_PROGRESS", "0")
-    code, _, err = cli(["generate", "--model", str(folder), "--prompt-ids", "1,5", "--max-new-tokens", "3",
-                        "--method", "greedy"], capsys)
+    code, _, err = run_cli(["generate", "--model", str(folder), "--prompt-ids", "1,5", "--max-new-tokens", "3",
+                            "--method", "greedy"], capsys)
     assert code == 0 and not phase_lines(err) and err.startswith("[autoregressive]"), err
 
 
 def test_bad_input_after_loading_is_still_one_line(folder, capsys):
     """The loading line is held back until the request is known good: a bad request prints its
     error alone (scripts read one line)."""
-    code, out, err = cli(["generate", "--model", str(folder), "--prompt-ids", "1,64", "--method", "greedy"], capsys)
+    code, out, err = run_cli(["generate", "--model", str(folder), "--prompt-ids", "1,64", "--method", "greedy"], capsys)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("jaxspec: error: ") and "64" in err, err
 
@@ -129,8 +123,8 @@ def test_chat_first_turn_stats_exclude_compiling(chat_folder, capsys, monkeypatc
 
     monkeypatch.setattr(compile_cache, "compiled", slow)
     monkeypatch.setattr("sys.stdin", io.StringIO("def f(x):\ndef f(x):\n\n"))  # two turns
-    code, out, err = cli(["chat", "--model", str(chat_folder), "--max-new-tokens", "24", "--method", "greedy"],
-                         capsys)
+    code, out, err = run_cli(["chat", "--model", str(chat_folder), "--max-new-tokens", "24", "--method", "greedy"],
+                             capsys)
     assert code == 0, err
     assert any(m["label"] == f"loading {chat_folder}" for m in phase_lines(err)), err
     compiled = [m for m in phase_lines(err) if m["label"] == "compiling autoregressive (streamed)"]
@@ -184,11 +178,11 @@ def test_serve_says_loading_and_warm_up(folder, capsys, monkeypatch):
 
     monkeypatch.setattr(app, "run", run)
     argv = ["serve", "--model", str(folder), "--port", "0", "--slots", "1", "--context", "64", "--method", "greedy"]
-    code, _, err = cli(argv, capsys)
+    code, _, err = run_cli(argv, capsys)
     assert code == 0 and len(served) == 1, err
     labels = [m["label"] for m in phase_lines(err)]
     assert labels == [f"loading {folder}", "warming up: compiling greedy for 1 slot of 64 tokens"], err
-    code, _, err = cli([*argv, "--quiet"], capsys)
+    code, _, err = run_cli([*argv, "--quiet"], capsys)
     assert code == 0 and len(served) == 2 and not phase_lines(err), err
 
 

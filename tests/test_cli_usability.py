@@ -11,7 +11,8 @@ import pytest
 from flax import nnx
 
 import jaxspec
-from jaxspec.cli import main
+
+from cli_runner import run_cli
 
 TINY = jaxspec.ModelConfig(
     model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
@@ -25,23 +26,14 @@ def folder(tmp_path_factory):
     return model.save(tmp_path_factory.mktemp("tiny") / "tiny")
 
 
-def cli(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def test_version(capsys):
-    code, out, _ = cli(["--version"], capsys)
+    code, out, _ = run_cli(["--version"], capsys)
     assert code == 0 and out.strip() == f"jaxspec {jaxspec.__version__}"
     assert jaxspec.__version__ == importlib.metadata.version("jaxspec")  # pyproject's version
 
 
 def test_help_shows_defaults(capsys):
-    code, out, _ = cli(["generate", "--help"], capsys)
+    code, out, _ = run_cli(["generate", "--help"], capsys)
     text = " ".join(out.split())  # (argparse wraps lines)
     assert code == 0
     for flag, default in (("--max-new-tokens", "128"), ("--method", "auto"), ("--top-p", "1.0"), ("--dtype", "float32")):
@@ -75,21 +67,21 @@ def test_progress_lines(folder, capsys, monkeypatch):
     """On by default, a terminal or not (tests/test_cli_progress.py has the rest)."""
     argv = ["generate", "--model", str(folder), "--prompt-ids", "1,5", "--max-new-tokens", "2", "--method", "greedy"]
     monkeypatch.delenv("JAXSPEC_PROGRESS", raising=False)  # (stderr is no terminal here)
-    code, _, err = cli(argv, capsys)
+    code, _, err = run_cli(argv, capsys)
     lines = err.splitlines()
     assert code == 0
     assert re.fullmatch(rf"jaxspec: loading {re.escape(str(folder))} \.\.\. \d+\.\d s", lines[0]), lines
     assert re.fullmatch(r"jaxspec: compiling autoregressive \.\.\. \d+\.\d s", lines[1]), lines
     for quiet in (["--quiet"], ["--json"]):
-        assert "jaxspec: loading" not in cli(argv + quiet, capsys)[2]
+        assert "jaxspec: loading" not in run_cli(argv + quiet, capsys)[2]
     # A bad request after loading: its error alone (the loading line is held back, then dropped).
-    code, _, err = cli(["generate", "--model", str(folder), "--prompt-ids", "1,999", "--method", "greedy"], capsys)
+    code, _, err = run_cli(["generate", "--model", str(folder), "--prompt-ids", "1,999", "--method", "greedy"], capsys)
     lines = err.splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("jaxspec: error: "), lines
 
 
 def test_no_progress_lines_when_turned_off(folder, capsys, monkeypatch):
     monkeypatch.setenv("JAXSPEC_PROGRESS", "0")
-    code, _, err = cli(["generate", "--model", str(folder), "--prompt-ids", "1,5", "--max-new-tokens", "2",
-                        "--method", "greedy"], capsys)
+    code, _, err = run_cli(["generate", "--model", str(folder), "--prompt-ids", "1,5", "--max-new-tokens", "2",
+                            "--method", "greedy"], capsys)
     assert code == 0 and "jaxspec: loading" not in err and err.startswith("[autoregressive]")

@@ -8,7 +8,7 @@ import pytest
 
 import jaxspec
 from jaxspec.decoding import exactness
-from jaxspec.cli import _identical_to_greedy
+from jaxspec.cli.reporting import _identical_to_greedy
 from test_decoding import tiny_model
 
 

@@ -27,12 +27,12 @@ from hypothesis import strategies as st
 
 import jaxspec
 import jaxspec.decoding.engine as engine_module
-from jaxspec.cli import main
 from jaxspec.decoding.options import LookaheadOptions as LookaheadConfig
 from jaxspec.decoding.methods import METHODS as METHODS_REGISTRY
 from jaxspec.checkpoint.method_defaults import FileDefaults, lookahead_defaults
 from jaxspec.decoding.methods import decode, resolve_method
 
+from cli_runner import run_cli
 from stories import CASES, needs_stories
 from trees import StepLayout
 
@@ -416,15 +416,6 @@ def test_top_k_1_sampling_equals_greedy(tiny, method):
     out = jaxspec.generate(tiny, PAIR, max_new_tokens=13, method=method, stop_at_eos=False, temperature=1.0,
                            top_k=1, seed=3, **options_for(method, 4, 3, 4))
     assert out.tokens == [row[:13] for row in greedy(tiny, PAIR, BUDGET)]
-
-
-def run_cli(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as e:
-        code = e.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def assert_one_line_error(code, out, err, needles):

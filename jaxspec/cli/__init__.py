@@ -1,0 +1,39 @@
+"""`jaxspec` command line, one module per command. Bad input prints one line to stderr and
+exits with code 2 (`jaxspec.cli.arguments`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from jaxspec.cli import chat_command, export_command, generate_command, serve_command, train_command
+from jaxspec.cli.arguments import EXIT_BAD_INPUT, METHOD_FLAGS, _Parser, run_command
+from jaxspec.cli.reporting import STATS_WIDTH, jax_backend
+
+__all__ = ["EXIT_BAD_INPUT", "METHOD_FLAGS", "STATS_WIDTH", "build_parser", "jax_backend", "main"]
+
+COMMANDS = {"generate": generate_command._generate, "chat": chat_command._chat, "train": train_command._train,
+            "export": export_command._export, "train-drafter": train_command._train_drafter,
+            "serve": serve_command._serve}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from jaxspec import __version__
+
+    parser = _Parser(prog="jaxspec", description="Lossless fast LLM decoding in JAX.")
+    parser.add_argument("--version", action="version", version=f"jaxspec {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    generate_command.add_parser(sub)
+    train_command.add_parsers(sub)  # train, train-drafter
+    chat_command.add_parser(sub)
+    export_command.add_parser(sub)
+    serve_command.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from jaxspec.runtime import compile_cache
+
+    compile_cache.enable()  # a second call with the same shapes loads its programs from disk
+    return run_command(COMMANDS[args.command], args)

@@ -1,0 +1,104 @@
+"""`jaxspec chat`: a conversation with an instruction-tuned model, each reply streamed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+from jaxspec.cli.arguments import _add_decoding_options, _load, _method_options, _sampling, _warn_unused_sampling
+from jaxspec.cli.reporting import _stats_lines
+
+
+def add_parser(sub) -> None:
+    c = sub.add_parser("chat", help="chat with an instruction-tuned model (history kept, reply streamed)")
+    c.add_argument("--model", required=True, help="HF folder or .gguf file with a chat template, a Hugging Face hub "
+                                                  "id in the local cache (org/name), or a known name "
+                                                  "(smollm2-135m-instruct)")
+    c.add_argument("--message", help="one user message: print the reply and exit (default: interactive)")
+    c.add_argument("--system", help="a system message before the conversation")
+    c.add_argument("--max-new-tokens", type=int, default=256, help="per reply")
+    _add_decoding_options(c)
+    c.add_argument("--chunk-steps", type=int, default=4, help="decoding steps between two streamed pieces")
+    c.add_argument("--compare", action="store_true",
+                   help="also decode each reply greedily and say whether the method's reply is identical")
+    c.add_argument("--json", action="store_true", help="with --message: print one JSON object, no streaming")
+    c.add_argument("--quiet", action="store_true",
+                   help="no progress lines (loading, auto's measurements, compiling) on stderr")
+
+
+def _chat(args) -> int:
+    import jaxspec
+
+    options = dict(method=args.method, max_new_tokens=args.max_new_tokens, **_sampling(args),
+                   **_method_options(args))
+    _warn_unused_sampling(args)
+    from jaxspec import progress
+
+    phases = progress.activate(progress.Phases(progress.wanted(args.quiet or args.json)))
+    with phases.phase(f"loading {args.model}"):
+        model = _load(args, args.model, options)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    said_auto = [None]  # the setting auto chose last: its reason is said when it changes
+
+    def greedy_of(reply):
+        if not args.compare:
+            return None
+        if args.temperature != 0:
+            raise jaxspec.GenerationError("--compare checks a lossless method against greedy: use temperature 0")
+        return jaxspec.generate(model, reply.prompt_ids, max_new_tokens=args.max_new_tokens, stop_ids=reply.stop_ids)
+
+    def turn(text: str) -> None:
+        nonlocal messages
+        # auto's measurements and compiling (the first reply; a longer conversation may compile
+        # again) say themselves before the reply streams (`jaxspec.progress`)
+        live = jaxspec.chat_stream(model, [*messages, {"role": "user", "content": text}],
+                                   chunk_steps=args.chunk_steps, **options)
+        for piece in live:
+            phases.flush()  # (what the wait before the first piece was, before the reply)
+            print(piece, end="", flush=True)
+        print(flush=True)
+        reply = live.reply
+        messages = reply.messages
+        greedy = greedy_of(reply)
+        phases.flush()
+        out = reply.output
+        if out.auto is not None and said_auto[0] != (out.method, out.options):
+            said_auto[0] = (out.method, out.options)
+            print(f"[auto] {out.auto['reason']}", file=sys.stderr)
+        cut = None if reply.finish_reason == "end_of_turn" else args.max_new_tokens
+        print("\n".join(_stats_lines(model, out, reply.prompt_ids, greedy, cut)), file=sys.stderr)
+
+    if args.message is not None:
+        if args.json:
+            reply = jaxspec.chat(model, [*messages, {"role": "user", "content": args.message}], **options)
+            greedy = greedy_of(reply)
+            out = reply.output
+            difference = None
+            if greedy is not None:
+                from jaxspec.decoding import exactness
+
+                difference = exactness.compare(model, reply.prompt_ids, greedy.tokens, out.tokens)
+            print(json.dumps({"reply": reply.text, "finish_reason": reply.finish_reason, "tokens": out.tokens,
+                              "steps": out.steps, "compression": out.compression, "seconds": out.seconds,
+                              "tokens_per_second": out.tokens_per_second, "method": out.method,
+                              "identical_to_greedy": None if greedy is None else out.tokens == greedy.tokens,
+                              "first_difference": None if difference is None else
+                              {**dataclasses.asdict(difference), "near_tie": difference.near_tie},
+                              "config": {"model": model.source, "dtype": args.dtype, **_sampling(args),
+                                         "max_new_tokens": args.max_new_tokens, **out.options},
+                              "memory": out.memory}))
+        else:
+            turn(args.message)
+        return 0
+    phases.flush()
+    print(f"chatting with {model.source} ({args.method}); an empty line or Ctrl-D ends", file=sys.stderr)
+    while True:
+        try:
+            text = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if not text.strip():
+            return 0
+        turn(text)

@@ -1,0 +1,109 @@
+"""`jaxspec train` and `jaxspec train-drafter`: a model, or a PARD-2 drafter, from a config."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from jaxspec.cli.arguments import _add_distributed_options, _initialize_distributed
+from jaxspec.errors import ConfigError
+
+
+def _recipe(text: str) -> str:
+    """--config: a TOML file, else a recipe shipped in the package by name (`pycode`, `pycode.toml`
+    or `configs/pycode.toml`: the wheel holds configs/*.toml as `jaxspec/configs`)."""
+    if Path(text).exists():
+        return text
+    from importlib import resources
+
+    name = Path(text).name if Path(text).suffix == ".toml" else f"{Path(text).name}.toml"
+    shipped = resources.files("jaxspec") / "configs" / name
+    return str(shipped) if shipped.is_file() else text  # (a missing file: the config loader names it)
+
+
+def add_parsers(sub) -> None:
+    t = sub.add_parser("train", help="train a model from a config in configs/ (tokenizer, data, model)")
+    t.add_argument("--config", required=True, type=_recipe,
+                   help="training config TOML, e.g. configs/pycode.toml, or a shipped recipe's name (pycode)")
+    t.add_argument("--out", help="run folder (default: runs/<config name>)")
+    t.add_argument("--steps", type=int, help="override [train] steps: where the run stops (the schedule is fixed when a run starts: [optim] schedule_steps)")
+    t.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value (a TOML value: --set pard.cat=false --set optim.learning_rate=1e-3);"
+                        " repeatable")
+    t.add_argument("--resume", action="store_true", help="continue from the newest readable checkpoint in --out")
+    t.add_argument("--no-export", dest="export", action="store_false", help="skip the HF folder export at the end")
+    t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    t.add_argument("--json", action="store_true", help="print one JSON object with the final metrics")
+    _add_distributed_options(t)
+
+    d = sub.add_parser("train-drafter", help="train a PARD-2 drafter for a target (configs/pard2_*.toml)")
+    d.add_argument("--config", required=True, type=_recipe,
+                   help="drafter training TOML, e.g. configs/pard2_pycode.toml, or a shipped recipe's name "
+                        "(pard2_pycode, pard2_smollm2)")
+    d.add_argument("--out", help="run folder (default: runs/<config name>)")
+    d.add_argument("--steps", type=int, help="override [train] steps: where the run stops (the schedule is fixed when a run starts: [optim] schedule_steps)")
+    d.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value (a TOML value: --set pard.cat=false --set optim.learning_rate=1e-3);"
+                        " repeatable")
+    d.add_argument("--resume", action="store_true", help="continue from the newest readable checkpoint in --out")
+    d.add_argument("--no-export", dest="export", action="store_false", help="skip the drafter export at the end")
+    d.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    d.add_argument("--json", action="store_true", help="print one JSON object with the final metrics")
+
+
+def _overrides(args) -> dict[str, dict] | None:
+    """--set SECTION.KEY=VALUE (VALUE read as TOML, else as a string) and --steps, as config overrides."""
+    import tomllib
+
+    out: dict[str, dict] = {}
+    for item in args.settings:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not section or not name:
+            raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. --set pard.cat=false")
+        try:
+            parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            parsed = value.strip()  # a bare word: a string (init=target:2, corpus=stdlib)
+        out.setdefault(section, {})[name] = parsed
+    if args.steps is not None:
+        out.setdefault("train", {})["steps"] = args.steps
+    return out or None
+
+
+def _train(args) -> int:
+    _initialize_distributed(args)  # data parallel across processes: the mesh spans all their devices
+    from jaxspec.train.train_config import load_train_config
+    from jaxspec.train.trainer import train
+
+    cfg = load_train_config(args.config, _overrides(args))
+    out_dir = args.out or f"runs/{cfg.name}"
+    log = (lambda *a, **k: print(*a, file=sys.stderr, **k))
+    result = train(cfg, out_dir, resume=args.resume, log=log, progress=args.progress, export=args.export)
+    summary = {"out_dir": str(result.out_dir), "steps": result.steps, "final_loss": result.final_loss,
+               "eval_loss": result.eval_loss, "eval_bits_per_byte": result.eval_bits_per_byte,
+               "seconds": result.seconds, "tokens_seen": result.tokens_seen,
+               "export_dir": None if result.export_dir is None else str(result.export_dir)}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"trained {cfg.name}: held-out loss {result.eval_loss:.4f} nats/token, "
+              f"{result.eval_bits_per_byte:.4f} bits/byte; run folder {result.out_dir}")
+    return 0
+
+
+def _train_drafter(args) -> int:
+    from jaxspec.train.drafter_config import load_drafter_config
+    from jaxspec.train.drafter_trainer import train_drafter
+
+    cfg = load_drafter_config(args.config, _overrides(args))
+    result = train_drafter(cfg, args.out or f"runs/{cfg.name}", resume=args.resume,
+                           log=lambda *a, **k: print(*a, file=sys.stderr, **k), progress=args.progress,
+                           export=args.export)
+    summary = {"out_dir": str(result.out_dir), "steps": result.steps, "final_loss": result.final_loss,
+               "seconds": result.seconds, **result.eval,
+               "export_dir": None if result.export_dir is None else str(result.export_dir)}
+    print(json.dumps(summary) if args.json else f"trained drafter {cfg.name}: " + ", ".join(
+        f"{k} {v:.3f}" for k, v in result.eval.items() if k.startswith("accept_len")) + f"; run folder {result.out_dir}")
+    return 0
