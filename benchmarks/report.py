@@ -8,6 +8,8 @@ Pure JSON -> markdown: no JAX, runs in a second.
 
     python -m benchmarks.report                       # writes docs/benchmarks.md
     python -m benchmarks.report --out /tmp/report.md
+    python -m benchmarks.report --check               # writes nothing; exit 1, one line per problem, unless
+                                                      # every result present has its section and provenance
 """
 
 from __future__ import annotations
@@ -804,11 +806,55 @@ def build_report(results: Path = RESULTS) -> str:
     return "\n".join(lines + body).rstrip() + "\n"
 
 
+def check(results: Path = RESULTS) -> list[str]:
+    """One line per problem of the report on `results`: every section has its heading; a section whose
+    result file exists shows it (a readable file in a layout this report knows) with its provenance (the
+    machine and date the file records, the command); one without says so and names the command."""
+    parts = re.split(r"^## (.+)$", build_report(results), flags=re.M)
+    found = dict(zip(parts[1::2], parts[2::2]))
+    problems = []
+    for section in SECTIONS:
+        body = found.get(section.title)
+        if body is None:
+            problems.append(f"{section.stem}: the report has no heading {section.title!r}")
+            continue
+        paths = [results / f"{stem}.json" for stem in (section.stem, *section.variants)
+                 if (results / f"{stem}.json").exists()]
+        if not paths:
+            if "*Not run yet*" not in body or section.command not in body:
+                problems.append(f"{section.stem}: no result, and the section does not say how to make one")
+            continue
+        name = _rel(paths[0])
+        if f"`{name}` is unreadable" in body:
+            problems.append(f"{name} is unreadable (not JSON)")
+            continue
+        if "does not know the layout" in body:
+            problems.append(f"{name}: the report does not know its layout (update {section.table.__name__}() in "
+                            "benchmarks/report.py)")
+        for row in ("machine", "date", "command"):
+            if f"| {row} |" not in body:
+                problems.append(f"{name}: its section has no {row} row")
+        if "| machine | ? (" in body:
+            problems.append(f"{name} records no machine")
+        if "(file time; the JSON records no date)" in body:
+            problems.append(f"{name} records no date")
+    return problems
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1, one line per problem, unless every "
+                   "result present has its section, a layout this report knows and its provenance")
     args = p.parse_args(argv)
+    if args.check:
+        problems = check(args.results)
+        present = sum(any((args.results / f"{stem}.json").exists() for stem in (s.stem, *s.variants))
+                      for s in SECTIONS)
+        print("\n".join(problems) if problems else f"{_rel(args.results)}: {present} of {len(SECTIONS)} sections "
+              "have a result, each in a layout the report knows, with its provenance")
+        return 1 if problems else 0
     text = build_report(args.results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

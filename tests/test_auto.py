@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from pathlib import Path
+import tomllib
 
 import pytest
 
@@ -14,8 +14,7 @@ import jaxspec
 from jaxspec.runtime import auto
 from jaxspec.runtime import auto_store
 from test_cli import assert_one_line_error, run_cli
-
-ROOT = Path(__file__).resolve().parents[1]
+from tools import fit_auto
 
 
 @pytest.fixture(scope="module")
@@ -23,13 +22,57 @@ def pycode():
     return jaxspec.load("pycode-5M")
 
 
-def test_auto_toml_is_what_the_fit_writes(tmp_path, monkeypatch):
-    """configs/auto.toml is `tools/fit_auto.py`'s output on the committed results, not edited."""
-    monkeypatch.syspath_prepend(str(ROOT / "tools"))
-    import fit_auto
+def _summary(rows: dict) -> dict:
+    return {"summary": {label: {"S": s} for label, s in rows.items()}}
 
-    fit_auto.main(["--out", str(tmp_path / "auto.toml")])
-    assert (tmp_path / "auto.toml").read_text() == auto.CONFIG.read_text()
+
+def test_the_fit_writes_the_table_of_its_results_and_checks_it(tmp_path, capsys):
+    """tools/fit_auto.py on results it is given: lookahead's slope through S(1) = 1 (exact here, so
+    no error), prompt lookup and speculative S as measured, [default] the smallest; the table is
+    what `auto` reads; --check passes on it and fails, one line per line, on an edited one.
+    (configs/auto.toml against the committed results: `python tools/fit_auto.py --check`, in .ci/run.)"""
+    results = tmp_path / "results"
+    results.mkdir()
+    law = lambda slope, t: 1 + slope * math.log(t)  # noqa: E731
+    (results / "lookahead_bench.json").write_text(json.dumps({"summary": {
+        "greedy": {"S_per_category": {"held-out": 1.0}},
+        "lookahead (4,3,4)": {"S_per_category": {"held-out": law(0.2, 16)}},  # 16 block tokens
+        "lookahead W=15 N=5 G=15": {"S_per_category": {"held-out": law(0.2, 120)}},  # the earlier label
+        "lookahead (15,5,15) no prompt pool": {"S_per_category": {"held-out": 9.0}},  # not a candidate
+        "prompt lookup (N=5,G=15)": {"S_per_category": {"held-out": 1.4}}}}))
+    code = _summary({"greedy": 1.0, "lookahead (15,5,15)": law(0.4, 120), "prompt lookup (N=4,G=8)": 2.3456,
+                     "speculative TI (K=4)": 9.0})
+    code["summary"]["speculative TD (K=4)"] = {"S_total": 3.0}  # the earlier layout
+    (results / "code_bench.json").write_text(json.dumps(code))
+    (results / "real_bench.json").write_text(json.dumps(_summary(
+        {"greedy": 1.0, "lookahead (7,4,7)": law(0.25, 42), "prompt lookup (N=4,G=8)": 1.5,
+         "transformers prompt lookup (10 tokens)": 9.0})))
+    (results / "real_bench_drafter.json").write_text(json.dumps(_summary(
+        {"greedy": 1.0, "speculative TD (K=4)": 1.265, "speculative TD (K=4) + lookup (N=5,G=1)": 1.3,
+         "lookahead (15,5,15)": 9.0})))  # (only the drafter's rows count from this file)
+    out = tmp_path / "auto.toml"
+    assert fit_auto.main(["--results", str(results), "--out", str(out)]) == 0
+    assert tomllib.loads(out.read_text()) == {
+        "default": {"lookahead_slope": 0.2, "prompt_lookup_4_8": 1.4},
+        "models": {
+            "stories260K": {"lookahead_slope": 0.2, "lookahead_points": 2, "lookahead_max_error": 0.0,
+                            "prompt_lookup_5_15": 1.4},
+            "pycode-5M": {"lookahead_slope": 0.4, "lookahead_points": 1, "lookahead_max_error": 0.0,
+                          "prompt_lookup_4_8": 2.346, "speculative_4": 3.0},
+            "smollm2-135m-instruct": {"lookahead_slope": 0.25, "lookahead_points": 1, "lookahead_max_error": 0.0,
+                                      "prompt_lookup_4_8": 1.5, "speculative_4": 1.265,
+                                      "speculative_4_lookup_5_1": 1.3}}}
+    assert auto.expectations("pycode-5M", out)["speculative_4"] == 3.0
+    assert auto.expectations(None, out) == {"lookahead_slope": 0.2, "prompt_lookup_4_8": 1.4}
+    capsys.readouterr()
+
+    check = ["--check", "--results", str(results), "--out", str(out)]
+    assert fit_auto.main(check) == 0 and capsys.readouterr().out == f"{out} is the fit of {results}\n"
+    out.write_text(out.read_text().replace("speculative_4 = 3.0", "speculative_4 = 3.5"))
+    assert fit_auto.main(check) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"{out} has 'speculative_4 = 3.5', which the fit of {results} does not write (rerun python tools/fit_auto.py)",
+        f"{out} lacks 'speculative_4 = 3.0', which the fit of {results} writes (rerun python tools/fit_auto.py)"]
 
 
 def test_candidates_follow_the_fitted_table(pycode):

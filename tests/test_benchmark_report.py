@@ -1,38 +1,18 @@
-"""benchmarks/report.py turns whatever results exist into docs/benchmarks.md."""
+"""benchmarks/report.py turns whatever results exist into docs/benchmarks.md, and its --check fails
+on results that lack their section's layout or provenance. (Whether the committed results pass is
+`python -m benchmarks.report --check`'s to say: .ci/run runs it.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("benchmark_report", REPO / "benchmarks" / "report.py")
-report = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = report  # dataclasses look their module up
-_spec.loader.exec_module(report)
+from benchmarks import report
 
 
 def sections(text: str) -> dict[str, str]:
     parts = re.split(r"^## (.+)$", text, flags=re.M)
     return dict(zip(parts[1::2], parts[2::2]))
-
-
-def test_report_on_the_present_results_has_every_heading_and_provenance(tmp_path):
-    out = tmp_path / "benchmarks.md"
-    assert report.main(["--out", str(out)]) == 0
-    found = sections(out.read_text())
-    for section in report.SECTIONS:
-        body = found[section.title]
-        present = any((report.RESULTS / f"{stem}.json").exists() for stem in (section.stem, *section.variants))
-        if present:
-            assert "does not know the layout" not in body, f"update report.py for {section.stem}.json"
-            for row in ("| machine |", "| date |", "| command |"):
-                assert row in body, (section.stem, row)
-        else:
-            assert "*Not run yet*" in body and section.command in body
 
 
 def test_missing_and_unknown_results_are_noted(tmp_path):
@@ -42,3 +22,47 @@ def test_missing_and_unknown_results_are_noted(tmp_path):
     assert "does not know the layout" in found["Greedy decoding: jaxspec vs transformers on stories260K"]
     assert "### Greedy" in found["Greedy decoding: jaxspec vs transformers on stories260K"]
     assert "*Not run yet*" in found["Lookahead parallelism: work and bytes per device"]
+
+
+DRAFT_VOCAB = {  # a complete draft_vocab result, as benchmarks/draft_vocab.py writes one
+    "benchmark": "draft_vocab", "date": "2026-01-02T03:04:05+00:00", "command": "python -m benchmarks.draft_vocab",
+    "machine": {"cpu": "made-up CPU", "cpu_count": 2, "jax": "0.0", "jax_backend": "cpu"},
+    "prompts": 4, "split": "heldout", "new_tokens": 32, "k": 4, "greedy_tokens_per_second": 50.0,
+    "greedy_forward_ms": 20.0,
+    "rows": {"8192": {"S": 2.5, "drafter_ms": 5.0, "verify_ms": 25.0, "drafter_share": 0.2, "step_cost": 1.5,
+                      "tokens_per_second": 80.0, "speed_vs_greedy": 1.6, "identical_to_greedy": 4}},
+}
+
+
+def _check(results, capsys) -> tuple[int, list[str]]:
+    code = report.main(["--check", "--results", str(results)])
+    return code, capsys.readouterr().out.splitlines()
+
+
+def test_check_passes_complete_results_and_names_each_problem(tmp_path, capsys, monkeypatch):
+    """Every section present with its heading; a result in a layout the report knows, with the machine,
+    date and command it ran with, passes (sections without results say how to make them); a result
+    the report cannot lay out, one without its machine or date, or an unreadable file fails, one line
+    each, and no report is written."""
+    monkeypatch.setattr(report, "OUT", tmp_path / "out" / "benchmarks.md")  # main's default --out
+    title = next(s.title for s in report.SECTIONS if s.stem == "draft_vocab")
+    (tmp_path / "draft_vocab.json").write_text(json.dumps(DRAFT_VOCAB))
+    found = sections(report.build_report(tmp_path))
+    assert list(found) == [s.title for s in report.SECTIONS]
+    assert all(row in found[title] for row in ("| machine | made-up CPU", "| date | 2026-01-02", "| command |"))
+    code, out = _check(tmp_path, capsys)
+    assert code == 0 and out == [f"{tmp_path}: 1 of {len(report.SECTIONS)} sections have a result, each in a "
+                                 "layout the report knows, with its provenance"]
+
+    no_provenance = {k: v for k, v in DRAFT_VOCAB.items() if k not in ("machine", "date", "command")}
+    (tmp_path / "draft_vocab.json").write_text(json.dumps(no_provenance))
+    (tmp_path / "greedy_bench.json").write_text(json.dumps({**DRAFT_VOCAB, "benchmark": "greedy_bench"}))
+    (tmp_path / "lp_bench.json").write_text("{not json")
+    code, out = _check(tmp_path, capsys)
+    assert code == 1 and sorted(out) == sorted([
+        f"{tmp_path}/draft_vocab.json records no machine",
+        f"{tmp_path}/draft_vocab.json records no date",
+        f"{tmp_path}/greedy_bench.json: the report does not know its layout (update decode() in benchmarks/report.py)",
+        f"{tmp_path}/lp_bench.json is unreadable (not JSON)",
+    ])
+    assert not (tmp_path / "out").exists()

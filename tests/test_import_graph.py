@@ -3,12 +3,11 @@ named debts), and the tool catches each kind of problem on a synthetic package."
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+from tools import import_graph
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import import_graph  # noqa: E402
 
 
 def test_jaxspec_has_no_cycle_and_no_arrow_back_up():

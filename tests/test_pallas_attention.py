@@ -12,7 +12,6 @@ transcription of `../shared/docs/pard2.md`.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import os
 import subprocess
@@ -389,12 +388,10 @@ def test_stories260k_every_method_with_pallas_matches_greedy_reference():
         assert out.tokens == greedy["greedy"][:n], method
 
 
-def test_attention_benchmark_smoke(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # (its `harness` and `report`)
-    spec = importlib.util.spec_from_file_location("attention_bench", ROOT / "benchmarks" / "attention_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    r = bench.main(["--smoke", "--out", str(tmp_path)])
+def test_attention_benchmark_smoke(tmp_path):
+    from benchmarks import attention_bench
+
+    r = attention_bench.main(["--smoke", "--out", str(tmp_path)])
     assert {e["variant"] for e in r["rows"]} == {"xla", "pallas dense", "pallas in-kernel", "pallas"}
     assert {e["kind"] for e in r["rows"]} == {"decode", "pard"}
     assert all(e["ms"] > 0 and e["max_abs_diff"] < 1e-4 for e in r["rows"])

@@ -9,10 +9,12 @@ setting. A model without results gets the smallest slope measured (the conservat
 estimate of its own (the smallest measured S).
 
     python tools/fit_auto.py                # reads benchmarks/results, writes configs/auto.toml
+    python tools/fit_auto.py --check        # exit 1 if configs/auto.toml is not what the fit writes
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -41,15 +43,15 @@ def _S(entry: dict) -> float:
     return entry["S"] if "S" in entry else entry["S_total"]  # the harness's layout, or the earlier one
 
 
-def measured() -> dict:
+def measured(results: Path = RESULTS) -> dict:
     """Per model: [(label, S)] from the benchmark results (held-out prompts where the benchmark has them)."""
     runs: dict = {}
-    bench = json.loads((RESULTS / "lookahead_bench.json").read_text())
+    bench = json.loads((results / "lookahead_bench.json").read_text())
     runs["stories260K"] = [(k, v["S_per_category"]["held-out"]) for k, v in bench["summary"].items()]
-    code = json.loads((RESULTS / "code_bench.json").read_text())["summary"]
+    code = json.loads((results / "code_bench.json").read_text())["summary"]
     runs["pycode-5M"] = [(_speculative_label(k), _S(v)) for k, v in code.items()]
     for name in ("real_bench", "real_bench_drafter"):  # the second: the shipped SmolLM2 drafter (bench split)
-        summary = json.loads((RESULTS / f"{name}.json").read_text())["summary"]
+        summary = json.loads((results / f"{name}.json").read_text())["summary"]
         runs.setdefault("smollm2-135m-instruct", []).extend(
             (_speculative_label(k), _S(v)) for k, v in summary.items()
             if not k.startswith("transformers") and (name == "real_bench" or _speculative_label(k) != k))
@@ -80,13 +82,9 @@ def fit(runs: list) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=OUT)
-    out = p.parse_args(argv).out
-    fitted = {name: fit(runs) for name, runs in measured().items()}
+def table(results: Path = RESULTS) -> str:
+    """configs/auto.toml's text: the fit of `results`."""
+    fitted = {name: fit(runs) for name, runs in measured(results).items()}
     lines = ["# Expected tokens per step S for `method=\"auto\"` (jaxspec/runtime/auto.py), fitted on the benchmark",
              "# results by `python tools/fit_auto.py`: do not edit by hand.",
              "# lookahead: S = 1 + lookahead_slope * ln(block tokens), fitted through S(1) = 1 (the paper's law:",
@@ -100,8 +98,45 @@ def main(argv=None) -> int:
         lines.append(f'[models."{name}"]')
         lines += [f"{k} = {v}" for k, v in f.items()]
         lines.append("")
-    out.write_text("\n".join(lines))
-    print(out.read_text())
+    return "\n".join(lines)
+
+
+def _shown(path: Path) -> str:
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def check(results: Path = RESULTS, out: Path = OUT) -> list[str]:
+    """One line per problem: `out` is not the fit of `results` (it was edited by hand, or the
+    results changed and the fit was not rerun)."""
+    want = table(results)
+    try:
+        have = Path(out).read_text()
+    except OSError as e:
+        return [f"{_shown(out)} is unreadable ({e}); run python tools/fit_auto.py"]
+    if have == want:
+        return []
+    diff = [line for line in difflib.unified_diff(have.splitlines(), want.splitlines(), lineterm="", n=0)
+            if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    return [f"{_shown(out)} {'has' if line[0] == '-' else 'lacks'} {line[1:]!r}, which the fit of {_shown(results)} "
+            f"{'does not write' if line[0] == '-' else 'writes'} (rerun python tools/fit_auto.py)" for line in diff]
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", type=Path, default=RESULTS, help="the benchmark results to fit (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=OUT, help="the table to write, or with --check to compare")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 (one line per problem) if --out is not what the fit writes")
+    args = p.parse_args(argv)
+    if args.check:
+        problems = check(args.results, args.out)
+        print("\n".join(problems) if problems else f"{_shown(args.out)} is the fit of {_shown(args.results)}")
+        return 1 if problems else 0
+    args.out.write_text(table(args.results))
+    print(args.out.read_text())
     return 0
 
 
