@@ -78,40 +78,7 @@ class Request:
 
     def compile_key(self, program: str) -> tuple:
         return (program, self.args[2].shape, tuple(self.statics.items()),
-                _graph_key(self.args[0]) if self.bound else None)
-
-
-class _Graph:
-    """A graph definition as a key part, hashed once per object: its own hash walks the whole
-    graph (~0.5 ms) and a call looks its key up six times. Equal definitions stay equal keys
-    (two drafters of one structure share a program)."""
-
-    __slots__ = ("value", "_hash")
-
-    def __init__(self, value):
-        self.value = value
-        hit = _GRAPH_HASHES.get(id(value))
-        if hit is None or hit[0] is not value:  # the entry holds its object: an id is not reused under it
-            if len(_GRAPH_HASHES) >= 64:
-                _GRAPH_HASHES.clear()
-            hit = _GRAPH_HASHES[id(value)] = (value, hash(value))
-        self._hash = hit[1]
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, _Graph) and (other.value is self.value or other.value == self.value)
-
-
-_GRAPH_HASHES: dict[int, tuple] = {}
-
-
-def _graph_key(graphdefs):
-    """(target graph definition, per-source definitions), each hashed once per object."""
-    if isinstance(graphdefs, tuple):
-        return tuple(_graph_key(g) for g in graphdefs)
-    return _Graph(graphdefs)
+                compile_cache.graph_key(self.args[0]) if self.bound else None)
 
 
 def _choose(model: Model, prompt, rows: list[list[int]], max_new_tokens: int, method: str, method_options: dict,

@@ -335,6 +335,44 @@ def compiled(fn, args: tuple, statics: dict | None = None, **jit_options) -> jax
     return program
 
 
+class _Graph:
+    """A graph definition as a key part, hashed once per object: its own hash walks the whole
+    graph (~0.5 ms) and a call looks its key up six times. Equal definitions stay equal keys
+    (two drafters of one structure share a program)."""
+
+    __slots__ = ("value", "_hash")
+
+    def __init__(self, value):
+        self.value = value
+        hit = _GRAPH_HASHES.get(id(value))
+        if hit is None or hit[0] is not value:  # the entry holds its object: an id is not reused under it
+            if len(_GRAPH_HASHES) >= 64:
+                _GRAPH_HASHES.clear()
+            hit = _GRAPH_HASHES[id(value)] = (value, hash(value))
+        self._hash = hit[1]
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Graph) and (other.value is self.value or other.value == self.value)
+
+
+_GRAPH_HASHES: dict[int, tuple] = {}
+
+
+def graph_key(graphdefs):
+    """(target graph definition, per-source definitions), each hashed once per object."""
+    if isinstance(graphdefs, tuple):
+        return tuple(graph_key(g) for g in graphdefs)
+    return _Graph(graphdefs)
+
+
+def forget_graph_hashes() -> None:
+    """Drop the remembered graph hashes (the next key of each graph hashes it again)."""
+    _GRAPH_HASHES.clear()
+
+
 def compiled_into(table: dict, key, fn, args: tuple, statics: dict | None = None, **jit_options
                   ) -> tuple[jax.stages.Compiled, float]:
     """`table[key]`, `compiled` into the table first when missing (a model's or a server's

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -138,7 +137,10 @@ class SlotGroup:
         self.max_new_tokens = context
         self.cache_len = -(-(context + engine.max_commit) // 64) * 64
         self.compile_seconds = 0.0
-        self._programs: dict[Any, Any] = {}
+        # Programs live in the model's one program table (`Model.compiled`, as generate's), keyed
+        # by what decides them: a group made again for the same plan finds them there.
+        self._key = ("slots", engine, eos_ids, slots, context, chunk_steps,
+                     compile_cache.graph_key(graphdef) if isinstance(graphdef, tuple) else None)
         self._sampling0 = SamplingParams.create()
         # Greedy verification reads no randomness and no knob: the engine's own batch is exact
         # per row. Sampling and penalties read each row's own knobs (and sampling its own key).
@@ -185,7 +187,8 @@ class SlotGroup:
                 jax.random.key(seed), sampling)
 
     def _compile(self, key, fn, args: tuple, statics: dict, **jit_options):
-        program, seconds = compile_cache.compiled_into(self._programs, key, fn, args, statics, **jit_options)
+        program, seconds = compile_cache.compiled_into(self.model.compiled, (*self._key, *key), fn, args, statics,
+                                                       **jit_options)
         self.compile_seconds += seconds
         return program
 
