@@ -91,7 +91,7 @@ def _choose(model: Model, prompt, rows: list[list[int]], max_new_tokens: int, me
     if method == "lookahead" and {"ngram", "guesses"} & {k for k, v in method_options.items() if v is not None}:
         raise GenerationError("window='auto' chooses ngram and guesses too; do not pass them")
     choice = auto.choose(model, prompt, len(rows), max(len(r) for r in rows), max_new_tokens,
-                         lookahead_only=method == "lookahead", generation=generation)
+                         lookahead_only=method == "lookahead", generation=generation, generate=generate)
     options = {k: v for k, v in method_options.items() if k != "window"}
     return choice.method, {**options, **choice.options}, choice
 

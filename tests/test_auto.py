@@ -111,28 +111,28 @@ def _fake_costs(monkeypatch, per_token: float):
 
 def _timed(timed: dict):
     """A race whose (seconds, steps) per method are `timed`'s."""
-    return lambda model, prompt, n, settings, generation: [timed[method] for method, _ in settings]
+    return lambda model, prompt, n, settings, generation, generate: [timed[method] for method, _ in settings]
 
 
 def test_a_fast_candidate_is_chosen_only_once_timed_faster(pycode, monkeypatch):
     _fake_costs(monkeypatch, 0.001)  # c(120) = 1.12: every lookahead setting is predicted well ahead
     timed = {"lookahead": (1.0, 10), "autoregressive": (2.0, 20)}
     monkeypatch.setattr(auto, "decode_seconds", _timed(timed))
-    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
+    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate)
     assert choice.method == "lookahead" and choice.options == dict(window=15, ngram=5, guesses=15)
     assert "measured 2.00x greedy" in choice.reason
     timed["lookahead"] = (2.1, 10)  # timing says slower: greedy, however good the prediction
     monkeypatch.setattr(auto, "_MEASURED", {})
-    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
+    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate)
     assert choice.method == "autoregressive" and "under 1.1x" in choice.reason
 
 
 def test_a_slow_forward_is_never_timed(pycode, monkeypatch):
     _fake_costs(monkeypatch, 1.0)  # CPU-like: c(T) ~ T
-    monkeypatch.setattr(auto, "decode_seconds", lambda *a: pytest.fail("timed a setting predicted slower"))
-    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
+    monkeypatch.setattr(auto, "decode_seconds", lambda *a, **k: pytest.fail("timed a setting predicted slower"))
+    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate)
     assert choice.method == "autoregressive" and "no setting is predicted 1.5x faster" in choice.reason
-    window = auto.choose(pycode, [1, 5, 9], 1, 3, 16, lookahead_only=True)
+    window = auto.choose(pycode, [1, 5, 9], 1, 3, 16, lookahead_only=True, generate=jaxspec.generate)
     assert window.method == "lookahead" and window.options == dict(window=4, ngram=3, guesses=4)  # the cheapest
 
 
@@ -146,14 +146,14 @@ def test_large_blocks_are_measured_only_where_one_could_be_worth_timing(pycode, 
     fake = auto.forwards_seconds
     monkeypatch.setattr(auto, "forwards_seconds",
                         lambda *a, **k: sizes.append(sorted(t for _, t, _ in a[2])) or fake(*a, **k))
-    monkeypatch.setattr(auto, "decode_seconds", lambda *a: pytest.fail("timed a setting predicted slower"))
-    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
+    monkeypatch.setattr(auto, "decode_seconds", lambda *a, **k: pytest.fail("timed a setting predicted slower"))
+    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate)
     assert sizes == [sorted([1, small, 5, 17])]  # the target's 1 and `small`, the drafter's smallest and largest block
     rows = {r["label"]: r for r in choice.candidates}
     assert rows["lookahead (15,5,15)"]["bound"] and rows["lookahead (15,5,15)"]["step_cost"] == (1 + small) / 2
     assert "bound" not in rows["lookahead (4,3,4)"] and "bound" not in rows["speculative (16)"]
     assert choice.method == "autoregressive" and "their own forwards not measured" in choice.reason
-    window = auto.choose(pycode, [1, 5, 9], 1, 3, 16, lookahead_only=True)
+    window = auto.choose(pycode, [1, 5, 9], 1, 3, 16, lookahead_only=True, generate=jaxspec.generate)
     assert sizes[1:] == [[1, small], [128]] and not any(r.get("bound") for r in window.candidates)
     assert {r["label"]: r["step_cost"] for r in window.candidates}["lookahead (15,5,15)"] == pytest.approx(
         (1 + 120.0) / 2, abs=1e-3)
@@ -171,8 +171,8 @@ def test_a_drafter_whose_settings_cannot_be_worth_timing_is_neither_loaded_nor_m
     fake = auto.forwards_seconds
     monkeypatch.setattr(auto, "forwards_seconds", lambda *a, **k: timed.append(a[2]) or fake(*a, **k))
     monkeypatch.setattr(auto, "_default_drafter", lambda model: pytest.fail("loaded a drafter it cannot use"))
-    monkeypatch.setattr(auto, "decode_seconds", lambda *a: pytest.fail("timed a setting predicted slower"))
-    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
+    monkeypatch.setattr(auto, "decode_seconds", lambda *a, **k: pytest.fail("timed a setting predicted slower"))
+    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate)
     assert [sorted(t for _, t, _ in forwards) for forwards in timed] == [[1, auto.SMALL_SIZES[-1]]]
     assert all(m is pycode for forwards in timed for m, _, _ in forwards)
     rows = {r["label"]: r for r in choice.candidates}
@@ -183,7 +183,7 @@ def test_a_drafter_whose_settings_cannot_be_worth_timing_is_neither_loaded_nor_m
     table.update(speculative_8=2.0)
     monkeypatch.setattr(auto, "_MEASURED", {})
     with pytest.raises(pytest.fail.Exception, match="loaded a drafter"):
-        auto.choose(pycode, [1, 5, 9], 1, 3, 16)
+        auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate)
 
 
 def test_the_block_a_race_would_time_is_measured_first(pycode, monkeypatch):
@@ -198,8 +198,8 @@ def test_the_block_a_race_would_time_is_measured_first(pycode, monkeypatch):
         return [1 + 0.6 * (t - 1) ** 0.5 if m is pycode else 0.01 for m, t, _ in forwards]
 
     monkeypatch.setattr(auto, "forwards_seconds", forwards)
-    monkeypatch.setattr(auto, "decode_seconds", lambda *a: pytest.fail("raced a setting its own forward rules out"))
-    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
+    monkeypatch.setattr(auto, "decode_seconds", lambda *a, **k: pytest.fail("raced a setting its own forward rules out"))
+    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate)
     assert sizes == [[1, auto.SMALL_SIZES[-1]], [5]]  # then speculative (4)'s own block; larger ones stay bounded
     rows = {r["label"]: r for r in choice.candidates}
     assert rows["speculative (4)"]["step_cost"] == pytest.approx(2.2 + 0.01, abs=1e-3)
@@ -219,15 +219,15 @@ def test_measurements_outlive_the_process(pycode, monkeypatch, tmp_path):
                         lambda *a, **k: measured.append(len({id(m) for m, _, _ in a[2]})) or fake(*a, **k))
     timed = {"lookahead": (1.0, 10), "autoregressive": (2.0, 20)}
     monkeypatch.setattr(auto, "decode_seconds", _timed(timed))
-    first = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
+    first = auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate)
     # The target's small forwards and the drafter's, together; then the target's large one (here
     # every larger block could be worth timing).
     assert first.recalled is None and first.method == "lookahead" and measured == [2, 1]
     assert len(json.loads(store.read_text())["entries"]) == 4  # those three and the timed race
 
     monkeypatch.setattr(auto, "_MEASURED", {})  # a new process
-    monkeypatch.setattr(auto, "decode_seconds", lambda *a: pytest.fail("timed again"))
-    again = auto.choose(pycode, [1, 5, 9], 1, 3, 16)
+    monkeypatch.setattr(auto, "decode_seconds", lambda *a, **k: pytest.fail("timed again"))
+    again = auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate)
     assert measured == [2, 1] and (again.method, again.options, again.candidates) == (
         first.method, first.options, first.candidates)
     assert again.recalled.startswith(f"{store}, measured 20") and "[measured earlier: " in again.reason
@@ -235,12 +235,12 @@ def test_measurements_outlive_the_process(pycode, monkeypatch, tmp_path):
     monkeypatch.setattr(auto, "_MEASURED", {})
     monkeypatch.setattr(auto_store.socket, "gethostname", lambda: "another-machine")
     monkeypatch.setattr(auto, "decode_seconds", _timed(timed))
-    assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None and measured == [2, 1, 2, 1]
+    assert auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate).recalled is None and measured == [2, 1, 2, 1]
 
     store.write_text("{not json")
     monkeypatch.setattr(auto, "_MEASURED", {})
     with pytest.warns(UserWarning, match="ignoring the auto measurement store"):
-        assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None
+        assert auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate).recalled is None
     assert len(json.loads(store.read_text())["entries"]) == 4  # rewritten whole
     data = json.loads(store.read_text())
     for entry in data["entries"].values():
@@ -248,14 +248,14 @@ def test_measurements_outlive_the_process(pycode, monkeypatch, tmp_path):
     store.write_text(json.dumps(data))
     monkeypatch.setattr(auto, "_MEASURED", {})
     count = len(measured)
-    assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None and measured[count:] == [2, 1]
+    assert auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate).recalled is None and measured[count:] == [2, 1]
     assert all(e["values"] != ["x"] and all(isinstance(v, float) for v in e["values"])
                for e in json.loads(store.read_text())["entries"].values())
 
     store.unlink()
     monkeypatch.setenv(auto_store.ENV, "off")
     monkeypatch.setattr(auto, "_MEASURED", {})
-    assert auto.choose(pycode, [1, 5, 9], 1, 3, 16).recalled is None and not store.exists()
+    assert auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate).recalled is None and not store.exists()
 
 
 def test_generate_auto_reports_its_choice_and_keeps_greedy_tokens(pycode):

@@ -37,12 +37,13 @@ import json
 import os
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from jaxspec.runtime import compile_cache
-from jaxspec.checkpoint.hf import WEIGHTS, read_config, save_hf_folder
+from jaxspec.checkpoint.hf import DRAFT_FILE, EMBED_NAME, WEIGHTS, read_config, save_hf_folder
+from jaxspec.checkpoint.pard_format import export_pard, is_amd_folder, read_amd_drafter
 from jaxspec.checkpoint.params import model_from_tensors
 from jaxspec.checkpoint.safetensors_io import read_safetensors, write_safetensors
 from jaxspec.models.config import ModelConfig
@@ -51,8 +52,6 @@ from jaxspec.checkpoint.loading import DTYPES, Model, load
 from jaxspec.models.quantize import float_table
 
 PROJECTION_FILE = "projection.safetensors"
-DRAFT_FILE = "draft.safetensors"  # draft_vocab ids and/or the mask embedding row (shared embeddings)
-EMBED_NAME = "model.embed_tokens.weight"
 
 
 @dataclasses.dataclass(eq=False)
@@ -80,10 +79,9 @@ class Drafter:
             return None
         if getattr(self, "_head", None) is None:
             table, tied = _head_table(self.model.module)
-            # Through the program cache: gathered eagerly, the rows cost each process ~0.17 s of
-            # compiling (SmolLM2's drafter).
-            args = (table, self.draft_vocab)
-            self._head = compile_cache.compiled(_head_rows, args, {"tied": tied})(*args)
+            # One jitted gather: eagerly, the rows cost each process ~0.17 s of compiling (SmolLM2's
+            # drafter); jitted, once `compile_cache.enable()` is on, JAX's persistent cache holds it.
+            self._head = _head_rows_jit(table, self.draft_vocab, tied=tied)
         return self._head
 
     @property
@@ -119,8 +117,6 @@ class Drafter:
         import ml_dtypes
 
         if format == "pard":
-            from jaxspec.checkpoint.pard_format import export_pard
-
             return export_pard(self, folder, target=target, dtype=dtype)
         if format != "jaxspec":
             raise CheckpointError(f"drafter format must be \"jaxspec\" or \"pard\", got {format!r}")
@@ -163,6 +159,9 @@ def _head_table(module) -> tuple[Array, bool]:
 
 def _head_rows(table, vocab, *, tied: bool):
     return table[vocab] if tied else table.T[vocab]
+
+
+_head_rows_jit = jax.jit(_head_rows, static_argnames="tied")
 
 
 # The paper's target layers in HF `hidden_states` indexing (index 0 = the embeddings, -1 =
@@ -210,12 +209,10 @@ def load_drafter(path: str | os.PathLike, *, dtype: str = "float32", attention: 
     (`jaxspec.checkpoint.pard_format`); `target_independent` skips the projection; `target`: the model it
     drafts for (needed when the drafter shares the target's embeddings, and to place an
     authors' PARD-2 drafter's target layers)."""
-    from jaxspec.checkpoint.pard_format import is_amd_folder, load_amd_drafter
-
     folder = Path(path)
     if is_amd_folder(folder):
-        return load_amd_drafter(folder, target=target, target_independent=target_independent, dtype=dtype,
-                                attention=attention)
+        return Drafter(**read_amd_drafter(folder, target=target, target_independent=target_independent, dtype=dtype,
+                                          attention=attention))
     pard = _pard_entry(folder)
     if pard.get("shared_embeddings"):
         model = _load_shared(folder, target, dtype, attention)

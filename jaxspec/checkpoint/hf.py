@@ -16,6 +16,10 @@ from jaxspec.models.model import Transformer
 
 INDEX = "model.safetensors.index.json"
 WEIGHTS = "model.safetensors"
+EMBED_NAME = "model.embed_tokens.weight"
+# Beside a drafter's weights (ours, and ours exported in the authors' layout): its draft_vocab ids
+# and/or the mask embedding row (a drafter sharing the target's embeddings).
+DRAFT_FILE = "draft.safetensors"
 
 
 def read_config(folder: Path) -> ModelConfig:

@@ -34,7 +34,7 @@ and `pard/pard_infer.py`, `pard/pard2_infer.py`; vLLM reads the same `pard_token
 * The number of drafts K is not stored (the authors decode with K = 12 for PARD and 15 for
   PARD-2, their eval configs' defaults; those are this loader's `draft_len`).
 
-Mapping onto jaxspec (`load_amd_drafter`):
+Mapping onto jaxspec (`read_amd_drafter`):
 
 * Vocabulary (jaxspec's invariant: drafter vocabulary = target vocabulary V + 1 mask row,
   mask id = V): converted at load time. Rows 0..V-1 are the drafter's rows 0..V-1 (where the
@@ -91,7 +91,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from jaxspec.checkpoint.hf import read_config, read_tensors, save_hf_folder
+from jaxspec.checkpoint.hf import DRAFT_FILE, EMBED_NAME, read_config, read_tensors, save_hf_folder
 from jaxspec.checkpoint.params import model_from_tensors
 from jaxspec.checkpoint.safetensors_io import read_safetensors, write_safetensors
 from jaxspec.models.config import ModelConfig
@@ -329,13 +329,13 @@ def _first(hf: dict, *names, default=None):
     return default
 
 
-def load_amd_drafter(path: str | os.PathLike, *, target=None, target_independent: bool = False,
-                     dtype: str = "float32", attention: str = "xla"):
-    """An authors'-format PARD / PARD-2 folder as a `Drafter` (mapping: the module docstring).
+def read_amd_drafter(path: str | os.PathLike, *, target=None, target_independent: bool = False,
+                     dtype: str = "float32", attention: str = "xla") -> dict:
+    """An authors'-format PARD / PARD-2 folder as the fields of a `Drafter`
+    (`jaxspec.checkpoint.drafter_files.load_drafter` makes it; mapping: the module docstring).
     `target`: the Model it drafts for (its vocabulary size, depth and tokenizer); without it
     the drafter's own vocabulary is taken as the target's, and a PARD-2 drafter loads only
     target-independent."""
-    from jaxspec.checkpoint.drafter_files import DRAFT_FILE, EMBED_NAME, Drafter
     from jaxspec.checkpoint.loading import DTYPES, Model
     from jaxspec.checkpoint.tokenizer import find_tokenizer
 
@@ -434,9 +434,9 @@ def load_amd_drafter(path: str | os.PathLike, *, target=None, target_independent
     elif size < vocab:  # the drafter's own ids only: the argmax over its D logits, as the authors'
         draft_vocab = np.arange(size, dtype=np.int32)
     draft_len = meta.get("draft_len", DEFAULT_DRAFT_LEN[kind])
-    return Drafter(model=model, mask_token_id=vocab, target_vocab_size=vocab, target_layers=layers,
-                   target_hidden_size=hidden, feature_scale=scale, draft_len=int(draft_len), projection=projection,
-                   draft_vocab=None if draft_vocab is None else jnp.asarray(draft_vocab))
+    return dict(model=model, mask_token_id=vocab, target_vocab_size=vocab, target_layers=layers,
+                target_hidden_size=hidden, feature_scale=scale, draft_len=int(draft_len), projection=projection,
+                draft_vocab=None if draft_vocab is None else jnp.asarray(draft_vocab))
 
 
 # ----------------------------------------------------------------------------- export
@@ -469,7 +469,5 @@ def export_pard(drafter, folder: str | os.PathLike, *, target=None, dtype: str =
     hf[JAXSPEC_KEY] = meta
     cfg_path.write_text(json.dumps(hf, indent=2) + "\n")
     if drafter.draft_vocab is not None:
-        from jaxspec.checkpoint.drafter_files import DRAFT_FILE
-
         write_safetensors(folder / DRAFT_FILE, {"draft_vocab": np.asarray(drafter.draft_vocab, np.int32)})
     return folder

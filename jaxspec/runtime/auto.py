@@ -359,17 +359,16 @@ def _forwards(batch: int, cache_len: int, wanted: list[tuple]) -> tuple[list[dic
 
 
 def decode_seconds(model, prompt, max_new_tokens: int, settings: list[tuple[str, dict]], generation: dict,
-                   repeats: int = 1) -> list[tuple[float, int]]:
+                   repeats: int = 1, *, generate) -> list[tuple[float, int]]:
     """(seconds, steps) of each (method, options) on this request: the programs are compiled (or
     loaded) and run once, at the same time, untimed (on CPU a program's first run costs several
     of its later ones: XLA builds its kernels' pipelines then); then each is timed `repeats`
     times, the settings interleaved, the fastest kept. The programs are the ones `generate`
-    then runs (kept on the model)."""
-    import jaxspec
+    then runs (kept on the model). `generate`: `jaxspec.generate` (passed in: auto sits below the API)."""
 
     def run(setting: tuple[str, dict]):
         method, options = setting
-        return jaxspec.generate(model, prompt, max_new_tokens=max_new_tokens, method=method, **generation, **options)
+        return generate(model, prompt, max_new_tokens=max_new_tokens, method=method, **generation, **options)
 
     _in_threads(run, settings, model)
     best = [(np.inf, 1)] * len(settings)
@@ -392,23 +391,25 @@ def _bucket(n: int, size: int) -> int:
 
 
 def choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, lookahead_only: bool = False,
-           generation: dict | None = None) -> Choice:
+           generation: dict | None = None, *, generate) -> Choice:
     """Greedy, or the candidate with the highest predicted speed-up S / c once timing it on this
     request confirms at least MARGIN x greedy (see the module docstring). Under window="auto"
     the best lookahead setting by S / c is taken as it is (the caller asked for lookahead).
-    `generation`: the request's sampling and stop arguments, for the timed runs. The choice is
+    `generation`: the request's sampling and stop arguments, for the timed runs, which call
+    `generate` (`jaxspec.generate`, passed in: auto sits below the API). The choice is
     kept per model and request shape: a later call of the same shape costs a dictionary lookup."""
     generation = generation or {}
     key = ("choice", *_model_key(model), batch, prompt_bucket(prompt_len), max_new_tokens, lookahead_only,
            tuple(sorted(generation.items())))
     if key in _MEASURED:
         return dataclasses.replace(_MEASURED[key], measure_seconds=0.0)
-    _MEASURED[key] = choice = _choose(model, prompt, batch, prompt_len, max_new_tokens, lookahead_only, generation)
+    _MEASURED[key] = choice = _choose(model, prompt, batch, prompt_len, max_new_tokens, lookahead_only, generation,
+                                      generate)
     return choice
 
 
 def _choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, lookahead_only: bool,
-            generation: dict) -> Choice:
+            generation: dict, generate) -> Choice:
     from jaxspec.checkpoint.method_defaults import shipped_drafter
 
     options = candidates(model, lookahead_only)
@@ -440,7 +441,8 @@ def _choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, loo
                 with progress.phase(f"auto: timing {best.label} against greedy on this request, "
                                     f"{max_new_tokens} new tokens (compiling both)") as said:
                     mine, greedy = decode_seconds(model, prompt, max_new_tokens,
-                                                  [(best.method, best.options), ("autoregressive", {})], generation)
+                                                  [(best.method, best.options), ("autoregressive", {})], generation,
+                                                  generate=generate)
                     said.text = f": {greedy[0] / mine[0]:.2f}x greedy"
                 return agreed([greedy[0] / mine[0], (mine[0] / mine[1]) / (greedy[0] / greedy[1])])
 

@@ -11,6 +11,7 @@ from jaxspec import progress
 from jaxspec.runtime import auto
 from jaxspec.chat import chat_prompt, stop_ids
 from jaxspec.errors import GenerationError
+from jaxspec.generate import generate
 from jaxspec.serving.requests import ServeSettings
 
 # The prompt `method="auto"` measures at start-up (a chat request where the model has a template).
@@ -34,7 +35,7 @@ def resolve_auto(model, slots: int, context: int) -> tuple[str, dict, str]:
     else:
         prompt = [model.config.bos_token_id or 0]
     new = min(128, context - len(prompt))
-    choice = auto.choose(model, [prompt] * slots, slots, len(prompt), new)
+    choice = auto.choose(model, [prompt] * slots, slots, len(prompt), new, generate=generate)
     return choice.method, dict(choice.options), choice.reason
 
 
