@@ -42,7 +42,7 @@ from flax import nnx  # noqa: E402
 
 import jaxspec  # noqa: E402
 from benchmarks.harness import RESULTS, command_line, repo_relative, story_cases, time_programs, write_result  # noqa: E402
-from jaxspec.models.meshes import hlo_collectives  # noqa: E402
+from benchmarks.hlo import hlo_collectives  # noqa: E402
 
 WINDOW, NGRAM, GUESSES = 15, 5, 15
 LOOKAHEAD = dict(window=WINDOW, ngram=NGRAM, guesses=GUESSES)

@@ -8,13 +8,19 @@ import socket
 import subprocess
 import tempfile
 import time
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def cpu_env(devices: int, **extra: str) -> dict:
     """This process's environment for a JAX process on `devices` forced CPU devices: the
-    session's XLA flags (conftest's) kept, the device count added."""
+    session's XLA flags (conftest's) kept, the device count added, and the repository root on
+    the path as pytest's own (a worker script under tests/ imports `benchmarks`)."""
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
-    return dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu", **extra)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu", PYTHONPATH=path, **extra)
 
 
 def free_port() -> int:

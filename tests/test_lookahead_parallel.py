@@ -34,7 +34,7 @@ from flax import nnx
 import jaxspec
 from jaxspec.cli import main
 from jaxspec.decoding.lookahead_parallel import shard_tree
-from jaxspec.models.meshes import hlo_collectives as collectives
+from benchmarks.hlo import hlo_collectives as collectives
 
 from processes import check_all_succeeded, cpu_env, free_port, run_processes
 from stories import CASES, CHECKPOINT, REFERENCE
@@ -258,9 +258,9 @@ def test_collective_parser_sees_collectives():
 ])
 def test_collective_groups_in_every_notation_xla_prints(text, groups):
     """Device groups tell a tensor-parallel collective (within a group) from LP's (across groups)."""
-    from jaxspec.models.meshes import _groups
+    from benchmarks.hlo import collective_groups
 
-    assert _groups(text) == groups
+    assert collective_groups(text) == groups
 
 
 # ----------------------------------------------------------------------------- two processes

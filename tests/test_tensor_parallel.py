@@ -77,7 +77,7 @@ def _error(call) -> str:
 
 def worker() -> dict:
     import jax
-    from jaxspec.models.meshes import hlo_collectives
+    from benchmarks.hlo import hlo_collectives
     from jaxspec.models.tensor_parallel import shard, tp_mesh
     from test_lookahead_parallel import tiny_model
     from test_speculative import copy_drafter

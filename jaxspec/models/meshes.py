@@ -9,7 +9,6 @@ mesh spans hosts and every process runs the same program on its own devices.
 from __future__ import annotations
 
 import os
-import re
 
 import jax
 import numpy as np
@@ -119,67 +118,6 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(**options, initialization_timeout=timeout_s)
     return True
-
-
-_COLLECTIVE = re.compile(r"=\s+(\w+)\[([\d,]*)\][^ ]*\s+(all-gather|all-reduce|collective-permute|all-to-all|"
-                         r"reduce-scatter|collective-broadcast|send|recv)(?:-start)?\(")
-
-
-_GROUPS = re.compile(r"replica_groups=(\{\{[\d,{}]*\}\}|\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?)")
-_MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\](?:<=\[([\d,]+)\](?:T\(([\d,]+)\))?)?\s*\{([^}]*)\}")
-
-
-def _iota(dims: list[int], perm: list[int] | None) -> np.ndarray:
-    ids = np.arange(int(np.prod(dims))).reshape(dims)
-    return ids.transpose(perm) if perm else ids
-
-
-def _ints(text: str | None) -> list[int]:
-    return [int(d) for d in re.findall(r"\d+", text or "")]
-
-
-def _groups(line: str) -> list[list[int]] | None:
-    """The device groups of a collective, None when the line names none. XLA writes them as
-    explicit lists `{{0,4},{1,5}}`, as iota `[2,4]<=[8]` (rows of arange(8).reshape(2, 4)),
-    optionally transposed `[4,2]<=[2,4]T(1,0)`, or over named mesh axes
-    `mesh['a'=2,'b'=4] {'b'}` (the devices that differ only along the braced axes)."""
-    match = _MESH_GROUPS.search(line)
-    if match is not None:
-        axes = re.findall(r"'([^']+)'=(\d+)", match.group(1))
-        sizes = [int(n) for _, n in axes]
-        ids = (_iota(_ints(match.group(2)), _ints(match.group(3))) if match.group(2)
-               else np.arange(int(np.prod(sizes)))).reshape(sizes)
-        over = set(re.findall(r"'([^']+)'", match.group(4)))
-        inner = [i for i, (name, _) in enumerate(axes) if name in over]
-        outer = [i for i in range(len(axes)) if i not in inner]
-        size = int(np.prod([sizes[i] for i in inner])) if inner else 1
-        return ids.transpose(outer + inner).reshape(-1, size).tolist()
-    match = _GROUPS.search(line)
-    if match is None:
-        return None
-    text = match.group(1)
-    if text.startswith("{"):
-        return [[int(d) for d in g.split(",") if d] for g in re.findall(r"\{([\d,]*)\}", text[1:-1])]
-    shape, rest = text.split("<=")
-    ids = _iota(_ints(rest.split("T")[0]), _ints(rest.split("T")[1]) if "T(" in rest else None)
-    return ids.reshape(_ints(shape)[0], -1).tolist()
-
-
-def hlo_collectives(hlo: str) -> list[dict]:
-    """Every collective instruction of a compiled program's HLO text: op, dtype, result shape,
-    result bytes, its device groups, and whether it sits inside a while loop body (i.e. runs
-    every decode step).
-    How LP's tests and `benchmarks/parallel_bench.py lp` measure what a step communicates."""
-    found = []
-    for line in hlo.splitlines():
-        match = _COLLECTIVE.search(line)
-        if match:
-            dtype, dims, op = match.groups()
-            shape = [int(d) for d in dims.split(",") if d]
-            found.append({"op": op, "dtype": dtype, "shape": shape,
-                          "bytes": int(np.prod(shape)) * int(re.sub(r"\D", "", dtype)) // 8,
-                          "in_loop": "while/body" in line, "groups": _groups(line), "line": line.strip()[:200]})
-    return found
 
 
 def lp_params(model, lp_devices: int) -> tuple[Mesh, object]:
