@@ -26,7 +26,7 @@ from jaxspec.checkpoint.loading import Model
 from jaxspec.runtime.memory import MemoryEstimate
 from jaxspec.decoding.engine import finish
 from jaxspec.decoding.methods import advance, begin, decode
-from jaxspec.runtime.plan import plan_decode, prompt_bucket
+from jaxspec.runtime.plan import plan_decode, prompt_bucket, resolve
 from jaxspec.models.meshes import lp_mesh, lp_params, replicate
 from jaxspec.decoding.sampling import MAX_LOGPROBS, SamplingParams, penalized
 from jaxspec.models.tensor_parallel import MODEL_AXIS, place_inputs
@@ -164,6 +164,7 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
                                        stop_at_eos=stop_at_eos, stop_ids=stop_ids, **knobs).items()}
         method, method_options, choice = _choose(model, prompt, rows, max_new_tokens, method, method_options,
                                                  generation)
+    resolved = resolve(model, method, method_options)  # (an unknown method is refused before the rest)
     seed = int_arg("seed", seed, "an integer in [0, 2**32)", lambda n: 0 <= n < 2**32)
     stop_at_eos_flag = as_bool(stop_at_eos)
     if stop_at_eos_flag is None:
@@ -182,7 +183,7 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     p = prompt_bucket(longest)
     eos_ids = tuple(model.config.eos_token_ids) if stop_at_eos else ()
     # Before anything is compiled: refuse what cannot fit (one line).
-    plan = plan_decode(model, method, method_options, greedy=temperature == 0,
+    plan = plan_decode(model, resolved, greedy=temperature == 0,
                        penalties=penalized(**{k: v for k, v in knobs.items() if k != "min_p"}),
                        logprobs=-1 if logprobs is None else logprobs, batch=len(rows), prompt_len=p,
                        max_new_tokens=max_new_tokens, eos_ids=tuple(dict.fromkeys(eos_ids + stop_ids)))

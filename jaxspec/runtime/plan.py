@@ -55,14 +55,21 @@ class DecodePlan:
         return getattr(self.options, "lp_devices", 1)
 
 
-def plan_decode(model, method: str, method_options: dict, *, greedy: bool, penalties: bool = False,
-                logprobs: int = -1, batch: int, prompt_len: int, max_new_tokens: int, eos_ids: tuple[int, ...] = (),
-                where: str = "") -> DecodePlan:
-    """Resolve `method` with `method_options` (defaults from the package's files), build its
-    engine (greedy verification iff `greedy`; `penalties`, `logprobs` = the most reported, -1
-    none) and refuse, in one line, a plan whose `batch` rows of `prompt_len` + `max_new_tokens`
+def resolve(model, method: str, method_options: dict) -> tuple[str, Any, Any]:
+    """(canonical name, `Method`, options) of `method` for `model`: unknown names and options
+    refused, the options left None filled from the package's files. The first half of a plan,
+    apart so that a caller checks the method before the rest of its request."""
+    return resolve_method(method, model.config, method_options, FileDefaults(model))
+
+
+def plan_decode(model, method: str | tuple, method_options: dict | None = None, *, greedy: bool,
+                penalties: bool = False, logprobs: int = -1, batch: int, prompt_len: int, max_new_tokens: int,
+                eos_ids: tuple[int, ...] = (), where: str = "") -> DecodePlan:
+    """Resolve `method` with `method_options` (or take what `resolve` gave), build its engine
+    (greedy verification iff `greedy`; `penalties`, `logprobs` = the most reported, -1 none)
+    and refuse, in one line, a plan whose `batch` rows of `prompt_len` + `max_new_tokens`
     cannot fit (`where` completes the refusal's description)."""
-    name, spec, options = resolve_method(method, model.config, method_options, FileDefaults(model))
+    name, spec, options = method if isinstance(method, tuple) else resolve(model, method, method_options or {})
     engine = dataclasses.replace(spec.engine(options, greedy), penalties=penalties, logprobs=logprobs)
     what = memory.describe(name, options, batch, max_new_tokens) + where
     memory.guard_options(model, engine, what, batch, prompt_len, max_new_tokens)
