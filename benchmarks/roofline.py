@@ -101,7 +101,7 @@ def predict(result: dict) -> list[dict]:
     for r in result["rows"]:
         cfg = ModelConfig.from_hf(result["configs"][r["model"]])
         cost = roofline.forward_cost(cfg, r["tokens"], 1, result["cache_len"], 4, profile, result["implementation"])
-        base = roofline.forward_seconds(cfg, 1, 1, result["cache_len"], 4, profile, result["implementation"])
+        base = roofline.predicted_seconds(cfg, 1, 1, result["cache_len"], 4, profile, result["implementation"])
         rows.append(dict(r, predicted_seconds=cost.seconds, predicted_c=cost.seconds / base,
                          compute_bound_fraction=cost.compute_bound_fraction))
     return rows

@@ -3,7 +3,7 @@
 Lookahead (and every lossless method here) turns one greedy step into one forward over a block
 of T tokens that emits S tokens on average; its speed-up over greedy is `S / c(T)` with
 
-    c(T) = forward_seconds(T) / forward_seconds(1)
+    c(T) = predicted_seconds(T) / predicted_seconds(1)
 
 the cost of a T-token step in greedy steps. S is measured (it depends on the text and the
 model); c(T) is physics, and this module predicts it from the model's shapes and a hardware
@@ -457,10 +457,11 @@ def forward_cost(cfg: ModelConfig, tokens: int, batch: int = 1, cache_len: int =
     return ForwardCost(seconds, flops, nbytes, fixed, tuple(ops), head_ops, n)
 
 
-def forward_seconds(cfg: ModelConfig, tokens: int, batch: int = 1, cache_len: int = 0, dtype_bytes: int = 2,
-                    profile: HardwareProfile = PROFILES["h100"], implementation: str = "fused",
-                    head: str = "argmax") -> float:
-    """Predicted seconds of one forward (`forward_cost(...).seconds`)."""
+def predicted_seconds(cfg: ModelConfig, tokens: int, batch: int = 1, cache_len: int = 0, dtype_bytes: int = 2,
+                      profile: HardwareProfile = PROFILES["h100"], implementation: str = "fused",
+                      head: str = "argmax") -> float:
+    """Predicted seconds of one forward (`forward_cost(...).seconds`; `jaxspec.runtime.auto.forward_seconds`
+    is the measured one)."""
     return forward_cost(cfg, tokens, batch, cache_len, dtype_bytes, profile, implementation, head).seconds
 
 
@@ -469,7 +470,7 @@ def step_cost(cfg: ModelConfig, tokens: int, batch: int = 1, cache_len: int = 0,
               head: str = "argmax") -> float:
     """c(T): a step of `tokens` block tokens in greedy (one-token) steps, same batch and cache."""
     args = (batch, cache_len, dtype_bytes, profile, implementation, head)
-    return forward_seconds(cfg, tokens, *args) / forward_seconds(cfg, 1, *args)
+    return predicted_seconds(cfg, tokens, *args) / predicted_seconds(cfg, 1, *args)
 
 
 def predicted_speedup(tokens_per_step: float, cost: float) -> float:

@@ -194,7 +194,7 @@ def test_cpu_check_predicts_a_recorded_run_from_its_calibration():
     off = dict(zip(bench.TOKENS, (0.0, 0.25, -0.2, 0.3, -0.25, 0.1)))  # the measurement's error per T
     for name, cfg in CHECKED.items():
         for t in bench.TOKENS:
-            model = roofline.forward_seconds(cfg, t, 1, bench.CACHE_LEN, 4, profile, "xla")
+            model = roofline.predicted_seconds(cfg, t, 1, bench.CACHE_LEN, 4, profile, "xla")
             seconds[("forward", name, t)] = model * (1 + off[t])
     steps = {("forward", name, t): 8 for name in CHECKED for t in bench.TOKENS}
     run = bench.record(seconds, CHECKED, steps, 3, {"cpu": "made-up CPU", "cpu_count": 2})

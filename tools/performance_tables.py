@@ -119,7 +119,7 @@ def paper_table() -> list[str]:
                                      roofline.PAPER_PROFILE, fixed_layer_seconds=0.0, fixed_call_seconds=0.0), "eager"),
                                  ("A100, fused attention, XLA-like fixed cost", roofline.PROFILES["a100"], "fused")):
         c = roofline.step_cost(LLAMA2_7B, t, 1, PAPER["cache_len"], 2, profile, impl)
-        g = roofline.forward_seconds(LLAMA2_7B, 1, 1, PAPER["cache_len"], 2, profile, impl)
+        g = roofline.predicted_seconds(LLAMA2_7B, 1, 1, PAPER["cache_len"], 2, profile, impl)
         s = roofline.predicted_speedup(PAPER["S"], c)
         lines.append(f"| {label} | {1e3 * g:.1f} | {c:.3f} | {s:.2f}x | {PAPER['speedup']:.2f}x | "
                      f"{100 * (s - PAPER['speedup']) / PAPER['speedup']:+.0f}% |")
