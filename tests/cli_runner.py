@@ -1,5 +1,5 @@
 """The `jaxspec` command run in the test's own process, its output captured: one helper for the
-CLI tests (tests/test_cli_progress.py, tests/test_cli_usability.py, tests/test_lookahead.py)."""
+CLI tests (test_cli.py, which hands it on, test_cli_progress.py, test_cli_usability.py, test_lookahead.py)."""
 
 from __future__ import annotations
 

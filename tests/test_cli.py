@@ -23,9 +23,9 @@ from flax import nnx
 
 import jaxspec
 from jaxspec.checkpoint.safetensors_io import read_safetensors, write_safetensors
-from jaxspec.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
+from cli_runner import run_cli  # noqa: F401 (also imported from here by other test modules)
 from stories import CHECKPOINT, REFERENCE, STORIES, needs_stories
 
 JSON_KEYS = {"tokens", "text", "steps", "compression", "seconds", "tokens_per_second", "method", "config", "memory",
@@ -38,15 +38,6 @@ TINY = jaxspec.ModelConfig(
 K_PROJ = "model.layers.0.self_attn.k_proj.weight"  # HF shape (num_kv_heads * head_dim, hidden) = (16, 32)
 UP_PROJ = "model.layers.1.mlp.up_proj.weight"
 EXTRA = "model.layers.5.self_attn.q_proj.weight"
-
-
-def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse errors exit from inside parse_args
-        code = e.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def assert_one_line_error(code: int, out: str, err: str, needles: list[str]) -> None:
