@@ -18,7 +18,7 @@ import jaxspec
 from jaxspec import progress
 from jaxspec.runtime import compile_cache
 from jaxspec.cli import STATS_WIDTH
-from jaxspec.cli.reporting import _stats_lines
+from jaxspec.cli.reporting import stats_lines
 from jaxspec.generate import GenerateOutput
 
 from cli_runner import run_cli
@@ -155,14 +155,14 @@ def test_chat_stats_line_fits_80_columns_for_every_setting():
              output("speculative", {"draft_len": 4, "lookup_guesses": 3}, 1024, 1234.5, 456.7)]
     for out in cases:
         for cut in (None, 1024):
-            (line,) = _stats_lines(None, out, [1], cut_at=cut)
+            (line,) = stats_lines(None, out, [1], cut_at=cut)
             assert len(line) <= STATS_WIDTH, (len(line), line)
             assert re.search(rf"{len(out.tokens)} tok(en)?s?[ ,]", line), line
             assert f"{out.tokens_per_second:.1f} tok" in line, line
             if out.compile_seconds:  # compile is never what is left out
                 assert re.search(rf"compile(d in)? ({out.compile_seconds:.1f}|{out.compile_seconds:.0f}) s", line), line
             assert ("cut" in line) == (cut is not None), line
-    short = _stats_lines(None, cases[0], [1])[0]
+    short = stats_lines(None, cases[0], [1])[0]
     assert short == "[greedy] 8 tokens in 12.3 s: 0.6 tokens/s; S 3.00 (3 steps)", short
 
 

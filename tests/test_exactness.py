@@ -8,7 +8,7 @@ import pytest
 
 import jaxspec
 from jaxspec.decoding import exactness
-from jaxspec.cli.reporting import _identical_to_greedy
+from jaxspec.cli.reporting import identical_to_greedy
 from test_decoding import tiny_model
 
 
@@ -51,10 +51,10 @@ def test_compare_reports_the_gap_at_the_first_difference(model):
 def test_cli_line_says_identical_or_where_and_whether_a_near_tie(model):
     prompt = [1, 5, 9]
     greedy = jaxspec.generate(model, prompt, max_new_tokens=4).tokens
-    assert _identical_to_greedy(model, prompt, greedy, greedy) == "identical to greedy: yes"
+    assert identical_to_greedy(model, prompt, greedy, greedy) == "identical to greedy: yes"
     logits = exactness.next_logits(model, prompt)
     other = [int(np.argsort(logits)[-2])] + greedy[1:]
-    line = _identical_to_greedy(model, prompt, other, greedy)
+    line = identical_to_greedy(model, prompt, other, greedy)
     assert line.startswith("identical to greedy: NO, first difference at token 0 ")
     assert "NOT a near-tie at float32 resolution" in line
     # a difference within the tolerance reads as a near-tie

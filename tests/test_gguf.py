@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 import jaxspec  # noqa: E402
 from gguf_files import Q, write_gguf  # noqa: E402
-from jaxspec.checkpoint.gguf_file import _unpermute  # noqa: E402
+from jaxspec.checkpoint.gguf_file import unpermute  # noqa: E402
 from jaxspec.cli import main  # noqa: E402
 from test_hf_parity import build_hf, hf_greedy, hf_logits, jax_logits  # noqa: E402
 
@@ -102,7 +102,7 @@ def test_unpermute_inverts_llama_cpp_permutation():
 
     w = np.arange(8 * 16 * 3, dtype=np.float32).reshape(8 * 16, 3)
     assert not np.array_equal(llama_cpp_permute(w, 8), w)
-    np.testing.assert_array_equal(_unpermute(llama_cpp_permute(w, 8), 8), w)
+    np.testing.assert_array_equal(unpermute(llama_cpp_permute(w, 8), 8), w)
 
 
 def test_open_gguf_reads_what_gguf_reads_through_a_plain_view():

@@ -14,7 +14,7 @@ from flax import nnx
 
 import jaxspec
 from jaxspec.cli import main
-from jaxspec.checkpoint.loading import _model_in_folder, hf_cache_dir
+from jaxspec.checkpoint.loading import model_in_folder, hf_cache_dir
 
 REPO_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TINY = jaxspec.ModelConfig(
@@ -123,7 +123,7 @@ def test_named_models_and_paths_still_resolve(saved):
 def test_a_folder_of_gguf_files(tmp_path):
     (tmp_path / "one").mkdir()
     (tmp_path / "one" / "m.Q4_0.gguf").write_bytes(b"")
-    assert _model_in_folder(tmp_path / "one") == tmp_path / "one" / "m.Q4_0.gguf"
+    assert model_in_folder(tmp_path / "one") == tmp_path / "one" / "m.Q4_0.gguf"
     (tmp_path / "one" / "m.Q8_0.gguf").write_bytes(b"")
     with pytest.raises(jaxspec.CheckpointError, match="holds 2 GGUF files; pass one"):
-        _model_in_folder(tmp_path / "one")
+        model_in_folder(tmp_path / "one")

@@ -25,7 +25,7 @@ from scipy.special import logsumexp
 import jaxspec
 import test_sampling_distribution as harness
 from jaxspec.decoding.engine import Engine
-from jaxspec.decoding.lookahead_parallel import _check as check_lp
+from jaxspec.decoding.lookahead_parallel import check_greedy as check_lp
 from jaxspec.errors import GenerationError
 from jaxspec.decoding.sampling import SamplingParams, penalize, target_probs, warp_logits
 from test_speculative import EOS_PROMPTS, HYBRID, K, LOOKUP, copy_drafter, tiny  # noqa: F401 (fixture)

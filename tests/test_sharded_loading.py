@@ -33,7 +33,7 @@ from flax import nnx
 
 import jaxspec
 from gguf_files import Q, write_gguf
-from jaxspec.checkpoint.gguf_file import _unpermute, hf_tensor_name, open_gguf, read_gguf
+from jaxspec.checkpoint.gguf_file import unpermute, hf_tensor_name, open_gguf, read_gguf
 from jaxspec.checkpoint.hf import INDEX, read_tensors
 from jaxspec.checkpoint.llama2c import interleaved_to_rotate_half, read_llama2c
 from jaxspec.checkpoint.params import RowPermuted, abstract_model, hf_name, model_from_tensors, read_part, slice_reader
@@ -159,7 +159,7 @@ def small(tmp_path_factory):
         array = np.asarray(gguf.quants.dequantize(info.data, info.tensor_type), np.float32)
         array = array.reshape([int(d) for d in reversed(info.shape)])
         if ".q_proj." in name or ".k_proj." in name:
-            array = _unpermute(array, cfg.num_heads if ".q_proj." in name else cfg.num_kv_heads)
+            array = unpermute(array, cfg.num_heads if ".q_proj." in name else cfg.num_kv_heads)
         gguf_full[name] = array
     raw = write_llama2c_file(tmp / "small.bin", cfg, seed=2)
     l2c_full = {"model.embed_tokens.weight": raw["embed"], "model.norm.weight": raw["rms_final"],

@@ -8,7 +8,7 @@ dimension), every block independent, so a slice dequantizes only its rows and th
 that cover its columns.
 
 llama.cpp's converter permutes the rows of q_proj/k_proj for llama-architecture files (its
-rotary embedding pairs adjacent features, HF's pairs the two halves); `_unpermute` undoes
+rotary embedding pairs adjacent features, HF's pairs the two halves); `unpermute` undoes
 it as transformers' GGUF loader does (applied lazily as a row order, `RowPermuted`, so a
 slice of heads reads only those heads' rows). qwen2/qwen3 files are written unpermuted.
 
@@ -121,7 +121,7 @@ def hf_tensor_name(gguf_name: str, gemma: bool = False) -> str | None:
     return f"{_GLOBAL_NAMES[stem]}.{kind}" if stem in _GLOBAL_NAMES else None
 
 
-def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
     """Undo llama.cpp's q/k row order: within each head, rows (0, d/2, 1, d/2+1, ...) -> (0..d)."""
     rows = w.shape[0]
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -288,8 +288,8 @@ class Shifted:
 
 
 def _unpermuted_rows(rows: int, heads: int) -> np.ndarray:
-    """The row order `_unpermute` gives: row i of the HF tensor is row `order[i]` of llama.cpp's."""
-    return _unpermute(np.arange(rows), heads)
+    """The row order `unpermute` gives: row i of the HF tensor is row `order[i]` of llama.cpp's."""
+    return unpermute(np.arange(rows), heads)
 
 
 class GGUFTensors(Mapping):

@@ -144,14 +144,14 @@ def resolve(path_or_name: str | os.PathLike) -> Path:
                                   "file or a llama2.c .bin")
         if path.is_dir() and path.name.startswith("models--"):
             path = _cache_snapshot(path)  # an HF cache repo folder: the snapshot refs/main names
-        return _model_in_folder(path)
+        return model_in_folder(path)
     if str(path_or_name) in NAMED_MODELS:
         named = NAMED_MODELS[str(path_or_name)]()
         if not named.exists():
             raise CheckpointError(f"model {path_or_name!r} is expected at {named}, which does not exist")
         return named
     if HUB_ID.fullmatch(str(path_or_name)):
-        return _model_in_folder(_hub_snapshot(str(path_or_name)))
+        return model_in_folder(_hub_snapshot(str(path_or_name)))
     raise CheckpointError(
         f"model path {str(path_or_name)!r} does not exist; pass an HF folder, a .gguf file, a llama2.c .bin, "
         f"a Hugging Face hub id (org/name) or one of: {', '.join(NAMED_MODELS)}"
@@ -207,7 +207,7 @@ def _cache_snapshot(folder: Path) -> Path:
                           f"e.g. {found[-1]}")
 
 
-def _model_in_folder(path: Path) -> Path:
+def model_in_folder(path: Path) -> Path:
     """A folder without config.json that holds GGUF files (a hub repository of GGUF weights): its
     only .gguf file; several: the error lists them."""
     if not path.is_dir() or (path / "config.json").exists():

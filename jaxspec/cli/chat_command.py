@@ -7,7 +7,7 @@ import json
 import sys
 
 from jaxspec.cli.arguments import _add_decoding_options, _load, _method_options, _sampling, _warn_unused_sampling
-from jaxspec.cli.reporting import _stats_lines
+from jaxspec.cli.reporting import stats_lines
 
 
 def add_parser(sub) -> None:
@@ -67,7 +67,7 @@ def _chat(args) -> int:
             said_auto[0] = (out.method, out.options)
             print(f"[auto] {out.auto['reason']}", file=sys.stderr)
         cut = None if reply.finish_reason == "end_of_turn" else args.max_new_tokens
-        print("\n".join(_stats_lines(model, out, reply.prompt_ids, greedy, cut)), file=sys.stderr)
+        print("\n".join(stats_lines(model, out, reply.prompt_ids, greedy, cut)), file=sys.stderr)
 
     if args.message is not None:
         if args.json:

@@ -9,7 +9,7 @@ import sys
 
 from jaxspec.cli.arguments import (_add_decoding_options, _add_distributed_options, _initialize_distributed, _load,
                                    _method_options, _sampling, _warn_unused_sampling)
-from jaxspec.cli.reporting import _identical_to_greedy, jax_backend
+from jaxspec.cli.reporting import identical_to_greedy, jax_backend
 from jaxspec.errors import JaxspecError
 
 
@@ -111,5 +111,5 @@ def _generate(args) -> int:
             from jaxspec.inputs import normalize_prompts
 
             (prompt_ids,), _ = normalize_prompts(model, prompt)
-            print(_identical_to_greedy(model, prompt_ids, runs[0].tokens, runs[1].tokens), file=sys.stderr)
+            print(identical_to_greedy(model, prompt_ids, runs[0].tokens, runs[1].tokens), file=sys.stderr)
     return 0

@@ -10,7 +10,7 @@ def jax_backend() -> str:
     return jax.default_backend()
 
 
-def _identical_to_greedy(model, prompt_ids, tokens, greedy_tokens) -> str:
+def identical_to_greedy(model, prompt_ids, tokens, greedy_tokens) -> str:
     """"identical to greedy: yes", or where the outputs part and whether the two disputed
     tokens' logits are a near-tie at the model's dtype (`jaxspec.decoding.exactness`)."""
     from jaxspec.decoding import exactness
@@ -45,7 +45,7 @@ def _secs(seconds: float) -> str:
     return f"{seconds:.3f}" if seconds < 1 else f"{seconds:.2f}" if seconds < 10 else f"{seconds:.1f}"
 
 
-def _stats_lines(model, out, prompt_ids, greedy=None, cut_at: int | None = None) -> list[str]:
+def stats_lines(model, out, prompt_ids, greedy=None, cut_at: int | None = None) -> list[str]:
     """A reply's statistics in one line of at most STATS_WIDTH columns: tokens, the decoding's own
     seconds and tokens/s (compiling and auto's measurements not counted: said apart), S; with
     `greedy`, a second line comparing the two (and a hint when the method is slower)."""
@@ -71,7 +71,7 @@ def _stats_lines(model, out, prompt_ids, greedy=None, cut_at: int | None = None)
     if greedy is not None:
         speedup = out.tokens_per_second / max(greedy.tokens_per_second, 1e-9)
         lines.append(f"[greedy] {greedy.tokens_per_second:.1f} tokens/s, speed-up {speedup:.2f}x; "
-                     + _identical_to_greedy(model, prompt_ids, out.tokens, greedy.tokens))
+                     + identical_to_greedy(model, prompt_ids, out.tokens, greedy.tokens))
         if speedup < 1:
             lines.append(f"hint: {out.method} is slower than greedy on this device ({jax_backend()}); "
                          "--method auto picks the fastest setting here")

@@ -289,7 +289,8 @@ class ShardedBlock:
         return chosen_step, cache, n_acc + 1 - replicated
 
 
-def _check(engine: Engine) -> None:
+def check_greedy(engine: Engine) -> None:
+    """LP verifies by argmax only: a sampled engine is refused in one line."""
     if engine.verifier.sampled:
         raise GenerationError("lookahead parallelism (lp_devices > 1) supports greedy decoding only; "
                               "use temperature 0, or lp_devices=1 to sample")
@@ -317,7 +318,7 @@ def decode(engine: Engine, graphdef, params, prompts: Int[Array, "b p"], prompt_
     """The engine's loop with each step split over `lp_devices` devices (see the module docstring).
 
     Pure and jit-able like `jaxspec.decoding.engine.decode`; the inputs are used replicated."""
-    _check(engine)
+    check_greedy(engine)
     block = ShardedBlock(shard_tree(engine.tree, lp_devices))
 
     def body(params, prompts, prompt_lengths, rng, sampling):
@@ -331,7 +332,7 @@ def begin_sharded(engine: Engine, graphdef, params, prompts, prompt_lengths, rng
                   max_new_tokens: int, cache_len: int, eos_ids: tuple[int, ...], lp_devices: int,
                   tensor_parallel: int = 1) -> EngineState:
     """`engine.begin` on the `lp` mesh (the state is replicated)."""
-    _check(engine)
+    check_greedy(engine)
     block = ShardedBlock(shard_tree(engine.tree, lp_devices))
 
     def body(params, prompts, prompt_lengths, rng, sampling):
