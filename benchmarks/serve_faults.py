@@ -18,7 +18,6 @@ import asyncio
 import json
 import random
 import resource
-import socket
 import sys
 import time
 from pathlib import Path
