@@ -22,34 +22,29 @@ def _recipe(text: str) -> str:
     return str(shipped) if shipped.is_file() else text  # (a missing file: the config loader names it)
 
 
-def add_parsers(sub) -> None:
-    t = sub.add_parser("train", help="train a model from a config in configs/ (tokenizer, data, model)")
-    t.add_argument("--config", required=True, type=_recipe,
-                   help="training config TOML, e.g. configs/pycode.toml, or a shipped recipe's name (pycode)")
-    t.add_argument("--out", help="run folder (default: runs/<config name>)")
-    t.add_argument("--steps", type=int, help="override [train] steps: where the run stops (the schedule is fixed when a run starts: [optim] schedule_steps)")
-    t.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=VALUE",
+def _add_run_options(p, config_help: str, export_help: str) -> None:
+    """The options `train` and `train-drafter` share: the recipe, the run folder and its cadence."""
+    p.add_argument("--config", required=True, type=_recipe, help=config_help)
+    p.add_argument("--out", help="run folder (default: runs/<config name>)")
+    p.add_argument("--steps", type=int, help="override [train] steps: where the run stops (the schedule is fixed when a run starts: [optim] schedule_steps)")
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value (a TOML value: --set pard.cat=false --set optim.learning_rate=1e-3);"
                         " repeatable")
-    t.add_argument("--resume", action="store_true", help="continue from the newest readable checkpoint in --out")
-    t.add_argument("--no-export", dest="export", action="store_false", help="skip the HF folder export at the end")
-    t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    t.add_argument("--json", action="store_true", help="print one JSON object with the final metrics")
+    p.add_argument("--resume", action="store_true", help="continue from the newest readable checkpoint in --out")
+    p.add_argument("--no-export", dest="export", action="store_false", help=export_help)
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print one JSON object with the final metrics")
+
+
+def add_parsers(sub) -> None:
+    t = sub.add_parser("train", help="train a model from a config in configs/ (tokenizer, data, model)")
+    _add_run_options(t, "training config TOML, e.g. configs/pycode.toml, or a shipped recipe's name (pycode)",
+                     "skip the HF folder export at the end")
     _add_distributed_options(t)
 
     d = sub.add_parser("train-drafter", help="train a PARD-2 drafter for a target (configs/pard2_*.toml)")
-    d.add_argument("--config", required=True, type=_recipe,
-                   help="drafter training TOML, e.g. configs/pard2_pycode.toml, or a shipped recipe's name "
-                        "(pard2_pycode, pard2_smollm2)")
-    d.add_argument("--out", help="run folder (default: runs/<config name>)")
-    d.add_argument("--steps", type=int, help="override [train] steps: where the run stops (the schedule is fixed when a run starts: [optim] schedule_steps)")
-    d.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config value (a TOML value: --set pard.cat=false --set optim.learning_rate=1e-3);"
-                        " repeatable")
-    d.add_argument("--resume", action="store_true", help="continue from the newest readable checkpoint in --out")
-    d.add_argument("--no-export", dest="export", action="store_false", help="skip the drafter export at the end")
-    d.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    d.add_argument("--json", action="store_true", help="print one JSON object with the final metrics")
+    _add_run_options(d, "drafter training TOML, e.g. configs/pard2_pycode.toml, or a shipped recipe's name "
+                        "(pard2_pycode, pard2_smollm2)", "skip the drafter export at the end")
 
 
 def _overrides(args) -> dict[str, dict] | None:
