@@ -409,6 +409,56 @@ def test_chat_recipe_runs_end_to_end_and_each_stage_resumes_to_the_same_result(t
         assert out.tokens == greedy.tokens, method
 
 
+def test_chat_data_grows_in_parts_and_reuses_the_parts_made(tmp_path, monkeypatch):
+    """Raising [chat] parts generates only the new parts (each a seed of its own) and packs them
+    after the old ones; one part keeps the fingerprint data had before parts existed; a prompt
+    asked again in a later part is packed once and counted."""
+    import dataclasses
+    import hashlib
+    import shutil
+
+    import jaxspec
+    from jaxspec.train import chat_data
+
+    target = jaxspec.load("pycode-5M")
+    digest = "d"
+    quiet = dict(log=lambda *a, **k: None, progress=False)
+    code = [f"Write a Python function that returns {n} squared plus one." for n in ("two", "three", "five", "seven",
+                                                                                   "eleven", "thirteen")]
+    # part p asks code[2p: 2p + 4]: half of part 1's prompts were part 0's
+    monkeypatch.setattr(chat_data, "stdlib_code_prompts", lambda count, seed: code[2 * seed: 2 * seed + count])
+    one = dataclasses.replace(_chat_recipe().chat, questions=0, code_prompts=4, heldout_fraction=0.25)
+    meta1 = chat_data.prepare(target, one, tmp_path / "a", 0, digest, **quiet)
+    before_parts = {k: v for k, v in dataclasses.asdict(one).items() if k != "parts"}
+    assert meta1["fingerprint"] == hashlib.sha256(json.dumps([before_parts, digest, 0]).encode()).hexdigest()[:16]
+    assert "parts_made" not in meta1
+
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    part0 = next((tmp_path / "b").glob("chat-*"))
+    stamps = {f.name: f.stat().st_mtime_ns for f in part0.iterdir() if f.name != "timing.json"}
+    two = dataclasses.replace(one, parts=2)
+    meta2 = chat_data.prepare(target, two, tmp_path / "b", 0, digest, **quiet)
+    assert {f.name: f.stat().st_mtime_ns for f in part0.iterdir() if f.name != "timing.json"} == stamps
+    assert [p["seed"] for p in meta2["parts_made"]] == [0, 1]
+    assert meta2["parts_made"][0]["fingerprint"] == meta1["fingerprint"]
+    assert meta2["repeated_prompts"] == 2
+    assert meta1["prompts"]["stdlib"] == 4 and meta2["prompts"]["stdlib"] == 6
+    assert meta2["stages"]["replies"]["wall_s"] > meta1["stages"]["replies"]["wall_s"]
+    for name in ("train", "heldout"):  # part 0's conversations first, then part 1's
+        old, new = np.load(tmp_path / "a" / f"{name}.npy"), np.load(tmp_path / "b" / f"{name}.npy")
+        np.testing.assert_array_equal(new[: len(old)], old)
+    assert len(np.load(tmp_path / "b" / "train.npy")) > len(np.load(tmp_path / "a" / "train.npy"))
+    lines = [json.loads(x) for x in (tmp_path / "b" / "conversations.jsonl").read_text().splitlines()]
+    assert len({x["prompt"] for x in lines}) == len(lines) and {x["part"] for x in lines} == {0, 1}
+
+    fresh = chat_data.prepare(target, two, tmp_path / "c", 0, digest, **quiet)  # both parts from nothing
+    assert fresh["fingerprint"] == meta2["fingerprint"]
+    for name in ("train.npy", "heldout.npy", "train_reply.npy", "heldout_reply.npy"):
+        np.testing.assert_array_equal(np.load(tmp_path / "c" / name), np.load(tmp_path / "b" / name))
+    with pytest.raises(ConfigError, match="other settings"):  # other settings are never mixed in
+        chat_data.prepare(target, dataclasses.replace(two, reply_tokens=24), tmp_path / "b", 0, digest, **quiet)
+
+
 def test_draft_vocabulary_is_the_most_frequent_ids_with_the_end_of_turn():
     from jaxspec.train.drafter_trainer import draft_vocabulary
 
@@ -441,6 +491,7 @@ def test_shipped_chat_recipe_data_share_nothing_with_the_benchmarks():
     ({"chat": {"questions": 0, "code_prompts": 0}}, "questions or code_prompts"),
     ({"distill": {"greedy_sequences": 8}}, r"\[distill\] continues corpus prefixes"),
     ({"chat": {"sampled_fraction": 1.5}}, "sampled_fraction"),
+    ({"chat": {"parts": 0}}, r"\[chat\] parts = 0 is out of range"),
     ({"drafter": {"vocab": -1}}, "vocab"),
     ({"drafter": {"init": "scratch"}}, "shared_embeddings"),
 ])

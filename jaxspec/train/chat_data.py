@@ -20,6 +20,11 @@ resumable after a kill (every batch is its own file, written atomically, and is 
    `train.npy` / `heldout.npy` token streams (the held-out prompts chosen by a hash of
    their text), the format of `corpus.PackedData`, each with a mask of its reply tokens
    (`reply_mask_name`), plus `conversations.jsonl` to read.
+
+Data grows in **parts**: `parts = P` runs stages 1-4 P times with the seeds seed, seed + 1, …,
+each part in its own folder keyed by its own settings and seed, and packs them together (a
+prompt already in an earlier part is left out, and counted). Raising `parts` reuses every part
+already made: only the new parts are generated.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ class ChatDataConfig:
     batch_size: int = 32  # rows per generate call
     heldout_fraction: float = 0.05  # of prompts, by a hash of the prompt text
     overlap_ngram: int = 8  # word n-gram length of the benchmark-overlap check
+    parts: int = 1  # independent parts made with the seeds seed, seed + 1, ... (module docstring)
 
 
 def _write_json(path: Path, value) -> None:
@@ -252,24 +258,27 @@ def reply_mask_name(split: str) -> str:
 
 
 def fingerprint(cfg: ChatDataConfig, target_digest: str, seed: int) -> str:
-    return hashlib.sha256(json.dumps([dataclasses.asdict(cfg), target_digest, seed]).encode()).hexdigest()[:16]
+    fields = dataclasses.asdict(cfg)
+    if fields["parts"] == 1:  # data made before parts existed keeps its fingerprint (and folders)
+        del fields["parts"]
+    return hashlib.sha256(json.dumps([fields, target_digest, seed]).encode()).hexdigest()[:16]
 
 
-def prepare(target, cfg: ChatDataConfig, folder: Path, seed: int, target_digest: str, *, log: Callable = print,
-            progress: bool = True) -> dict:
-    """Build (or resume, or reuse) the chat data in `folder`; returns its metadata (`data.json`)."""
-    folder = Path(folder)
-    meta_path = folder / "data.json"
-    key = fingerprint(cfg, target_digest, seed)
-    if meta_path.exists():
-        meta = json.loads(meta_path.read_text())
-        if meta.get("fingerprint") == key:
-            return meta
-        raise ConfigError(f"{folder} holds chat data made from other settings (fingerprint {meta.get('fingerprint')}, "
-                           f"now {key}); delete it or train into another --out")
-    stages = folder / f"chat-{key}"
+@dataclasses.dataclass
+class Part:
+    """One part's prompts (dicts: source, text, ids, temperature) and the target's replies."""
+
+    prompts: list[dict]
+    replies: list[list[int]]
+    overlap: dict
+    too_long: int
+    stages: dict
+
+
+def make_part(target, cfg: ChatDataConfig, stages: Path, seed: int, eos: set[int], *, log: Callable,
+              progress: bool) -> Part:
+    """Stages 1-4 for one seed in `stages` (resumed batch by batch)."""
     stages.mkdir(parents=True, exist_ok=True)
-    eos = set(target.config.eos_token_ids)
     clock = StageClock(stages / "timing.json")
     questions = generate_questions(target, cfg, stages, seed, eos, clock, progress) if cfg.questions else []
     code = stdlib_code_prompts(cfg.code_prompts, seed)
@@ -291,20 +300,73 @@ def prepare(target, cfg: ChatDataConfig, folder: Path, seed: int, target_digest:
                 "temperature": 1.0 if rng.random() < cfg.sampled_fraction else 0.0} for s, p in sources]
     # a prompt the target cannot reply to within its context is left out (and counted)
     fits = [len(p["ids"]) + cfg.reply_tokens <= target.config.max_position_embeddings for p in prompts]
-    too_long = fits.count(False)
     prompts = [p for p, ok in zip(prompts, fits) if ok]
-    sources = [(p["source"], p["text"]) for p in prompts]
     replies = generate_replies(target, prompts, cfg, stages, seed, eos, clock, progress)
+    return Part(prompts, replies, overlap, fits.count(False), clock.totals)
+
+
+def merged_overlap(parts: list[Part]) -> dict:
+    """The parts' benchmark-overlap checks as one (any part unchecked: the data is unchecked)."""
+    unchecked = next((p.overlap for p in parts if not p.overlap.get("checked_against")), None)
+    if unchecked is not None:
+        return unchecked
+    return {**parts[0].overlap, "dropped": sum(p.overlap["dropped"] for p in parts),
+            "dropped_prompts": [t for p in parts for t in p.overlap["dropped_prompts"]]}
+
+
+def summed_stages(parts: list[Part]) -> dict:
+    totals: dict[str, dict[str, float]] = {}
+    for part in parts:
+        for stage, t in part.stages.items():
+            spent = totals.setdefault(stage, {"wall_s": 0.0, "cpu_s": 0.0})
+            spent["wall_s"], spent["cpu_s"] = round(spent["wall_s"] + t["wall_s"], 1), round(spent["cpu_s"] + t["cpu_s"], 1)
+    return totals
+
+
+def prepare(target, cfg: ChatDataConfig, folder: Path, seed: int, target_digest: str, *, log: Callable = print,
+            progress: bool = True) -> dict:
+    """Build (or resume, or reuse) the chat data in `folder`; returns its metadata (`data.json`).
+    Its stage times are in `chat-{fingerprint}/timing.json` (where later stages add theirs)."""
+    folder = Path(folder)
+    meta_path = folder / "data.json"
+    key = fingerprint(cfg, target_digest, seed)
+    one = dataclasses.replace(cfg, parts=1)
+    part_keys = [fingerprint(one, target_digest, seed + i) for i in range(cfg.parts)]
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        if meta.get("fingerprint") == key:
+            return meta
+        made = meta.get("parts_made", [{"fingerprint": meta.get("fingerprint")}])
+        if made[0]["fingerprint"] != part_keys[0]:
+            raise ConfigError(f"{folder} holds chat data made from other settings (fingerprint "
+                               f"{meta.get('fingerprint')}, now {key}); delete it or train into another --out")
+        # the same settings in another number of parts: the parts made are reused, the data repacked
+    eos = set(target.config.eos_token_ids)
+    parts = [make_part(target, one, folder / f"chat-{k}", seed + i, eos, log=log, progress=progress)
+             for i, k in enumerate(part_keys)]
+    if cfg.parts > 1:  # the whole data set's clock (later stages add theirs) starts from its parts' times
+        timing = folder / f"chat-{key}" / "timing.json"
+        timing.parent.mkdir(exist_ok=True)
+        _write_json(timing, {**(json.loads(timing.read_text()) if timing.exists() else {}), **summed_stages(parts)})
 
     streams: dict[str, list[int]] = {"train": [], "heldout": []}
     is_reply: dict[str, list[int]] = {"train": [], "heldout": []}  # 1 on the target's reply tokens
+    seen: set[str] = set()
+    prompts, replies, repeated = [], [], 0
     with open(folder / "conversations.tmp", "w") as f:
-        for p, reply in zip(prompts, replies):
-            split = "heldout" if is_heldout(p["text"], cfg.heldout_fraction) else "train"
-            streams[split] += p["ids"] + reply
-            is_reply[split] += [0] * len(p["ids"]) + [1] * len(reply)
-            f.write(json.dumps({"split": split, "source": p["source"], "temperature": p["temperature"],
-                                "prompt": p["text"], "reply": target.tokenizer.decode(reply)}) + "\n")
+        for i, part in enumerate(parts):
+            for p, reply in zip(part.prompts, part.replies):
+                if p["text"] in seen:  # asked in an earlier part (the code prompts' pool is finite)
+                    repeated += 1
+                    continue
+                seen.add(p["text"])
+                prompts.append(p)
+                replies.append(reply)
+                split = "heldout" if is_heldout(p["text"], cfg.heldout_fraction) else "train"
+                streams[split] += p["ids"] + reply
+                is_reply[split] += [0] * len(p["ids"]) + [1] * len(reply)
+                f.write(json.dumps({"split": split, "part": i, "source": p["source"], "temperature": p["temperature"],
+                                    "prompt": p["text"], "reply": target.tokenizer.decode(reply)}) + "\n")
     (folder / "conversations.tmp").replace(folder / "conversations.jsonl")
     for name, ids in streams.items():
         tmp = folder / f"{name}.tmp.npy"
@@ -313,17 +375,23 @@ def prepare(target, cfg: ChatDataConfig, folder: Path, seed: int, target_digest:
         tmp = folder / f"{name}_reply.tmp.npy"
         np.save(tmp, np.asarray(is_reply[name], np.uint8))
         tmp.replace(folder / reply_mask_name(name))
-    meta = {"fingerprint": key, "source": "chat", "prompts": {"self-written": sum(s == "self-written" for s, _ in sources),
-                                                               "stdlib": sum(s == "stdlib" for s, _ in sources)},
-            "questions_asked": cfg.questions, "benchmark_overlap": overlap, "too_long": too_long,
+    sources = [p["source"] for p in prompts]
+    meta = {"fingerprint": key, "source": "chat", "prompts": {"self-written": sources.count("self-written"),
+                                                               "stdlib": sources.count("stdlib")},
+            "questions_asked": cfg.questions * cfg.parts, "benchmark_overlap": merged_overlap(parts),
+            "too_long": sum(p.too_long for p in parts),
             "replies": {"greedy": sum(p["temperature"] == 0 for p in prompts),
                         "sampled": sum(p["temperature"] > 0 for p in prompts),
                         "ended": sum(bool(r) and r[-1] in eos for r in replies)},
             "train_tokens": len(streams["train"]), "heldout_tokens": len(streams["heldout"]),
-            "reply_tokens": sum(len(r) for r in replies), "stages": clock.totals,
+            "reply_tokens": sum(len(r) for r in replies), "stages": summed_stages(parts),
             # what the trainer's card reads (the corpus' keys)
             "train_files": [], "heldout_files": []}
+    if cfg.parts > 1:
+        meta.update(parts_made=[{"seed": seed + i, "fingerprint": k, "prompts": len(p.prompts)}
+                                for i, (k, p) in enumerate(zip(part_keys, parts))],
+                    repeated_prompts=repeated)
     _write_json(meta_path, meta)
-    log(f"chat data: {len(prompts)} prompts ({meta['prompts']}), {meta['train_tokens']:,} training / "
-        f"{meta['heldout_tokens']:,} held-out tokens")
+    log(f"chat data: {len(prompts)} prompts ({meta['prompts']}) in {cfg.parts} part(s), {meta['train_tokens']:,} "
+        f"training / {meta['heldout_tokens']:,} held-out tokens")
     return meta

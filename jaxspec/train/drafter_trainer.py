@@ -572,7 +572,10 @@ def chat_card_lines(meta: dict) -> list[str]:
             f"- the target's replies: {meta['replies']['greedy']} greedy, {meta['replies']['sampled']} sampled at T = 1 "
             f"({meta['replies']['ended']} ended within the budget); {meta['train_tokens']:,} training / "
             f"{meta['heldout_tokens']:,} held-out tokens",
-            f"- data stages (wall, summed over sessions): {stages}"]
+            f"- data stages (wall, summed over sessions): {stages}"] + (
+        [f"- made in {len(meta['parts_made'])} parts (seeds {', '.join(str(p['seed']) for p in meta['parts_made'])}); "
+         f"{meta['repeated_prompts']} prompts asked again in a later part were left out"]
+        if meta.get("parts_made") else [])
 
 
 def drafter_card(cfg: DrafterTrainConfig, layers, target: Model, final: dict, seconds: float,
