@@ -258,6 +258,38 @@ def plot_pard_ablation(r: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
 
 
+def drafter_curve(r: dict) -> list[str]:
+    lines = [f"Held-out teacher-forced acceptance length (bonus token included; TD: with the target's features, "
+             f"TI: without) of `{r['target']}`'s drafter against total training steps, from the runs' own "
+             "evaluations (every held-out context of the recipe's split). A stage's step-0 point is the drafter it "
+             "started from, on its own held-out split." + (f" {r['note']}" if r.get("note") else ""), "",
+             "| run | step | total steps | held-out contexts | TD | TI | TD a_1..a_K |", "|---|---:|---:|---:|---:|---:|---|"]
+    for run in r["runs"]:
+        for pt in run["points"]:
+            rates = ", ".join("-" if x is None or x != x else f"{x:.2f}" for x in pt.get("rates_td") or [])
+            lines.append(f"| {run['label']} | {pt['step']} | {pt['total_step']} | {pt['contexts'] or '-'} | "
+                         f"{_f(pt['td'], '.3f')} | {_f(pt['ti'], '.3f')} | {rates or '-'} |")
+    lines += ["", "Per run, acceptance gained per doubling of total steps (least squares over its points after "
+              "step 0):", ""]
+    lines += [f"- {run['label']} (`{run['run']}`, init {run['init']}, K = {run['num_blocks']}"
+              + (f", {run['chat_parts']} part(s) of chat data" if run.get("chat_parts") else "") + "): TD "
+              f"{_f(run['td_per_doubling'], '+.3f')}, TI {_f(run['ti_per_doubling'], '+.3f')}" for run in r["runs"]]
+    return lines
+
+
+def plot_drafter_curve(r: dict, path: Path) -> None:
+    with _axes(path, (7, 4), 120) as ax:
+        for i, run in enumerate(r["runs"]):
+            color = f"C{i}"
+            for key, style in (("td", "o-"), ("ti", "s--")):
+                pts = [(pt["total_step"], pt[key]) for pt in run["points"] if pt.get(key) is not None]
+                if pts:
+                    ax.plot(*zip(*pts), style, color=color, markersize=3, label=f"{run['label']} {key.upper()}")
+        ax.set(xlabel="total training steps", ylabel="held-out acceptance length",
+               title=f"{r['target']}'s drafter: learning curve")
+        ax.grid(alpha=0.3)
+
+
 def _row(*cells) -> str:
     return "| " + " | ".join(map(str, cells)) + " |"
 
@@ -656,6 +688,11 @@ SECTIONS = [
             "--name pard2_smollm2",
             "Per-position acceptance of the SmolLM2 drafter on the target's greedy replies to the held-out "
             "MT-Bench and HumanEval chats (the pycode-5M drafter's on code: pard2_shipped above).", pard_ablation),
+    Section("pard2_smollm2_curve", "SmolLM2-135M-Instruct's drafter: the learning curve across its training stages",
+            'python -m benchmarks.drafter_curve --name pard2_smollm2_curve --run "stage 1=runs/pard2-smollm2" '
+            '--run "stage 2=runs/pard2-smollm2-stage2@450" ...',
+            "Held-out acceptance against total training steps, from each stage's own evaluations, and what a "
+            "doubling of steps bought per stage.", drafter_curve),
     Section("lookahead_bench", "Lookahead Decoding over a (W, N, G) grid on stories260K",
             "python -m benchmarks.lookahead_bench",
             "Greedy, Jacobi, prompt lookup and lookahead on stories260K; S against the block size and the cost "
@@ -724,9 +761,11 @@ SECTIONS = [
 
 
 TABLES = {s.stem: s.table for s in SECTIONS}  # a result's renderer by its benchmark name
+TABLES["drafter_curve"] = drafter_curve  # its runs are named after the drafter they train
 PLOTS: dict[str, Callable[[dict, Path], None]] = {}
 PLOTS["pard_ablation"] = plot_pard_ablation
 PLOTS["serve_bench"] = plot_serve_bench
+PLOTS["drafter_curve"] = plot_drafter_curve
 
 
 # ----------------------------------------------------------------------------- assembly

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from benchmarks import report
 
 
@@ -66,3 +68,42 @@ def test_check_passes_complete_results_and_names_each_problem(tmp_path, capsys, 
         f"{tmp_path}/lp_bench.json is unreadable (not JSON)",
     ])
     assert not (tmp_path / "out").exists()
+
+
+def test_drafter_curve_chains_stages_and_measures_what_a_doubling_bought(tmp_path):
+    """benchmarks/drafter_curve.py reads each run's own evaluations (a resumed run's rewritten
+    step counted once, a torn line skipped), counts a later stage's steps from its start, and
+    fits acceptance against log2(total steps); its result renders and passes --check."""
+    import math
+
+    from benchmarks import drafter_curve
+
+    def run(name, steps, offset, extra=""):
+        folder = tmp_path / name
+        folder.mkdir()
+        lines = [json.dumps({"step": s, "loss": 1.0}) + "\n" + json.dumps(
+            {"step": s, "accept_len_td": 1 + 0.1 * math.log2(s + offset) if s + offset else 1.0,
+             "accept_len_ti": 1.0, "position_rates_td": [0.5, float("nan")], "eval_contexts": 10})
+            for s in steps]
+        (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n" + extra)
+        (folder / "config.json").write_text(json.dumps({"pard": {"num_blocks": 2}, "drafter": {"init": "target:2"},
+                                                        "data": {"corpus": "chat"}, "chat": {"parts": 4}}))
+        return folder
+
+    first = run("one", [0, 100, 200, 400], 0, extra='{"step": 400, "accept_len_td": 9.0, "acc')  # torn by a kill
+    second = run("two", [0, 400, 1200], 400)
+    out = tmp_path / "results"
+    assert drafter_curve.main(["--run", f"stage 1={first}", "--run", f"stage 2={second}@400", "--out", str(out),
+                               "--name", "pard2_smollm2_curve"]) == 0
+    r = json.loads((out / "pard2_smollm2_curve.json").read_text())
+    one, two = r["runs"]
+    assert [p["total_step"] for p in one["points"]] == [0, 100, 200, 400]
+    assert [p["total_step"] for p in two["points"]] == [400, 800, 1600]
+    assert one["td_per_doubling"] == pytest.approx(0.1) and two["td_per_doubling"] == pytest.approx(0.1)
+    assert one["ti_per_doubling"] == pytest.approx(0.0) and two["chat_parts"] == 4
+    text = (out / "pard2_smollm2_curve.md").read_text()
+    assert "| stage 2 | 400 | 800 | 10 | 1.964 | 1.000 | 0.50, - |" in text and "TD +0.100" in text
+    assert (out / "pard2_smollm2_curve.png").stat().st_size > 0
+    assert not [p for p in report.check(out) if p.startswith("pard2_smollm2_curve")]
+    with pytest.raises(SystemExit, match="metrics.jsonl is missing"):
+        drafter_curve.main(["--run", f"x={tmp_path}", "--out", str(out)])

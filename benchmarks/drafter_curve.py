@@ -1,0 +1,103 @@
+"""A drafter's learning curve across training stages: held-out teacher-forced acceptance against
+total training steps, read from the runs' own logs.
+
+Each `jaxspec train-drafter` run evaluates its drafter on the recipe's held-out split (every
+held-out context, target-dependent and -independent) at step 0 and every `eval_every` steps and
+logs it to `metrics.jsonl`. A later stage starts from an earlier stage's export, so its steps
+are counted from that export's step (`@OFFSET`). A stage trained on other data has another
+held-out split: its step-0 point is the earlier drafter on that split, so the runs' number of
+held-out contexts is in the table. Per run, the slope of acceptance against log2(total steps)
+(least squares over its points after step 0): what a doubling of training bought, the
+learning curve's own prediction of what more steps would.
+
+    python -m benchmarks.drafter_curve --run "stage 1=runs/pard2-smollm2" \\
+        --run "stage 2=runs/pard2-smollm2-stage2@450" --name pard2_smollm2_curve
+
+Writes benchmarks/results/<name>.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import RESULTS, command_line, write_result  # noqa: E402
+
+
+def parse_run(text: str) -> tuple[str, Path, int]:
+    """LABEL=FOLDER[@OFFSET] -> (label, folder, offset)."""
+    label, sep, rest = text.partition("=")
+    if not sep or not label:
+        raise argparse.ArgumentTypeError(f"expected LABEL=FOLDER[@OFFSET], got {text!r}")
+    folder, at, offset = rest.rpartition("@") if "@" in rest else (rest, "", "0")
+    if not offset.isdigit():
+        raise argparse.ArgumentTypeError(f"the offset after @ must be a step count, got {offset!r}")
+    return label, Path(folder), int(offset)
+
+
+def evaluations(folder: Path) -> list[dict]:
+    """The run's held-out evaluations (the last record of each step: a resumed run rewrites its log)."""
+    path = folder / "metrics.jsonl"
+    if not path.exists():
+        raise SystemExit(f"{path} is missing: not a drafter run folder")
+    by_step = {}
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # a line torn by a kill mid-write
+            continue
+        if "accept_len_td" in rec or "accept_len_ti" in rec:
+            by_step[rec["step"]] = rec
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def doubling_slope(points: list[dict], key: str) -> float | None:
+    """Least-squares slope of points[key] against log2(total step), steps > 0; None under 2 points."""
+    xy = [(math.log2(p["total_step"]), p[key]) for p in points if p["total_step"] > 0 and p.get(key) is not None]
+    if len(xy) < 2 or len({x for x, _ in xy}) < 2:
+        return None
+    mx, my = sum(x for x, _ in xy) / len(xy), sum(y for _, y in xy) / len(xy)
+    return sum((x - mx) * (y - my) for x, y in xy) / sum((x - mx) ** 2 for x, _ in xy)
+
+
+def curve(label: str, folder: Path, offset: int) -> dict:
+    points = []
+    for rec in evaluations(folder):
+        if offset and rec["step"] == 0 and points:
+            continue
+        points.append({"step": rec["step"], "total_step": rec["step"] + offset, "contexts": rec.get("eval_contexts"),
+                       "td": rec.get("accept_len_td"), "ti": rec.get("accept_len_ti"),
+                       "rates_td": rec.get("position_rates_td"), "rates_ti": rec.get("position_rates_ti")})
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").exists() else {}
+    later = [p for p in points if p["step"] > 0]
+    return {"label": label, "run": folder.name, "offset": offset, "points": points,
+            "num_blocks": config.get("pard", {}).get("num_blocks"), "init": config.get("drafter", {}).get("init"),
+            "chat_parts": config.get("chat", {}).get("parts", 1) if config.get("data", {}).get("corpus") == "chat"
+            else None,
+            "td_per_doubling": doubling_slope(later, "td"), "ti_per_doubling": doubling_slope(later, "ti")}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--run", dest="runs", action="append", type=parse_run, required=True,
+                   metavar="LABEL=FOLDER[@OFFSET]", help="a train-drafter run folder; OFFSET: the steps before it")
+    p.add_argument("--target", default="smollm2-135m-instruct", help="the runs' target (for the title)")
+    p.add_argument("--note", default="", help="a sentence for the table's caption")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--name", default="drafter_curve")
+    args = p.parse_args(argv)
+    result = {"benchmark": "drafter_curve", "title": f"Learning curve of {args.target}'s drafter",
+              "target": args.target, "note": args.note, "runs": [curve(*run) for run in args.runs],
+              "command": command_line(__file__, argv)}
+    write_result(result, args.out, args.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
