@@ -5,7 +5,9 @@ the target writes its greedy continuation s. At every position n of it the draft
 `[s_<n, m_1..m_{K-1}]` (one full-layout PARD forward covers all n, see `jaxspec.train.acceptance`); greedy
 verification would accept the matching prefix plus one bonus token. Per drafter and mode (target-dependent =
 with the target's features, target-independent = without): the mean acceptance length (bonus included), the
-per-position rates a_k = P(draft k accepted | drafts 1..k-1 accepted), and 95% bootstrap intervals over prompts.
+per-position rates a_k = P(draft k accepted | drafts 1..k-1 accepted), S along each continuation's decoding
+path (a step starts only where the previous one ended: the S speculative decoding of these continuations
+gets; below the mean length where acceptance comes in runs), and 95% bootstrap intervals over prompts.
 
   python -m benchmarks.pard_ablation --drafter PARD=runs/pard2-pard/drafter \\
       --drafter CAT=runs/pard2-cat/drafter --drafter CAT+KD=runs/pard2-catkd/drafter
@@ -29,7 +31,7 @@ from flax import nnx  # noqa: E402
 import jaxspec  # noqa: E402
 from benchmarks.harness import RESULTS, chat_cases, code_cases, command_line, repo_relative, write_result  # noqa: E402
 from jaxspec.checkpoint.drafter_files import load_drafter  # noqa: E402
-from jaxspec.train.acceptance import accepted_drafts, stats_of  # noqa: E402
+from jaxspec.train.acceptance import accepted_drafts, decode_path, stats_of  # noqa: E402
 from jaxspec.train.pard_batch import full_counts, make_batch  # noqa: E402
 from jaxspec.train.pard_objective import aligned_features, drafter_logits, target_outputs  # noqa: E402
 
@@ -128,6 +130,15 @@ def bootstrap(per_sequence: list, draws: int = 2000, seed: int = 0) -> dict:
                                                                         for k in range(rates.shape[1])]}
 
 
+def path_s(accepted: list[np.ndarray], draws: int = 2000, seed: int = 0) -> dict:
+    """S along each text's greedy decoding path (`decode_path`: what speculative decoding of these
+    continuations would get) and its 95% bootstrap interval over prompts."""
+    paths = np.array([decode_path(a) for a in accepted], np.int64).reshape(-1, 2)  # [prompts, (tokens, steps)]
+    picks = paths[np.random.default_rng(seed).integers(0, len(paths), (draws, len(paths)))].sum(axis=1)
+    return {"decode_path_s": round(float(paths[:, 0].sum() / max(paths[:, 1].sum(), 1)), 4),
+            "decode_path_s_ci": [round(float(np.percentile(picks[:, 0] / picks[:, 1], q)), 4) for q in (2.5, 97.5)]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=jaxspec.checkpoint.loading.DEFAULT_MODEL)
@@ -156,7 +167,7 @@ def main(argv=None) -> int:
                      "contexts": stats.contexts, "accept_length": round(stats.mean_length, 4),
                      # None where no context got that far (JSON has no NaN)
                      "position_rates": [round(float(x), 4) if x == x else None for x in stats.position_rates()],
-                     "accepted_histogram": stats.accepted.tolist(), **bootstrap(per_sequence)})
+                     "accepted_histogram": stats.accepted.tolist(), **bootstrap(per_sequence), **path_s(accepted)})
         print(f"{name:>8} {MODES.get(mode, mode):>18}: {stats.mean_length:.3f} tokens/step", file=sys.stderr)
 
     lookup = tuple(int(x) for x in args.lookup.split(",")) if args.lookup else None

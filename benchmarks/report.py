@@ -214,15 +214,18 @@ def pard_ablation(r: dict) -> list[str]:
         "" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]")
     lines = [f"Target `{r['target']}`, {r['prompts']} {kind}, greedy continuation of {r['new_tokens']} tokens; "
              "teacher-forced acceptance at every continuation position (acceptance length includes the bonus token; "
-             "a_k = P(draft k accepted | drafts 1..k-1 accepted)). Brackets: 95% bootstrap intervals over prompts."
-             + (f" {r['note']}" if r.get("note") else ""), "",
-             "| drafter | mode | K | acceptance length | " + " | ".join(f"a_{i}" for i in range(1, k + 1)) + " |",
-             "|---|---|---:|---:|" + "---:|" * k]
+             "a_k = P(draft k accepted | drafts 1..k-1 accepted)); S on the decoding path: steps start only where the "
+             "previous step ended (what speculative decoding of these continuations gets). Brackets: 95% bootstrap "
+             "intervals over prompts." + (f" {r['note']}" if r.get("note") else ""), "",
+             "| drafter | mode | K | acceptance length | S on the decoding path | "
+             + " | ".join(f"a_{i}" for i in range(1, k + 1)) + " |",
+             "|---|---|---:|---:|---:|" + "---:|" * k]
     for row in r["rows"]:
         cis = row.get("position_rates_ci") or [None] * len(row["position_rates"])
         rates = [cell(x, ci) for x, ci in zip(row["position_rates"][:k], cis[:k])] + ["-"] * k
         lines.append(f"| {row['drafter']} | {PARD_MODES.get(row['mode'], row['mode'])} | {row['k']} | "
-                     f"{cell(row['accept_length'], row.get('accept_length_ci'))} | " + " | ".join(rates[:k]) + " |")
+                     f"{cell(row['accept_length'], row.get('accept_length_ci'))} | "
+                     f"{cell(row.get('decode_path_s'), row.get('decode_path_s_ci'))} | " + " | ".join(rates[:k]) + " |")
     return lines
 
 

@@ -107,3 +107,19 @@ def test_drafter_curve_chains_stages_and_measures_what_a_doubling_bought(tmp_pat
     assert not [p for p in report.check(out) if p.startswith("pard2_smollm2_curve")]
     with pytest.raises(SystemExit, match="metrics.jsonl is missing"):
         drafter_curve.main(["--run", f"x={tmp_path}", "--out", str(out)])
+
+
+def test_pard_ablation_reports_s_on_the_decoding_path(tmp_path):
+    """benchmarks/pard_ablation.py on the default model's shipped drafter (2 prompts): every row has
+    its S along the decoding path, between 1 and K + 1, inside its interval, in the table."""
+    from benchmarks import pard_ablation
+
+    assert pard_ablation.main(["--drafter", "shipped=jaxspec/assets/pycode-5M-pard2", "--prompts", "2",
+                               "--new-tokens", "20", "--k", "4", "--lookup", "4,2", "--out", str(tmp_path),
+                               "--name", "pard_ablation"]) == 0
+    r = json.loads((tmp_path / "pard_ablation.json").read_text())
+    assert len(r["rows"]) == 5  # lookup alone, then TD and TI, each alone and beside lookup
+    for row in r["rows"]:
+        lo, hi = row["decode_path_s_ci"]
+        assert 1 <= lo <= row["decode_path_s"] <= hi <= 5
+    assert "| S on the decoding path |" in (tmp_path / "pard_ablation.md").read_text()

@@ -459,6 +459,16 @@ def test_chat_data_grows_in_parts_and_reuses_the_parts_made(tmp_path, monkeypatc
         chat_data.prepare(target, dataclasses.replace(two, reply_tokens=24), tmp_path / "b", 0, digest, **quiet)
 
 
+def test_decode_path_starts_each_step_after_the_previous_ones_run():
+    from jaxspec.train.acceptance import decode_path, stats_of
+
+    accepted = np.array([3, 3, 2, 1, 0, 0, 1, 0, 2, 1])
+    # steps start at contexts 0 (4 tokens), 4 (1), 5 (1), 6 (2), 8 (3: past the last context)
+    assert decode_path(accepted) == (11, 5)
+    assert stats_of([accepted], 4).mean_length == pytest.approx(2.3)  # every context counted: higher
+    assert decode_path(np.zeros(4, np.int64)) == (4, 4) and decode_path(np.zeros(0, np.int64)) == (0, 0)
+
+
 def test_draft_vocabulary_is_the_most_frequent_ids_with_the_end_of_turn():
     from jaxspec.train.drafter_trainer import draft_vocabulary
 

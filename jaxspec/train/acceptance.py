@@ -80,3 +80,18 @@ def acceptance(correct: Bool[np.ndarray, "b n"], block_ids: Int[np.ndarray, "b n
     """The statistics of `accepted_drafts` (same arguments) over all counted contexts."""
     return stats_of(accepted_drafts(correct, block_ids, positions, num_blocks, seq_len, first_context,
                                     last_context, scored_tokens), num_blocks)
+
+
+def decode_path(accepted: Int[np.ndarray, " n"]) -> tuple[int, int]:
+    """(tokens, steps) of greedy speculative decoding along one text whose consecutive contexts
+    accept `accepted[i]` drafts each: a step starts where the previous step's accepted drafts and
+    bonus token ended, so a context inside an accepted run never starts a step. tokens / steps is
+    the S decoding that text would get; the mean over every context (`AcceptanceStats.mean_length`)
+    counts a long accepted run at each of its positions, so it is higher where acceptance comes in
+    runs (repeated text). The last step may run past the contexts into the text they were
+    scored against."""
+    tokens = steps = 0
+    while tokens < len(accepted):
+        tokens += int(accepted[tokens]) + 1
+        steps += 1
+    return tokens, steps
