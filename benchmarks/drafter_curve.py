@@ -6,7 +6,8 @@ held-out context, target-dependent and -independent) at step 0 and every `eval_e
 logs it to `metrics.jsonl`. A later stage starts from an earlier stage's export, so its steps
 are counted from that export's step (`@OFFSET`). A stage trained on other data has another
 held-out split: its step-0 point is the earlier drafter on that split, so the runs' number of
-held-out contexts is in the table. Per run, the slope of acceptance against log2(total steps)
+held-out contexts is in the table. Runs that log it also give S along each reply's decoding path
+(`jaxspec.train.acceptance.decode_path`: what speculative decoding of that text gets). Per run, the slope of acceptance against log2(total steps)
 (least squares over its points after step 0): what a doubling of training bought, the
 learning curve's own prediction of what more steps would.
 
@@ -73,6 +74,7 @@ def curve(label: str, folder: Path, offset: int) -> dict:
             continue
         points.append({"step": rec["step"], "total_step": rec["step"] + offset, "contexts": rec.get("eval_contexts"),
                        "td": rec.get("accept_len_td"), "ti": rec.get("accept_len_ti"),
+                       "path_td": rec.get("path_s_td"), "path_ti": rec.get("path_s_ti"),
                        "rates_td": rec.get("position_rates_td"), "rates_ti": rec.get("position_rates_ti")})
     config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").exists() else {}
     later = [p for p in points if p["step"] > 0]

@@ -266,12 +266,14 @@ def drafter_curve(r: dict) -> list[str]:
              f"TI: without) of `{r['target']}`'s drafter against total training steps, from the runs' own "
              "evaluations (every held-out context of the recipe's split). A stage's step-0 point is the drafter it "
              "started from, on its own held-out split." + (f" {r['note']}" if r.get("note") else ""), "",
-             "| run | step | total steps | held-out contexts | TD | TI | TD a_1..a_K |", "|---|---:|---:|---:|---:|---:|---|"]
+             "| run | step | total steps | held-out contexts | TD | TI | TD S on the decoding path | TD a_1..a_K |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     for run in r["runs"]:
         for pt in run["points"]:
             rates = ", ".join("-" if x is None or x != x else f"{x:.2f}" for x in pt.get("rates_td") or [])
             lines.append(f"| {run['label']} | {pt['step']} | {pt['total_step']} | {pt['contexts'] or '-'} | "
-                         f"{_f(pt['td'], '.3f')} | {_f(pt['ti'], '.3f')} | {rates or '-'} |")
+                         f"{_f(pt['td'], '.3f')} | {_f(pt['ti'], '.3f')} | {_f(pt.get('path_td'), '.3f')} | "
+                         f"{rates or '-'} |")
     lines += ["", "Per run, acceptance gained per doubling of total steps (least squares over its points after "
               "step 0):", ""]
     lines += [f"- {run['label']} (`{run['run']}`, init {run['init']}, K = {run['num_blocks']}"
@@ -284,10 +286,10 @@ def plot_drafter_curve(r: dict, path: Path) -> None:
     with _axes(path, (7, 4), 120) as ax:
         for i, run in enumerate(r["runs"]):
             color = f"C{i}"
-            for key, style in (("td", "o-"), ("ti", "s--")):
+            for key, style, name in (("td", "o-", "TD"), ("ti", "s--", "TI"), ("path_td", "^:", "TD path S")):
                 pts = [(pt["total_step"], pt[key]) for pt in run["points"] if pt.get(key) is not None]
                 if pts:
-                    ax.plot(*zip(*pts), style, color=color, markersize=3, label=f"{run['label']} {key.upper()}")
+                    ax.plot(*zip(*pts), style, color=color, markersize=3, label=f"{run['label']} {name}")
         ax.set(xlabel="total training steps", ylabel="held-out acceptance length",
                title=f"{r['target']}'s drafter: learning curve")
         ax.grid(alpha=0.3)

@@ -102,7 +102,7 @@ def test_drafter_curve_chains_stages_and_measures_what_a_doubling_bought(tmp_pat
     assert one["td_per_doubling"] == pytest.approx(0.1) and two["td_per_doubling"] == pytest.approx(0.1)
     assert one["ti_per_doubling"] == pytest.approx(0.0) and two["chat_parts"] == 4
     text = (out / "pard2_smollm2_curve.md").read_text()
-    assert "| stage 2 | 400 | 800 | 10 | 1.964 | 1.000 | 0.50, - |" in text and "TD +0.100" in text
+    assert "| stage 2 | 400 | 800 | 10 | 1.964 | 1.000 | - | 0.50, - |" in text and "TD +0.100" in text
     assert (out / "pard2_smollm2_curve.png").stat().st_size > 0
     assert not [p for p in report.check(out) if p.startswith("pard2_smollm2_curve")]
     with pytest.raises(SystemExit, match="metrics.jsonl is missing"):

@@ -151,6 +151,15 @@ def test_acceptance_counts_leading_matches():
     stats = acceptance(correct, batch.block_ids, batch.positions, 3, 8)
     assert stats.contexts == 6 and stats.accepted[1] == 1 and stats.accepted[3] == 5
     assert stats.mean_length == pytest.approx((2 + 5 * 4) / 6)
+    # decoding path: context 1 takes 4 tokens, the next step starts at context 5
+    assert (stats.path_tokens, stats.path_steps) == (8, 2)
+    # context 2 not scored (a prompt token between two replies): each run of contexts is its own path,
+    # [1] -> 4 tokens in 1 step, [3, 4, 5, 6] -> 2 + 4 tokens in 2 steps
+    scored = np.ones((1, 9), bool)
+    scored[0, 2] = False
+    split = acceptance(correct, batch.block_ids, batch.positions, 3, 8, scored_tokens=scored)
+    assert (split.path_tokens, split.path_steps) == (10, 3) and split.path_s == pytest.approx(10 / 3)
+    assert (split + stats).path_steps == 5
 
 
 # --- end to end against a tiny trained target ---------------------------------------------------

@@ -99,6 +99,6 @@ def _train_drafter(args) -> int:
     summary = {"out_dir": str(result.out_dir), "steps": result.steps, "final_loss": result.final_loss,
                "seconds": result.seconds, **result.eval,
                "export_dir": None if result.export_dir is None else str(result.export_dir)}
-    print(json.dumps(summary) if args.json else f"trained drafter {cfg.name}: " + ", ".join(
-        f"{k} {v:.3f}" for k, v in result.eval.items() if k.startswith("accept_len")) + f"; run folder {result.out_dir}")
+    scores = ", ".join(f"{k} {v:.3f}" for k, v in result.eval.items() if k.startswith(("accept_len", "path_s")))
+    print(json.dumps(summary) if args.json else f"trained drafter {cfg.name}: {scores}; run folder {result.out_dir}")
     return 0

@@ -22,6 +22,8 @@ from jaxtyping import Bool, Int
 class AcceptanceStats:
     contexts: int
     accepted: np.ndarray  # [K + 1]: how many contexts accepted exactly a drafts, a = 0..K
+    path_tokens: int = 0  # along each text's decoding path (`decode_path`), when counted
+    path_steps: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -38,8 +40,14 @@ class AcceptanceStats:
         with np.errstate(invalid="ignore", divide="ignore"):
             return reached[1:] / reached[:-1]
 
+    @property
+    def path_s(self) -> float | None:
+        """Tokens per step along the texts' decoding paths (`decode_path`); None when not counted."""
+        return self.path_tokens / self.path_steps if self.path_steps else None
+
     def __add__(self, other: "AcceptanceStats") -> "AcceptanceStats":
-        return AcceptanceStats(self.contexts + other.contexts, self.accepted + other.accepted)
+        return AcceptanceStats(self.contexts + other.contexts, self.accepted + other.accepted,
+                               self.path_tokens + other.path_tokens, self.path_steps + other.path_steps)
 
 
 def accepted_drafts(correct: Bool[np.ndarray, "b n"], block_ids: Int[np.ndarray, "b n"],
@@ -51,6 +59,13 @@ def accepted_drafts(correct: Bool[np.ndarray, "b n"], block_ids: Int[np.ndarray,
     exists); both may be per-sequence arrays. `scored_tokens`: only contexts whose first draft
     x_n is one of these count (a chat's reply tokens: a drafter is used on replies, never to
     draft the prompt)."""
+    return [a for _, a in _accepted_at(correct, block_ids, positions, num_blocks, seq_len, first_context, last_context,
+                                       scored_tokens)]
+
+
+def _accepted_at(correct, block_ids, positions, num_blocks, seq_len, first_context, last_context,
+                 scored_tokens) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`accepted_drafts` with each sequence's counted contexts n beside its counts."""
     b = correct.shape[0]
     grid = np.zeros((b, num_blocks, seq_len), bool)
     rows, cols = np.nonzero(block_ids >= 0)
@@ -63,7 +78,7 @@ def accepted_drafts(correct: Bool[np.ndarray, "b n"], block_ids: Int[np.ndarray,
         if scored_tokens is not None:
             n = n[np.asarray(scored_tokens[i], bool)[n]]
         chain = grid[i, np.arange(num_blocks)[None, :], n[:, None] - 1 + np.arange(num_blocks)[None, :]]
-        out.append(np.cumprod(chain, axis=1).sum(axis=1))
+        out.append((n, np.cumprod(chain, axis=1).sum(axis=1)))
     return out
 
 
@@ -77,9 +92,16 @@ def acceptance(correct: Bool[np.ndarray, "b n"], block_ids: Int[np.ndarray, "b n
                positions: Int[np.ndarray, "b n"], num_blocks: int, seq_len: int,
                first_context: int | np.ndarray = 1, last_context: int | np.ndarray | None = None,
                scored_tokens: Bool[np.ndarray, "b L1"] | None = None) -> AcceptanceStats:
-    """The statistics of `accepted_drafts` (same arguments) over all counted contexts."""
-    return stats_of(accepted_drafts(correct, block_ids, positions, num_blocks, seq_len, first_context,
-                                    last_context, scored_tokens), num_blocks)
+    """The statistics of `accepted_drafts` (same arguments) over all counted contexts, with the
+    decoding paths along each run of consecutive counted contexts (a packed chat's reply)."""
+    found = _accepted_at(correct, block_ids, positions, num_blocks, seq_len, first_context, last_context,
+                         scored_tokens)
+    tokens = steps = 0
+    for n, counts in found:
+        for run in np.split(counts, np.nonzero(np.diff(n) != 1)[0] + 1):
+            t, s = decode_path(run)
+            tokens, steps = tokens + t, steps + s
+    return dataclasses.replace(stats_of([a for _, a in found], num_blocks), path_tokens=tokens, path_steps=steps)
 
 
 def decode_path(accepted: Int[np.ndarray, " n"]) -> tuple[int, int]:

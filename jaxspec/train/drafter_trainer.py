@@ -502,6 +502,7 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
         for mode, s in stats.items():
             if s.contexts:
                 out[f"accept_len_{mode}"] = s.mean_length
+                out[f"path_s_{mode}"] = s.path_s  # S along each reply's decoding path (`decode_path`)
                 out[f"position_rates_{mode}"] = [round(float(x), 4) for x in s.position_rates()]
                 out["eval_contexts"] = s.contexts
         return out
@@ -530,7 +531,8 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
         evaluate=lambda done: evaluate(live["params"], run.eval_batches),
         save=lambda done: checkpoints.save(done, {**live, "step": replicated_scalar(done, mesh)}),
         postfix=lambda rec, rate: {"loss": f"{rec['loss']:.3f}", "ce": f"{rec['ce']:.3f}", "rows_s": f"{rate:,.0f}"},
-        describe_eval=lambda rec: ", ".join(f"{k} {v:.3f}" for k, v in rec.items() if k.startswith("accept_len")),
+        describe_eval=lambda rec: ", ".join(f"{k} {v:.3f}" for k, v in rec.items()
+                                            if k.startswith(("accept_len", "path_s"))),
     )
     seconds, loss = run_loop(hooks, begin, steps=run.steps, log_every=run.log_every, eval_every=run.eval_every,
                              checkpoint_every=run.checkpoint_every, units_per_step=tokens_per_step,
@@ -543,7 +545,7 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
         append_metric(metrics_path, records[-1])
         plot_losses(records, out / "loss.png", cfg.name, ylabel="drafter loss")
     say(f"done: {run.steps} steps in {seconds:.0f}s; held-out teacher-forced acceptance "
-        + ", ".join(f"{k} {v:.3f}" for k, v in final.items() if k.startswith("accept_len")))
+        + ", ".join(f"{k} {v:.3f}" for k, v in final.items() if k.startswith(("accept_len", "path_s"))))
     export_dir = None
     if export and is_main:
         table = frozen["embed"] if p.precompute_target else _embedding(target.params)
