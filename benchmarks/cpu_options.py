@@ -25,7 +25,11 @@ import sys
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import RESULTS, command_line, write_result  # noqa: E402
+
 SIZES = (1, 2, 3, 5, 9)
 NEW_TOKENS = 48
 ROUNDS = 25
@@ -114,34 +118,14 @@ def main(argv=None) -> int:
             rows[n] = {"flags": OPTION_SETS[n], "error": results[0]["error"]}
             continue
         fwd = {t: min(x["forward_seconds"][str(t)] for x in ok) for t in SIZES}  # the best round's median
-        rows[n] = {"flags": OPTION_SETS[n], "forward_ms": {t: round(1e3 * s, 2) for t, s in fwd.items()},
-                   "c": {t: round(fwd[t] / fwd[1], 3) for t in SIZES},
+        rows[n] = {"flags": OPTION_SETS[n], "forward_ms": {str(t): round(1e3 * s, 2) for t, s in fwd.items()},
+                   "c": {str(t): round(fwd[t] / fwd[1], 3) for t in SIZES},  # (JSON keys are strings)
                    "greedy_tokens_per_second": round(max(x["greedy_tokens_per_second"] for x in ok), 2),
                    "tokens_identical": all(x["tokens"] == reference for x in ok)}
-    base = rows["default"]
-    result = {"benchmark": args.name, "model": args.model, "rounds": args.rounds, "sizes": list(SIZES),
-              "new_tokens": NEW_TOKENS, "command": "python -m benchmarks.cpu_options " + " ".join(argv or sys.argv[1:]),
-              "date": time.strftime("%Y-%m-%d"), "rows": rows}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    lines = [f"# XLA:CPU options and c(T) ({args.model}, {args.rounds} interleaved rounds, minimum of each)", "",
-             f"`{result['command']}`, {result['date']}. c(T) = forward of T tokens / forward of 1 token "
-             "(256-token context, median of 25); greedy tokens/s over the quick chats x 48 tokens; tokens identical to the "
-             "default options' on every prompt.", "",
-             "| options | XLA_FLAGS | 1-token forward (ms) | " + " | ".join(f"c({t})" for t in SIZES[1:])
-             + " | greedy tok/s | vs default | identical |",
-             "|---|---|---:|" + "---:|" * (len(SIZES) - 1) + "---:|---:|---|"]
-    for n, row in rows.items():
-        if "error" in row:
-            lines.append(f"| {n} | `{row['flags']}` | failed: {row['error'][:80]} |")
-            continue
-        lines.append(f"| {n} | `{row['flags'] or '(none)'}` | {row['forward_ms'][1]:.1f} | "
-                     + " | ".join(f"{row['c'][t]:.2f}" for t in SIZES[1:])
-                     + f" | {row['greedy_tokens_per_second']:.1f} | "
-                     f"{row['greedy_tokens_per_second'] / base['greedy_tokens_per_second']:.2f}x | "
-                     f"{'yes' if row['tokens_identical'] else 'NO'} |")
-    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    result = {"benchmark": "cpu_options", "title": f"XLA:CPU options and c(T) ({args.model})", "model": args.model,
+              "rounds": args.rounds, "sizes": list(SIZES), "new_tokens": NEW_TOKENS,
+              "command": command_line(__file__, argv), "rows": rows}
+    write_result(result, RESULTS, args.name)
     return 0
 
 

@@ -295,6 +295,28 @@ def plot_drafter_curve(r: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
 
 
+def cpu_options(r: dict) -> list[str]:
+    sizes = r["sizes"]
+    base = r["rows"]["default"]
+    lines = [f"`{r['model']}`, {r['rounds']} interleaved rounds (each option set in a fresh process), the minimum of "
+             "each. c(T) = the forward of T tokens / the forward of 1 token (256-token context, median of 25 "
+             f"round-robin runs); greedy tokens/s over the quick chats x {r['new_tokens']} tokens; tokens identical to "
+             "the default options' on every prompt.", "",
+             "| options | XLA_FLAGS | 1-token forward (ms) | " + " | ".join(f"c({t})" for t in sizes[1:])
+             + " | greedy tok/s | vs default | identical |",
+             "|---|---|---:|" + "---:|" * (len(sizes) - 1) + "---:|---:|---|"]
+    for name, row in r["rows"].items():
+        if "error" in row:
+            lines.append(f"| {name} | `{row['flags']}` | failed: {row['error'][:80]} |")
+            continue
+        lines.append(f"| {name} | `{row['flags'] or '(none)'}` | {row['forward_ms'][str(sizes[0])]:.1f} | "
+                     + " | ".join(f"{row['c'][str(t)]:.2f}" for t in sizes[1:])
+                     + f" | {row['greedy_tokens_per_second']:.1f} | "
+                     f"{row['greedy_tokens_per_second'] / base['greedy_tokens_per_second']:.2f}x | "
+                     f"{'yes' if row['tokens_identical'] else 'NO'} |")
+    return lines
+
+
 def _row(*cells) -> str:
     return "| " + " | ".join(map(str, cells)) + " |"
 
@@ -698,6 +720,10 @@ SECTIONS = [
             '--run "stage 2=runs/pard2-smollm2-stage2@450" ...',
             "Held-out acceptance against total training steps, from each stage's own evaluations, and what a "
             "doubling of steps bought per stage.", drafter_curve),
+    Section("cpu_options", "XLA:CPU's own options and what a drafted step costs", "python -m benchmarks.cpu_options",
+            "SmolLM2-135M-Instruct's forwards of 1-9 tokens and greedy decoding under XLA:CPU's option sets "
+            "(XNNPACK, XNN / YNN dot fusion, oneDNN, 512-bit vectors), each in a fresh process, interleaved; an "
+            "option is adoptable only if every token stays the default's.", cpu_options),
     Section("lookahead_bench", "Lookahead Decoding over a (W, N, G) grid on stories260K",
             "python -m benchmarks.lookahead_bench",
             "Greedy, Jacobi, prompt lookup and lookahead on stories260K; S against the block size and the cost "
