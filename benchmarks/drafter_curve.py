@@ -59,8 +59,9 @@ def evaluations(folder: Path) -> list[dict]:
 
 
 def doubling_slope(points: list[dict], key: str) -> float | None:
-    """Least-squares slope of points[key] against log2(total step), steps > 0; None under 2 points."""
-    xy = [(math.log2(p["total_step"]), p[key]) for p in points if p["total_step"] > 0 and p.get(key) is not None]
+    """Least-squares slope of points[key] against log2(total step) (every total step > 0); None
+    under 2 distinct steps."""
+    xy = [(math.log2(p["total_step"]), p[key]) for p in points if p.get(key) is not None]
     if len(xy) < 2 or len({x for x, _ in xy}) < 2:
         return None
     mx, my = sum(x for x, _ in xy) / len(xy), sum(y for _, y in xy) / len(xy)
@@ -70,8 +71,6 @@ def doubling_slope(points: list[dict], key: str) -> float | None:
 def curve(label: str, folder: Path, offset: int) -> dict:
     points = []
     for rec in evaluations(folder):
-        if offset and rec["step"] == 0 and points:
-            continue
         points.append({"step": rec["step"], "total_step": rec["step"] + offset, "contexts": rec.get("eval_contexts"),
                        "td": rec.get("accept_len_td"), "ti": rec.get("accept_len_ti"),
                        "path_td": rec.get("path_s_td"), "path_ti": rec.get("path_s_ti"),

@@ -31,7 +31,7 @@ from flax import nnx  # noqa: E402
 import jaxspec  # noqa: E402
 from benchmarks.harness import RESULTS, chat_cases, code_cases, command_line, repo_relative, write_result  # noqa: E402
 from jaxspec.checkpoint.drafter_files import load_drafter  # noqa: E402
-from jaxspec.train.acceptance import accepted_drafts, decode_path, stats_of  # noqa: E402
+from jaxspec.train.acceptance import accepted_drafts, stats_of  # noqa: E402
 from jaxspec.train.pard_batch import full_counts, make_batch  # noqa: E402
 from jaxspec.train.pard_objective import aligned_features, drafter_logits, target_outputs  # noqa: E402
 
@@ -130,13 +130,11 @@ def bootstrap(per_sequence: list, draws: int = 2000, seed: int = 0) -> dict:
                                                                         for k in range(rates.shape[1])]}
 
 
-def path_s(accepted: list[np.ndarray], draws: int = 2000, seed: int = 0) -> dict:
-    """S along each text's greedy decoding path (`decode_path`: what speculative decoding of these
-    continuations would get) and its 95% bootstrap interval over prompts."""
-    paths = np.array([decode_path(a) for a in accepted], np.int64).reshape(-1, 2)  # [prompts, (tokens, steps)]
+def path_interval(per_sequence: list, draws: int = 2000, seed: int = 0) -> list[float]:
+    """95% bootstrap interval over prompts of S along the decoding paths (`AcceptanceStats.path_s`)."""
+    paths = np.array([(s.path_tokens, s.path_steps) for s in per_sequence], np.int64)  # [prompts, 2]
     picks = paths[np.random.default_rng(seed).integers(0, len(paths), (draws, len(paths)))].sum(axis=1)
-    return {"decode_path_s": round(float(paths[:, 0].sum() / max(paths[:, 1].sum(), 1)), 4),
-            "decode_path_s_ci": [round(float(np.percentile(picks[:, 0] / picks[:, 1], q)), 4) for q in (2.5, 97.5)]}
+    return [round(float(np.percentile(picks[:, 0] / picks[:, 1], q)), 4) for q in (2.5, 97.5)]
 
 
 def main(argv=None) -> int:
@@ -167,7 +165,8 @@ def main(argv=None) -> int:
                      "contexts": stats.contexts, "accept_length": round(stats.mean_length, 4),
                      # None where no context got that far (JSON has no NaN)
                      "position_rates": [round(float(x), 4) if x == x else None for x in stats.position_rates()],
-                     "accepted_histogram": stats.accepted.tolist(), **bootstrap(per_sequence), **path_s(accepted)})
+                     "accepted_histogram": stats.accepted.tolist(), **bootstrap(per_sequence),
+                     "decode_path_s": round(stats.path_s, 4), "decode_path_s_ci": path_interval(per_sequence)})
         print(f"{name:>8} {MODES.get(mode, mode):>18}: {stats.mean_length:.3f} tokens/step", file=sys.stderr)
 
     lookup = tuple(int(x) for x in args.lookup.split(",")) if args.lookup else None

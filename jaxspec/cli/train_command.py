@@ -90,7 +90,7 @@ def _train(args) -> int:
 
 def _train_drafter(args) -> int:
     from jaxspec.train.drafter_config import load_drafter_config
-    from jaxspec.train.drafter_trainer import train_drafter
+    from jaxspec.train.drafter_trainer import describe_acceptance, train_drafter
 
     cfg = load_drafter_config(args.config, _overrides(args))
     result = train_drafter(cfg, args.out or f"runs/{cfg.name}", resume=args.resume,
@@ -99,6 +99,6 @@ def _train_drafter(args) -> int:
     summary = {"out_dir": str(result.out_dir), "steps": result.steps, "final_loss": result.final_loss,
                "seconds": result.seconds, **result.eval,
                "export_dir": None if result.export_dir is None else str(result.export_dir)}
-    scores = ", ".join(f"{k} {v:.3f}" for k, v in result.eval.items() if k.startswith(("accept_len", "path_s")))
-    print(json.dumps(summary) if args.json else f"trained drafter {cfg.name}: {scores}; run folder {result.out_dir}")
+    print(json.dumps(summary) if args.json
+          else f"trained drafter {cfg.name}: {describe_acceptance(result.eval)}; run folder {result.out_dir}")
     return 0

@@ -83,9 +83,12 @@ def _accepted_at(correct, block_ids, positions, num_blocks, seq_len, first_conte
 
 
 def stats_of(accepted: list[np.ndarray], num_blocks: int) -> AcceptanceStats:
-    """AcceptanceStats of per-context accepted-draft counts."""
+    """AcceptanceStats of per-context accepted-draft counts, each array one text's consecutive
+    contexts (its `decode_path` counted)."""
     every = np.concatenate([np.asarray(a, np.int64) for a in accepted]) if accepted else np.zeros(0, np.int64)
-    return AcceptanceStats(len(every), np.bincount(every, minlength=num_blocks + 1)[:num_blocks + 1])
+    paths = np.array([decode_path(a) for a in accepted], np.int64).reshape(-1, 2)  # (tokens, steps) per text
+    return AcceptanceStats(len(every), np.bincount(every, minlength=num_blocks + 1)[:num_blocks + 1],
+                           int(paths[:, 0].sum()), int(paths[:, 1].sum()))
 
 
 def acceptance(correct: Bool[np.ndarray, "b n"], block_ids: Int[np.ndarray, "b n"],
@@ -96,12 +99,8 @@ def acceptance(correct: Bool[np.ndarray, "b n"], block_ids: Int[np.ndarray, "b n
     decoding paths along each run of consecutive counted contexts (a packed chat's reply)."""
     found = _accepted_at(correct, block_ids, positions, num_blocks, seq_len, first_context, last_context,
                          scored_tokens)
-    tokens = steps = 0
-    for n, counts in found:
-        for run in np.split(counts, np.nonzero(np.diff(n) != 1)[0] + 1):
-            t, s = decode_path(run)
-            tokens, steps = tokens + t, steps + s
-    return dataclasses.replace(stats_of([a for _, a in found], num_blocks), path_tokens=tokens, path_steps=steps)
+    return stats_of([run for n, counts in found for run in np.split(counts, np.nonzero(np.diff(n) != 1)[0] + 1)],
+                    num_blocks)
 
 
 def decode_path(accepted: Int[np.ndarray, " n"]) -> tuple[int, int]:

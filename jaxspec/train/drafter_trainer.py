@@ -531,8 +531,7 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
         evaluate=lambda done: evaluate(live["params"], run.eval_batches),
         save=lambda done: checkpoints.save(done, {**live, "step": replicated_scalar(done, mesh)}),
         postfix=lambda rec, rate: {"loss": f"{rec['loss']:.3f}", "ce": f"{rec['ce']:.3f}", "rows_s": f"{rate:,.0f}"},
-        describe_eval=lambda rec: ", ".join(f"{k} {v:.3f}" for k, v in rec.items()
-                                            if k.startswith(("accept_len", "path_s"))),
+        describe_eval=describe_acceptance,
     )
     seconds, loss = run_loop(hooks, begin, steps=run.steps, log_every=run.log_every, eval_every=run.eval_every,
                              checkpoint_every=run.checkpoint_every, units_per_step=tokens_per_step,
@@ -545,7 +544,7 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
         append_metric(metrics_path, records[-1])
         plot_losses(records, out / "loss.png", cfg.name, ylabel="drafter loss")
     say(f"done: {run.steps} steps in {seconds:.0f}s; held-out teacher-forced acceptance "
-        + ", ".join(f"{k} {v:.3f}" for k, v in final.items() if k.startswith(("accept_len", "path_s"))))
+        + describe_acceptance(final))
     export_dir = None
     if export and is_main:
         table = frozen["embed"] if p.precompute_target else _embedding(target.params)
@@ -557,6 +556,11 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
         say(f"exported {export_dir}")
     return DrafterTrainResult(out_dir=out, steps=run.steps, final_loss=loss, eval=final, seconds=seconds,
                               export_dir=export_dir)
+
+
+def describe_acceptance(evaluation: dict) -> str:
+    """An evaluation's acceptance figures on one line: "accept_len_td 1.662, path_s_td 1.540, ..."."""
+    return ", ".join(f"{k} {v:.3f}" for k, v in evaluation.items() if k.startswith(("accept_len", "path_s")))
 
 
 def chat_card_lines(meta: dict) -> list[str]:
