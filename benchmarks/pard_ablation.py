@@ -8,6 +8,10 @@ with the target's features, target-independent = without): the mean acceptance l
 per-position rates a_k = P(draft k accepted | drafts 1..k-1 accepted), S along each continuation's decoding
 path (a step starts only where the previous one ended: the S speculative decoding of these continuations
 gets; below the mean length where acceptance comes in runs), and 95% bootstrap intervals over prompts.
+With `--grid`, S on the decoding path of every smaller setting a decoding step could use: the drafter's
+first K' <= K drafts beside a prompt-lookup chain of N' - 1 <= K tokens (or none), with the tokens the
+target verifies per step, K' + 1 + G (N' - 1): a verification forward's cost grows with them, so the
+setting to decode with is the best S per cost, not the best S.
 
   python -m benchmarks.pard_ablation --drafter PARD=runs/pard2-pard/drafter \\
       --drafter CAT=runs/pard2-cat/drafter --drafter CAT+KD=runs/pard2-catkd/drafter
@@ -31,6 +35,7 @@ from flax import nnx  # noqa: E402
 import jaxspec  # noqa: E402
 from benchmarks.harness import RESULTS, chat_cases, code_cases, command_line, repo_relative, write_result  # noqa: E402
 from jaxspec.checkpoint.drafter_files import load_drafter  # noqa: E402
+from jaxspec.decoding.methods import prompt_lookup_block_tokens  # noqa: E402
 from jaxspec.train.acceptance import accepted_drafts, stats_of  # noqa: E402
 from jaxspec.train.pard_batch import full_counts, make_batch  # noqa: E402
 from jaxspec.train.pard_objective import aligned_features, drafter_logits, target_outputs  # noqa: E402
@@ -137,6 +142,24 @@ def path_interval(per_sequence: list, draws: int = 2000, seed: int = 0) -> list[
     return [round(float(np.percentile(picks[:, 0] / picks[:, 1], q)), 4) for q in (2.5, 97.5)]
 
 
+def setting_grid(accepted: list[np.ndarray], lookups: dict, num_blocks: int, guesses: int) -> list[dict]:
+    """S on the decoding path of each (K', N') setting: the drafter's first K' drafts (of the K in
+    `accepted`) beside prompt lookup's chain (`lookups[N']`, None = no lookup), per context the longer
+    accepted run of the two."""
+    out = []
+    for k in range(1, num_blocks + 1):
+        for n, looked in lookups.items():
+            runs = [np.minimum(a, k) for a in accepted]
+            if looked is not None:
+                runs = [np.maximum(r, b) for r, b in zip(runs, looked)]
+            per_sequence = [stats_of([a], num_blocks) for a in runs]
+            out.append({"draft_len": k, "lookup_ngram": n,
+                        "block_tokens": k + (1 if n is None else prompt_lookup_block_tokens(n, guesses)),
+                        "decode_path_s": round(stats_of(runs, num_blocks).path_s, 4),
+                        "decode_path_s_ci": path_interval(per_sequence)})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=jaxspec.checkpoint.loading.DEFAULT_MODEL)
@@ -151,6 +174,8 @@ def main(argv=None) -> int:
     ap.add_argument("--note", default="", help="what the drafters are (kept in the results and the report)")
     ap.add_argument("--lookup", metavar="N,G", help="also prompt lookup (n-gram size N, G candidates) alone and "
                     "beside each drafter (per context the longer accepted run of the two)")
+    ap.add_argument("--grid", action="store_true", help="also S on the decoding path of every K' <= K drafts "
+                    "beside no lookup or a lookup chain of N' = 2..K+1 (G of --lookup, else 1), per drafter and mode")
     args = ap.parse_args(argv)
 
     target = jaxspec.load(args.target)
@@ -158,7 +183,7 @@ def main(argv=None) -> int:
     sequences = greedy_sequences(target, [list(c.ids) for c in cases], args.new_tokens)
     rows = []
 
-    def row(name: str, folder: str | None, mode: str, k: int, accepted: list[np.ndarray]) -> None:
+    def row(name: str, folder: str | None, mode: str, k: int, accepted: list[np.ndarray], grid=None) -> None:
         per_sequence = [stats_of([a], k) for a in accepted]
         stats = stats_of(accepted, k)
         rows.append({"drafter": name, "folder": folder, "mode": mode, "k": k,
@@ -166,11 +191,13 @@ def main(argv=None) -> int:
                      # None where no context got that far (JSON has no NaN)
                      "position_rates": [round(float(x), 4) if x == x else None for x in stats.position_rates()],
                      "accepted_histogram": stats.accepted.tolist(), **bootstrap(per_sequence),
-                     "decode_path_s": round(stats.path_s, 4), "decode_path_s_ci": path_interval(per_sequence)})
+                     "decode_path_s": round(stats.path_s, 4), "decode_path_s_ci": path_interval(per_sequence),
+                     **({"grid": grid} if grid is not None else {})})
         print(f"{name:>8} {MODES.get(mode, mode):>18}: {stats.mean_length:.3f} tokens/step", file=sys.stderr)
 
     lookup = tuple(int(x) for x in args.lookup.split(",")) if args.lookup else None
-    looked_up = {}
+    looked_up, grid_lookups = {}, {}
+    guesses = lookup[1] if lookup else 1
     for spec in args.drafter:
         name, folder = spec.split("=", 1)
         drafter = load_drafter(folder, target=target)
@@ -181,7 +208,13 @@ def main(argv=None) -> int:
             row(f"prompt lookup (N={lookup[0]},G={lookup[1]})", None, "-", k, looked_up[k])
         for mode in [m for m in MODES if m == "ti" or drafter.projection is not None]:  # TD needs the features
             accepted = measure(target, drafter, sequences, k, use_features=mode == "td")
-            row(name, repo_relative(folder), mode, k, accepted)
+            grid = None
+            if args.grid:
+                if k not in grid_lookups:
+                    grid_lookups[k] = {None: None, **{n: lookup_accepted(sequences, k, n, guesses)
+                                                      for n in range(2, k + 2)}}
+                grid = setting_grid(accepted, grid_lookups[k], k, guesses)
+            row(name, repo_relative(folder), mode, k, accepted, grid)
             if lookup:
                 row(f"{name} + prompt lookup (N={lookup[0]},G={lookup[1]})", repo_relative(folder), mode, k,
                     [np.maximum(a, b) for a, b in zip(accepted, looked_up[k])])
@@ -189,6 +222,7 @@ def main(argv=None) -> int:
               "command": command_line(__file__, argv), "target": args.target, "prompts": len(cases),
               "prompt_files": [c.name for c in cases], "new_tokens": args.new_tokens,
               "prompt_kind": f"chat:{args.chat}" if args.chat else "code", "rows": rows,
+              **({"grid_lookup_guesses": guesses} if args.grid else {}),
               **({"note": args.note} if args.note else {})}
     write_result(result, args.out, args.name)
     return 0

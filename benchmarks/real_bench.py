@@ -53,7 +53,7 @@ METHODS = {
     # the drafter's chain and prompt-lookup candidates verified in one step
     **{f"speculative TD (K={k}) + lookup (N={n},G={g})":
        ("speculative", {"draft_len": k, "lookup_ngram": n, "lookup_guesses": g})
-       for k in (2, 3, 4) for n in (4, 5) for g in (1, 2)},
+       for k in (1, 2, 3, 4) for n in (2, 3, 4, 5) for g in (1, 2)},
     "hybrid (5,3,5) K=4": ("hybrid", {"window": 5, "ngram": 3, "guesses": 5, "draft_len": 4}),
     # the setting auto picks per request (its one-time measurements reported apart)
     "auto": ("auto", {}),

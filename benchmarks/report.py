@@ -226,6 +226,27 @@ def pard_ablation(r: dict) -> list[str]:
         lines.append(f"| {row['drafter']} | {PARD_MODES.get(row['mode'], row['mode'])} | {row['k']} | "
                      f"{cell(row['accept_length'], row.get('accept_length_ci'))} | "
                      f"{cell(row.get('decode_path_s'), row.get('decode_path_s_ci'))} | " + " | ".join(rates[:k]) + " |")
+    return lines + pard_setting_grid(r)
+
+
+def pard_setting_grid(r: dict) -> list[str]:
+    """pard_ablation --grid: S on the decoding path per (K', N') setting, with the tokens verified per step."""
+    gridded = [row for row in r["rows"] if row.get("grid")]
+    if not gridded:
+        return []
+    ngrams = sorted({g["lookup_ngram"] for row in gridded for g in row["grid"] if g["lookup_ngram"] is not None})
+    lines = ["", f"S on the decoding path of smaller settings: the drafter's first K' drafts alone or beside prompt "
+             f"lookup's chain (N', G={r['grid_lookup_guesses']}: the longer accepted run of the two per step); in "
+             "brackets the tokens the target verifies per step, which set the step's cost.", "",
+             "| drafter | mode | K' | no lookup | " + " | ".join(f"N'={n}" for n in ngrams) + " |",
+             "|---|---|---:|---:|" + "---:|" * len(ngrams)]
+    for row in gridded:
+        by = {(g["draft_len"], g["lookup_ngram"]): g for g in row["grid"]}
+        for k in sorted({g["draft_len"] for g in row["grid"]}):
+            cells = [f"{by[k, n]['decode_path_s']:.3f} ({by[k, n]['block_tokens']})" if (k, n) in by else "-"
+                     for n in [None, *ngrams]]
+            lines.append(f"| {row['drafter']} | {PARD_MODES.get(row['mode'], row['mode'])} | {k} | "
+                         + " | ".join(cells) + " |")
     return lines
 
 
@@ -724,6 +745,10 @@ SECTIONS = [
             "SmolLM2-135M-Instruct's forwards of 1-9 tokens and greedy decoding under XLA:CPU's option sets "
             "(XNNPACK, XNN / YNN dot fusion, oneDNN, 512-bit vectors), each in a fresh process, interleaved; an "
             "option is adoptable only if every token stays the default's.", cpu_options),
+    Section("cpu_cost", "What a verification forward of T tokens costs on this CPU, T = 1..10",
+            "python -m benchmarks.cpu_options --sets default --sizes 1-10 --name cpu_cost",
+            "c(T) at every block size a drafted step could verify (the default options only): which settings of "
+            "pard2_smollm2's grid a step can afford.", cpu_options),
     Section("lookahead_bench", "Lookahead Decoding over a (W, N, G) grid on stories260K",
             "python -m benchmarks.lookahead_bench",
             "Greedy, Jacobi, prompt lookup and lookahead on stories260K; S against the block size and the cost "

@@ -115,11 +115,33 @@ def test_pard_ablation_reports_s_on_the_decoding_path(tmp_path):
     from benchmarks import pard_ablation
 
     assert pard_ablation.main(["--drafter", "shipped=jaxspec/assets/pycode-5M-pard2", "--prompts", "2",
-                               "--new-tokens", "20", "--k", "4", "--lookup", "4,2", "--out", str(tmp_path),
+                               "--new-tokens", "20", "--k", "4", "--lookup", "4,2", "--grid", "--out", str(tmp_path),
                                "--name", "pard_ablation"]) == 0
     r = json.loads((tmp_path / "pard_ablation.json").read_text())
     assert len(r["rows"]) == 5  # lookup alone, then TD and TI, each alone and beside lookup
     for row in r["rows"]:
         lo, hi = row["decode_path_s_ci"]
         assert 1 <= lo <= row["decode_path_s"] <= hi <= 5
-    assert "| S on the decoding path |" in (tmp_path / "pard_ablation.md").read_text()
+    text = (tmp_path / "pard_ablation.md").read_text()
+    assert "| S on the decoding path |" in text
+    # --grid: K' = 1..4 x (no lookup, N' = 2..5); its (4, none) and (4, 4) settings are the rows above
+    for alone, beside in [r["rows"][1:3], r["rows"][3:5]]:
+        grid = {(g["draft_len"], g["lookup_ngram"]): g for g in alone["grid"]}
+        assert len(grid) == 20 and "grid" not in beside
+        assert grid[4, None]["decode_path_s"] == alone["decode_path_s"]
+        assert grid[4, 4]["decode_path_s"] == beside["decode_path_s"]
+        assert grid[4, 4]["block_tokens"] == 11 and grid[1, None]["block_tokens"] == 2  # 4 + 1 + 2 x 3, 1 + 1
+        assert all(1 <= g["decode_path_s"] <= g["draft_len"] + 1 for k, g in grid.items() if k[1] is None)
+    assert f"| shipped | target-dependent | 4 | {r['rows'][1]['decode_path_s']:.3f} (5) |" in text
+
+
+def test_cpu_options_sizes_parse_ranges_and_always_time_one_token():
+    """--sizes: lists and ranges, 1 added (c(T) is relative to the one-token forward), bad input refused."""
+    from benchmarks.cpu_options import parse_sizes
+
+    assert parse_sizes("1-10") == tuple(range(1, 11))
+    assert parse_sizes("2,3,5,9") == (1, 2, 3, 5, 9)
+    assert parse_sizes("4,2-3") == (1, 2, 3, 4)
+    for bad in ("a", "0-3", "3-"):
+        with pytest.raises(SystemExit, match="--sizes"):
+            parse_sizes(bad)
