@@ -192,6 +192,8 @@ def main(argv=None) -> int:
                      "position_rates": [round(float(x), 4) if x == x else None for x in stats.position_rates()],
                      "accepted_histogram": stats.accepted.tolist(), **bootstrap(per_sequence),
                      "decode_path_s": round(stats.path_s, 4), "decode_path_s_ci": path_interval(per_sequence),
+                     "decode_path_position_rates": [round(float(x), 4) if x == x else None
+                                                    for x in stats.path_position_rates()],
                      **({"grid": grid} if grid is not None else {})})
         print(f"{name:>8} {MODES.get(mode, mode):>18}: {stats.mean_length:.3f} tokens/step", file=sys.stderr)
 

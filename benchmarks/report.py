@@ -226,7 +226,22 @@ def pard_ablation(r: dict) -> list[str]:
         lines.append(f"| {row['drafter']} | {PARD_MODES.get(row['mode'], row['mode'])} | {row['k']} | "
                      f"{cell(row['accept_length'], row.get('accept_length_ci'))} | "
                      f"{cell(row.get('decode_path_s'), row.get('decode_path_s_ci'))} | " + " | ".join(rates[:k]) + " |")
-    return lines + pard_setting_grid(r)
+    return lines + pard_path_rates(r, k) + pard_setting_grid(r)
+
+
+def pard_path_rates(r: dict, k: int) -> list[str]:
+    """a_k over the contexts where decoding steps start (those right after a rejection), beside a_k
+    over every context above: what a decoding run's a_k should be compared with."""
+    rows = [row for row in r["rows"] if row.get("decode_path_position_rates")]
+    if not rows:
+        return []
+    lines = ["", "a_k over the contexts where a step of the decoding path starts (just after a rejection and its "
+             "bonus token), the a_k a decoding run measures:", "",
+             "| drafter | mode | " + " | ".join(f"a_{i}" for i in range(1, k + 1)) + " |", "|---|---|" + "---:|" * k]
+    for row in rows:
+        rates = [("-" if x is None else f"{x:.3f}") for x in row["decode_path_position_rates"][:k]] + ["-"] * k
+        lines.append(f"| {row['drafter']} | {PARD_MODES.get(row['mode'], row['mode'])} | " + " | ".join(rates[:k]) + " |")
+    return lines
 
 
 def pard_setting_grid(r: dict) -> list[str]:

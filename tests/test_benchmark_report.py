@@ -123,7 +123,8 @@ def test_pard_ablation_reports_s_on_the_decoding_path(tmp_path):
         lo, hi = row["decode_path_s_ci"]
         assert 1 <= lo <= row["decode_path_s"] <= hi <= 5
     text = (tmp_path / "pard_ablation.md").read_text()
-    assert "| S on the decoding path |" in text
+    assert "| S on the decoding path |" in text and "where a step of the decoding path starts" in text
+    assert all(len(row["decode_path_position_rates"]) == 4 for row in r["rows"])
     # --grid: K' = 1..4 x (no lookup, N' = 2..5); its (4, none) and (4, 4) settings are the rows above
     for alone, beside in [r["rows"][1:3], r["rows"][3:5]]:
         grid = {(g["draft_len"], g["lookup_ngram"]): g for g in alone["grid"]}

@@ -473,9 +473,14 @@ def test_decode_path_starts_each_step_after_the_previous_ones_run():
 
     accepted = np.array([3, 3, 2, 1, 0, 0, 1, 0, 2, 1])
     # steps start at contexts 0 (4 tokens), 4 (1), 5 (1), 6 (2), 8 (3: past the last context)
-    assert decode_path(accepted) == (11, 5)
-    assert stats_of([accepted], 4).mean_length == pytest.approx(2.3)  # every context counted: higher
-    assert decode_path(np.zeros(4, np.int64)) == (4, 4) and decode_path(np.zeros(0, np.int64)) == (0, 0)
+    np.testing.assert_array_equal(decode_path(accepted), [3, 0, 0, 1, 2])
+    stats = stats_of([accepted], 4)
+    assert stats.mean_length == pytest.approx(2.3)  # every context counted: higher
+    assert (stats.path_tokens, stats.path_steps) == (11, 5)
+    # a_k where steps start: 3 of 5 accept draft 1, 2 of those 3 draft 2, 1 of 2 draft 3, 0 of 1 draft 4
+    np.testing.assert_allclose(stats.path_position_rates(), [3 / 5, 2 / 3, 1 / 2, 0])
+    np.testing.assert_array_equal(decode_path(np.zeros(4, np.int64)), [0, 0, 0, 0])
+    assert len(decode_path(np.zeros(0, np.int64))) == 0
 
 
 def test_draft_vocabulary_is_the_most_frequent_ids_with_the_end_of_turn():

@@ -18,12 +18,19 @@ import numpy as np
 from jaxtyping import Bool, Int
 
 
+def _rates(accepted: np.ndarray) -> np.ndarray:
+    """a_k = P(draft k accepted | drafts 1..k-1 accepted), k = 1..K, from a histogram of accepted
+    counts (NaN where unreached)."""
+    reached = accepted[::-1].cumsum()[::-1]  # reached[k] = #(accepted >= k)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return reached[1:] / reached[:-1]
+
+
 @dataclasses.dataclass(frozen=True)
 class AcceptanceStats:
     contexts: int
     accepted: np.ndarray  # [K + 1]: how many contexts accepted exactly a drafts, a = 0..K
-    path_tokens: int = 0  # along each text's decoding path (`decode_path`), when counted
-    path_steps: int = 0
+    path_accepted: np.ndarray  # [K + 1]: the same over the steps of each text's decoding path (`decode_path`)
 
     @property
     def num_blocks(self) -> int:
@@ -35,19 +42,30 @@ class AcceptanceStats:
         return float((self.accepted * (np.arange(len(self.accepted)) + 1)).sum() / max(self.contexts, 1))
 
     def position_rates(self) -> np.ndarray:
-        """a_k: P(draft k accepted | drafts 1..k-1 accepted), k = 1..K (NaN where unreached)."""
-        reached = self.accepted[::-1].cumsum()[::-1]  # reached[k] = #(accepted >= k)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return reached[1:] / reached[:-1]
+        """a_k: P(draft k accepted | drafts 1..k-1 accepted) over every context, k = 1..K."""
+        return _rates(self.accepted)
+
+    def path_position_rates(self) -> np.ndarray:
+        """a_k over the contexts where a decoding step starts (those just after a rejection and its
+        bonus token: harder ones where acceptance comes in runs), what decoding measures."""
+        return _rates(self.path_accepted)
+
+    @property
+    def path_steps(self) -> int:
+        return int(self.path_accepted.sum())
+
+    @property
+    def path_tokens(self) -> int:
+        return int((self.path_accepted * (np.arange(len(self.path_accepted)) + 1)).sum())
 
     @property
     def path_s(self) -> float | None:
-        """Tokens per step along the texts' decoding paths (`decode_path`); None when not counted."""
+        """Tokens per step along the texts' decoding paths (`decode_path`); None without steps."""
         return self.path_tokens / self.path_steps if self.path_steps else None
 
     def __add__(self, other: "AcceptanceStats") -> "AcceptanceStats":
         return AcceptanceStats(self.contexts + other.contexts, self.accepted + other.accepted,
-                               self.path_tokens + other.path_tokens, self.path_steps + other.path_steps)
+                               self.path_accepted + other.path_accepted)
 
 
 def accepted_drafts(correct: Bool[np.ndarray, "b n"], block_ids: Int[np.ndarray, "b n"],
@@ -85,10 +103,12 @@ def _accepted_at(correct, block_ids, positions, num_blocks, seq_len, first_conte
 def stats_of(accepted: list[np.ndarray], num_blocks: int) -> AcceptanceStats:
     """AcceptanceStats of per-context accepted-draft counts, each array one text's consecutive
     contexts (its `decode_path` counted)."""
-    every = np.concatenate([np.asarray(a, np.int64) for a in accepted]) if accepted else np.zeros(0, np.int64)
-    paths = np.array([decode_path(a) for a in accepted], np.int64).reshape(-1, 2)  # (tokens, steps) per text
-    return AcceptanceStats(len(every), np.bincount(every, minlength=num_blocks + 1)[:num_blocks + 1],
-                           int(paths[:, 0].sum()), int(paths[:, 1].sum()))
+    def histogram(counts: list[np.ndarray]) -> np.ndarray:
+        every = np.concatenate([np.asarray(a, np.int64) for a in counts]) if counts else np.zeros(0, np.int64)
+        return np.bincount(every, minlength=num_blocks + 1)[:num_blocks + 1]
+
+    return AcceptanceStats(sum(len(a) for a in accepted), histogram(accepted),
+                           histogram([decode_path(a) for a in accepted]))
 
 
 def acceptance(correct: Bool[np.ndarray, "b n"], block_ids: Int[np.ndarray, "b n"],
@@ -103,16 +123,16 @@ def acceptance(correct: Bool[np.ndarray, "b n"], block_ids: Int[np.ndarray, "b n
                     num_blocks)
 
 
-def decode_path(accepted: Int[np.ndarray, " n"]) -> tuple[int, int]:
-    """(tokens, steps) of greedy speculative decoding along one text whose consecutive contexts
-    accept `accepted[i]` drafts each: a step starts where the previous step's accepted drafts and
-    bonus token ended, so a context inside an accepted run never starts a step. tokens / steps is
-    the S decoding that text would get; the mean over every context (`AcceptanceStats.mean_length`)
-    counts a long accepted run at each of its positions, so it is higher where acceptance comes in
-    runs (repeated text). The last step may run past the contexts into the text they were
-    scored against."""
-    tokens = steps = 0
-    while tokens < len(accepted):
-        tokens += int(accepted[tokens]) + 1
-        steps += 1
-    return tokens, steps
+def decode_path(accepted: Int[np.ndarray, " n"]) -> Int[np.ndarray, " steps"]:
+    """The accepted drafts of each step of greedy speculative decoding along one text whose
+    consecutive contexts accept `accepted[i]` drafts each: a step starts where the previous step's
+    accepted drafts and bonus token ended, so a context inside an accepted run never starts a step.
+    sum(steps + 1) / len(steps) is the S decoding that text would get; the mean over every context
+    (`AcceptanceStats.mean_length`) counts a long accepted run at each of its positions, so it is
+    higher where acceptance comes in runs (repeated text). The last step may run past the contexts
+    into the text they were scored against."""
+    steps, at = [], 0
+    while at < len(accepted):
+        steps.append(int(accepted[at]))
+        at += steps[-1] + 1
+    return np.asarray(steps, np.int64)

@@ -486,7 +486,8 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
         counting only contexts whose first draft is a scored token (a reply's)."""
         total = heldout.num_sequences // batch
         n = total if not num_batches else min(num_batches, total)
-        stats = {"td": AcceptanceStats(0, np.zeros(p.num_blocks + 1, np.int64))}
+        none = np.zeros(p.num_blocks + 1, np.int64)
+        stats = {"td": AcceptanceStats(0, none, none)}
         stats["ti"] = stats["td"]
         full = full_counts(cfg.data.seq_len, p.num_blocks)
         for i in range(n):
@@ -504,6 +505,7 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
                 out[f"accept_len_{mode}"] = s.mean_length
                 out[f"path_s_{mode}"] = s.path_s  # S along each reply's decoding path (`decode_path`)
                 out[f"position_rates_{mode}"] = [round(float(x), 4) for x in s.position_rates()]
+                out[f"path_position_rates_{mode}"] = [round(float(x), 4) for x in s.path_position_rates()]
                 out["eval_contexts"] = s.contexts
         return out
 
