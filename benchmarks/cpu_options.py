@@ -53,8 +53,8 @@ def parse_sizes(text: str) -> tuple[int, ...]:
             range(int(part.split("-")[0]), int(part.split("-")[1]) + 1) if "-" in part else [part])}
     except ValueError:
         raise SystemExit(f"--sizes: {text!r} is not a list of token counts like 1,2,3,5,9 or 1-10") from None
-    if min(sizes) < 1:
-        raise SystemExit(f"--sizes: {text!r} has a count below 1")
+    if not sizes or min(sizes) < 1:
+        raise SystemExit(f"--sizes: {text!r} has no count, or one below 1")
     return tuple(sorted(sizes | {1}))
 
 
