@@ -142,6 +142,11 @@ def path_interval(per_sequence: list, draws: int = 2000, seed: int = 0) -> list[
     return [round(float(np.percentile(picks[:, 0] / picks[:, 1], q)), 4) for q in (2.5, 97.5)]
 
 
+def beside(drafted: list[np.ndarray], looked: list[np.ndarray]) -> list[np.ndarray]:
+    """Per context, the longer accepted run of the drafter's chain and the lookup chain verified with it."""
+    return [np.maximum(a, b) for a, b in zip(drafted, looked)]
+
+
 def setting_grid(accepted: list[np.ndarray], lookups: dict, num_blocks: int, guesses: int) -> list[dict]:
     """S on the decoding path of each (K', N') setting: the drafter's first K' drafts (of the K in
     `accepted`) beside prompt lookup's chain (`lookups[N']`, None = no lookup), per context the longer
@@ -151,7 +156,7 @@ def setting_grid(accepted: list[np.ndarray], lookups: dict, num_blocks: int, gue
         for n, looked in lookups.items():
             runs = [np.minimum(a, k) for a in accepted]
             if looked is not None:
-                runs = [np.maximum(r, b) for r, b in zip(runs, looked)]
+                runs = beside(runs, looked)
             per_sequence = [stats_of([a], num_blocks) for a in runs]
             out.append({"draft_len": k, "lookup_ngram": n,
                         "block_tokens": k + (1 if n is None else prompt_lookup_block_tokens(n, guesses)),
@@ -198,28 +203,33 @@ def main(argv=None) -> int:
         print(f"{name:>8} {MODES.get(mode, mode):>18}: {stats.mean_length:.3f} tokens/step", file=sys.stderr)
 
     lookup = tuple(int(x) for x in args.lookup.split(",")) if args.lookup else None
-    looked_up, grid_lookups = {}, {}
     guesses = lookup[1] if lookup else 1
+    lookups: dict[tuple, list[np.ndarray]] = {}
+
+    def looked_up(k: int, n: int, g: int) -> list[np.ndarray]:  # each (K, N, G) computed once
+        if (k, n, g) not in lookups:
+            lookups[k, n, g] = lookup_accepted(sequences, k, n, g)
+        return lookups[k, n, g]
+
+    shown = set()
     for spec in args.drafter:
         name, folder = spec.split("=", 1)
         drafter = load_drafter(folder, target=target)
         drafter.check_compatible(target.config)
         k = args.k or drafter.draft_len
-        if lookup and k not in looked_up:
-            looked_up[k] = lookup_accepted(sequences, k, *lookup)
-            row(f"prompt lookup (N={lookup[0]},G={lookup[1]})", None, "-", k, looked_up[k])
+        if lookup and k not in shown:
+            shown.add(k)
+            row(f"prompt lookup (N={lookup[0]},G={lookup[1]})", None, "-", k, looked_up(k, *lookup))
         for mode in [m for m in MODES if m == "ti" or drafter.projection is not None]:  # TD needs the features
             accepted = measure(target, drafter, sequences, k, use_features=mode == "td")
             grid = None
             if args.grid:
-                if k not in grid_lookups:
-                    grid_lookups[k] = {None: None, **{n: lookup_accepted(sequences, k, n, guesses)
-                                                      for n in range(2, k + 2)}}
-                grid = setting_grid(accepted, grid_lookups[k], k, guesses)
+                grid = setting_grid(accepted, {None: None, **{n: looked_up(k, n, guesses) for n in range(2, k + 2)}},
+                                    k, guesses)
             row(name, repo_relative(folder), mode, k, accepted, grid)
             if lookup:
                 row(f"{name} + prompt lookup (N={lookup[0]},G={lookup[1]})", repo_relative(folder), mode, k,
-                    [np.maximum(a, b) for a, b in zip(accepted, looked_up[k])])
+                    beside(accepted, looked_up(k, *lookup)))
     result = {"benchmark": "pard_ablation", "title": f"PARD-2 drafters on {args.target}: teacher-forced acceptance",
               "command": command_line(__file__, argv), "target": args.target, "prompts": len(cases),
               "prompt_files": [c.name for c in cases], "new_tokens": args.new_tokens,
