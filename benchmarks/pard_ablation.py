@@ -36,7 +36,7 @@ import jaxspec  # noqa: E402
 from benchmarks.harness import RESULTS, chat_cases, code_cases, command_line, repo_relative, write_result  # noqa: E402
 from jaxspec.checkpoint.drafter_files import load_drafter  # noqa: E402
 from jaxspec.decoding.methods import prompt_lookup_block_tokens  # noqa: E402
-from jaxspec.train.acceptance import accepted_drafts, stats_of  # noqa: E402
+from jaxspec.train.acceptance import accepted_drafts, conditional_rates, stats_of  # noqa: E402
 from jaxspec.train.pard_batch import full_counts, make_batch  # noqa: E402
 from jaxspec.train.pard_objective import aligned_features, drafter_logits, target_outputs  # noqa: E402
 
@@ -122,9 +122,7 @@ def bootstrap(per_sequence: list, draws: int = 2000, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     picks = counts[rng.integers(0, len(counts), (draws, len(counts)))].sum(axis=1)  # [draws, K + 1]
     lengths = (picks * (np.arange(picks.shape[1]) + 1)).sum(1) / picks.sum(1)
-    reached = picks[:, ::-1].cumsum(1)[:, ::-1]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rates = reached[:, 1:] / reached[:, :-1]
+    rates = conditional_rates(picks)
 
     def interval(x):
         x = x[np.isfinite(x)]

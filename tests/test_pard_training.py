@@ -483,6 +483,17 @@ def test_decode_path_starts_each_step_after_the_previous_ones_run():
     assert len(decode_path(np.zeros(0, np.int64))) == 0
 
 
+def test_conditional_rates_of_a_stack_of_histograms_are_each_histograms_rates():
+    from jaxspec.train.acceptance import conditional_rates
+
+    hists = np.array([[2, 0, 1, 3], [0, 0, 0, 0], [1, 1, 1, 1]])  # [draws, K + 1]: contexts accepting 0..3
+    np.testing.assert_allclose(conditional_rates(hists[0]), [4 / 6, 4 / 4, 3 / 4])
+    stacked = conditional_rates(hists)
+    for row, hist in zip(stacked, hists):
+        np.testing.assert_array_equal(row, conditional_rates(hist))  # NaN where unreached, in both
+    assert np.isnan(stacked[1]).all() and stacked.shape == (3, 3)
+
+
 def test_draft_vocabulary_is_the_most_frequent_ids_with_the_end_of_turn():
     from jaxspec.train.drafter_trainer import draft_vocabulary
 

@@ -18,12 +18,12 @@ import numpy as np
 from jaxtyping import Bool, Int
 
 
-def _rates(accepted: np.ndarray) -> np.ndarray:
-    """a_k = P(draft k accepted | drafts 1..k-1 accepted), k = 1..K, from a histogram of accepted
-    counts (NaN where unreached)."""
-    reached = accepted[::-1].cumsum()[::-1]  # reached[k] = #(accepted >= k)
+def conditional_rates(accepted: np.ndarray) -> np.ndarray:
+    """a_k = P(draft k accepted | drafts 1..k-1 accepted), k = 1..K, from histograms of accepted
+    counts on the last axis ([..., K + 1] -> [..., K]; NaN where unreached)."""
+    reached = np.flip(np.flip(accepted, -1).cumsum(-1), -1)  # reached[..., k] = #(accepted >= k)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return reached[1:] / reached[:-1]
+        return reached[..., 1:] / reached[..., :-1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,12 +43,12 @@ class AcceptanceStats:
 
     def position_rates(self) -> np.ndarray:
         """a_k: P(draft k accepted | drafts 1..k-1 accepted) over every context, k = 1..K."""
-        return _rates(self.accepted)
+        return conditional_rates(self.accepted)
 
     def path_position_rates(self) -> np.ndarray:
         """a_k over the contexts where a decoding step starts (those just after a rejection and its
         bonus token: harder ones where acceptance comes in runs), what decoding measures."""
-        return _rates(self.path_accepted)
+        return conditional_rates(self.path_accepted)
 
     @property
     def path_steps(self) -> int:
