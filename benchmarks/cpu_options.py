@@ -39,6 +39,9 @@ OPTION_SETS = {
     "xnnpack": "--xla_cpu_use_xnnpack=true",
     "xnn dot fusion": "--xla_cpu_experimental_xnn_fusion_type=dot",
     "ynn dot fusion": "--xla_cpu_experimental_ynn_fusion_type=dot",
+    # An empty list turns YNNPACK off: JAX 0.10's XLA:CPU already hands every dot of 2+ rows to it
+    # (the compiled HLO's `__ynn_fusion`s), so this set is the Eigen path those dots had before.
+    "no ynn (eigen dots)": "--xla_cpu_experimental_ynn_fusion_type=",
     "onednn": "--xla_cpu_use_onednn=true",
     "onednn custom calls": "--xla_cpu_experimental_onednn_custom_call=true",
     "eigen single-threaded": "--xla_cpu_multi_thread_eigen=false",

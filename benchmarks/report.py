@@ -764,6 +764,10 @@ SECTIONS = [
             "python -m benchmarks.cpu_options --sets default --sizes 1-10 --name cpu_cost",
             "c(T) at every block size a drafted step could verify (the default options only): which settings of "
             "pard2_smollm2's grid a step can afford.", cpu_options),
+    Section("cpu_ynn", "Multi-row dots with and without YNNPACK",
+            'python -m benchmarks.cpu_options --sets "default,no ynn (eigen dots)" --rounds 2 --name cpu_ynn',
+            "JAX 0.10's XLA:CPU hands every dot of 2+ rows to YNNPACK; the same forwards and greedy decoding "
+            "with it turned off (Eigen's dots): what the default's c(T) owes to it.", cpu_options),
     Section("lookahead_bench", "Lookahead Decoding over a (W, N, G) grid on stories260K",
             "python -m benchmarks.lookahead_bench",
             "Greedy, Jacobi, prompt lookup and lookahead on stories260K; S against the block size and the cost "
