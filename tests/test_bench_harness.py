@@ -86,3 +86,13 @@ def test_an_interrupted_run_resumes_and_says_so(model, tmp_path):
         run_decode(dataclasses.replace(b, new_tokens=4), journal, progress=False)
     assert Journal(journal, signature(dataclasses.replace(b, new_tokens=4)), fresh=True).resumed == 0
     assert json.loads(journal.read_text().splitlines()[0])["signature"] == signature(dataclasses.replace(b, new_tokens=4))
+
+
+def test_a_recorded_command_names_repository_paths_relative_to_the_root(tmp_path):
+    from benchmarks.harness.machine import ROOT
+    from benchmarks.harness.result import command_line
+
+    line = command_line("benchmarks/real_bench.py", ["--out", str(ROOT / "benchmarks" / "results"), "--name", "x y",
+                                                     "--data", str(tmp_path / "train.npy")])
+    assert line == (f"python -m benchmarks.real_bench --out benchmarks/results --name 'x y' "
+                    f"--data {tmp_path / 'train.npy'}")  # a path outside the checkout is kept as given

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from benchmarks.harness.machine import RESULTS, machine_info
+from benchmarks.harness.machine import RESULTS, ROOT, machine_info, repo_relative
 
 
 def now() -> str:
@@ -27,7 +27,14 @@ def now() -> str:
 def command_line(script: str, argv) -> str:
     """The command that reruns a benchmark, from the repository root: `python -m benchmarks.NAME ARGS`."""
     args = sys.argv[1:] if argv is None else list(argv)
-    return " ".join(["python", "-m", f"benchmarks.{Path(script).stem}", *map(shlex.quote, args)])
+    return " ".join(["python", "-m", f"benchmarks.{Path(script).stem}", *(shlex.quote(_portable(a)) for a in args)])
+
+
+def _portable(arg: str) -> str:
+    """An argument naming a path inside the repository, as a path relative to it (as the command
+    runs from the root): a result must not record this machine's checkout."""
+    path = Path(arg)
+    return repo_relative(path) if path.is_absolute() and path.resolve().is_relative_to(ROOT) else arg
 
 
 def dumps(result: dict) -> str:
