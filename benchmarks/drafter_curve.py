@@ -11,8 +11,14 @@ held-out contexts is in the table. Runs that log it also give S along each reply
 (least squares over its points after step 0): what a doubling of training bought, the
 learning curve's own prediction of what more steps would.
 
+`--earlier RESULT` carries the runs of an earlier curve (its committed JSON) as they were
+recorded, for stages whose run folders are gone; a `--run` of the same label replaces its
+carried namesake, so rerunning a command that reads the result it writes changes nothing else.
+
     python -m benchmarks.drafter_curve --run "stage 1=runs/pard2-smollm2" \\
         --run "stage 2=runs/pard2-smollm2-stage2@450" --name pard2_smollm2_curve
+    python -m benchmarks.drafter_curve --earlier benchmarks/results/pard2_smollm2_curve.json \\
+        --run "stage 3=runs/pard2-smollm2-stage3@1450" --name pard2_smollm2_curve
 
 Writes benchmarks/results/<name>.{json,md,png}.
 """
@@ -84,8 +90,22 @@ def curve(label: str, folder: Path, offset: int) -> dict:
             "td_per_doubling": doubling_slope(later, "td"), "ti_per_doubling": doubling_slope(later, "ti")}
 
 
+def carried_runs(path: Path, replaced: set[str]) -> list[dict]:
+    """The runs an earlier drafter_curve result recorded, but those whose label is in `replaced`."""
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--earlier {path}: not readable as a result ({e})")
+    if earlier.get("benchmark") != "drafter_curve":
+        raise SystemExit(f"--earlier {path}: not a drafter_curve result")
+    recorded = f"{path.name} of {earlier.get('date', '?')[:10]}"
+    return [{**run, "carried_from": run.get("carried_from", recorded)} for run in earlier["runs"]
+            if run["label"] not in replaced]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--earlier", type=Path, help="an earlier drafter_curve result (JSON) whose runs are carried")
     p.add_argument("--run", dest="runs", action="append", type=parse_run, required=True,
                    metavar="LABEL=FOLDER[@OFFSET]", help="a train-drafter run folder; OFFSET: the steps before it")
     p.add_argument("--target", default="smollm2-135m-instruct", help="the runs' target (for the title)")
@@ -93,8 +113,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--name", default="drafter_curve")
     args = p.parse_args(argv)
+    carried = carried_runs(args.earlier, {label for label, _, _ in args.runs}) if args.earlier else []
     result = {"benchmark": "drafter_curve", "title": f"Learning curve of {args.target}'s drafter",
-              "target": args.target, "note": args.note, "runs": [curve(*run) for run in args.runs],
+              "target": args.target, "note": args.note, "runs": carried + [curve(*run) for run in args.runs],
               "command": command_line(__file__, argv)}
     write_result(result, args.out, args.name)
     return 0

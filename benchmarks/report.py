@@ -313,7 +313,8 @@ def drafter_curve(r: dict) -> list[str]:
     lines += ["", "Per run, acceptance gained per doubling of total steps (least squares over its points after "
               "step 0):", ""]
     lines += [f"- {run['label']} (`{run['run']}`, init {run['init']}, K = {run['num_blocks']}"
-              + (f", {run['chat_parts']} part(s) of chat data" if run.get("chat_parts") else "") + "): TD "
+              + (f", {run['chat_parts']} part(s) of chat data" if run.get("chat_parts") else "")
+              + (f"; carried from `{run['carried_from']}`" if run.get("carried_from") else "") + "): TD "
               f"{_f(run['td_per_doubling'], '+.3f')}, TI {_f(run['ti_per_doubling'], '+.3f')}" for run in r["runs"]]
     return lines
 

@@ -108,6 +108,27 @@ def test_drafter_curve_chains_stages_and_measures_what_a_doubling_bought(tmp_pat
     with pytest.raises(SystemExit, match="metrics.jsonl is missing"):
         drafter_curve.main(["--run", f"x={tmp_path}", "--out", str(out)])
 
+    # A later stage whose earlier run folders are gone: their points come from the committed curve,
+    # a --run of the same label replaces its carried namesake, and a rerun of that same command
+    # (reading the result it wrote) leaves the runs as they were.
+    import shutil
+    shutil.rmtree(first)
+    third = run("three", [0, 800], 1600)
+    again = ["--earlier", str(out / "pard2_smollm2_curve.json"), "--run", f"stage 2={second}@400",
+             "--run", f"stage 3={third}@1600", "--out", str(out), "--name", "pard2_smollm2_curve"]
+    for _ in range(2):
+        assert drafter_curve.main(again) == 0
+        r = json.loads((out / "pard2_smollm2_curve.json").read_text())
+        assert [run["label"] for run in r["runs"]] == ["stage 1", "stage 2", "stage 3"]
+        assert r["runs"][0]["points"] == one["points"] and r["runs"][0]["carried_from"].startswith(
+            "pard2_smollm2_curve.json of ")
+        assert "carried_from" not in r["runs"][1] and r["runs"][2]["points"][-1]["total_step"] == 2400
+    assert "carried from `pard2_smollm2_curve.json of " in (out / "pard2_smollm2_curve.md").read_text()
+    assert not [p for p in report.check(out) if p.startswith("pard2_smollm2_curve")]
+    (out / "other.json").write_text(json.dumps({"benchmark": "real_bench"}))
+    with pytest.raises(SystemExit, match="not a drafter_curve result"):
+        drafter_curve.main(["--earlier", str(out / "other.json"), "--run", f"x={third}", "--out", str(out)])
+
 
 def test_pard_ablation_reports_s_on_the_decoding_path(tmp_path):
     """benchmarks/pard_ablation.py on the default model's shipped drafter (2 prompts): every row has
