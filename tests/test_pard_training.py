@@ -468,6 +468,30 @@ def test_chat_data_grows_in_parts_and_reuses_the_parts_made(tmp_path, monkeypatc
         chat_data.prepare(target, dataclasses.replace(two, reply_tokens=24), tmp_path / "b", 0, digest, **quiet)
 
 
+def test_chat_data_parts_made_in_worker_processes_are_the_data_one_process_makes(tmp_path):
+    """prepare(workers=2) makes its two parts in two spawned processes that load the target
+    themselves; the packed data is byte for byte what one process makes."""
+    import dataclasses
+
+    import jaxspec
+    from jaxspec.train import chat_data
+
+    target = jaxspec.load("pycode-5M")
+    cfg = dataclasses.replace(_chat_recipe().chat, questions=8, code_prompts=6, parts=2)
+    said = []
+    alone = chat_data.prepare(target, cfg, tmp_path / "one", 3, "d", log=lambda *a, **k: None, progress=False)
+    side_by_side = chat_data.prepare(target, cfg, tmp_path / "two", 3, "d", log=said.append, progress=False,
+                                     workers=2, target_path="pycode-5M")
+    assert said[0] == "chat data: making 2 part(s) in 2 processes"
+    assert sorted(said[1:3]) == [f"chat data: part {s} made ({p['prompts']} prompts)"
+                                 for s, p in zip((3, 4), alone["parts_made"])]
+    assert side_by_side["parts_made"] == alone["parts_made"] and alone["train_tokens"] > 0
+    for name in ("train.npy", "heldout.npy", "train_reply.npy", "heldout_reply.npy", "conversations.jsonl"):
+        assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
+    with pytest.raises(ValueError, match="needs target_path"):
+        chat_data.prepare(target, cfg, tmp_path / "three", 3, "d", progress=False, workers=2)
+
+
 def test_decode_path_starts_each_step_after_the_previous_ones_run():
     from jaxspec.train.acceptance import decode_path, stats_of
 

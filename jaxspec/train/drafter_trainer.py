@@ -346,8 +346,9 @@ def export_drafter(cfg: DrafterTrainConfig, params, drafter_config, target: Mode
 
 
 def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool = False, log: Callable = print,
-                  progress: bool = True, export: bool = True) -> DrafterTrainResult:
-    """Train the drafter `cfg` describes into `out_dir` (module docstring); returns the final metrics."""
+                  progress: bool = True, export: bool = True, data_workers: int = 1) -> DrafterTrainResult:
+    """Train the drafter `cfg` describes into `out_dir` (module docstring); returns the final metrics.
+    `data_workers`: chat-data parts made at once, each in its own process (one process here)."""
     out = Path(out_dir)
     is_main = jax.process_index() == 0
     ckpt_dir = out / "checkpoints"
@@ -364,7 +365,9 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     clock = None
     if cfg.data.corpus == "chat":  # the target's replies to chat prompts (`chat_data`)
         data_meta = chat_data.prepare(target, cfg.chat, out / "data", cfg.train.seed,
-                                      distill_data.params_digest(target.params), log=say, progress=progress and is_main)
+                                      distill_data.params_digest(target.params), log=say, progress=progress and is_main,
+                                      workers=data_workers if jax.process_count() == 1 else 1,
+                                      target_path=cfg.target.path)
         fingerprint = data_meta["fingerprint"]
         clock = chat_data.StageClock(next((out / "data").glob(f"chat-{fingerprint}")) / "timing.json")
     else:
