@@ -320,9 +320,9 @@ def _make_part_worker(target_path: str, dtype: str, cfg: ChatDataConfig, stages:
 def make_parts_in_workers(target_path: str, dtype: str, cfg: ChatDataConfig, stages: list[tuple[Path, int]],
                           workers: int, log: Callable) -> None:
     """Make the parts (stage folder, seed) in `workers` processes at once, each loading the target
-    itself. On this project's 2-core CPU one process generating a part keeps about one core busy
-    (stage 4's parts: 55 s per reply batch with two made side by side, each pinned to a core,
-    against 67 s alone). Every batch file is a function of (seed, batch index) alone and written
+    itself. On this project's 2-core CPU one process generating a part keeps about one core busy:
+    SmolLM2's parts 4 and 5 made side by side took 52 and 51 wall minutes, part 5 alone 54.
+    Every batch file is a function of (seed, batch index) alone and written
     atomically, so the files are those one process would write; `prepare` then reads them."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
