@@ -16,17 +16,19 @@ import pytest
 from flax import nnx
 
 import jaxspec
-from jaxspec.checkpoint.drafter_files import load_drafter
+from jaxspec.checkpoint.drafter_files import DRAFT_FILE, load_drafter
+from jaxspec.checkpoint.safetensors_io import write_safetensors
 from jaxspec.decoding.sources.base import Start, Step
 from jaxspec.decoding.sources.drafter import DraftSpec, PardDrafter
 from jaxspec.decoding.sampling import SamplingParams
+from jaxspec.errors import ConfigError
 from jaxspec.train import target_cache
 from jaxspec.train.acceptance import acceptance
 from jaxspec.train.train_config import OptimConfig, resolve_schedule_steps
 from jaxspec.train.corpus import PackedData
 from jaxspec.train.drafter_config import load_drafter_config
-from jaxspec.train.drafter_trainer import (DrafterParts, draft_vocabulary, init_drafter, init_projection,
-                                           make_drafter_steps, vocab_coverage)
+from jaxspec.train.drafter_trainer import (DrafterParts, draft_vocabulary, init_draft_vocabulary, init_drafter,
+                                           init_projection, make_drafter_steps, vocab_coverage)
 from jaxspec.train.pard_batch import cod_counts, full_counts, make_batch
 from jaxspec.train.pard_objective import aligned_features, drafter_logits, target_outputs
 from jaxspec.train.trainer import make_optimizer
@@ -118,6 +120,36 @@ def test_a_draft_vocabulary_by_coverage():
     vocab = draft_vocabulary(big, 0, 4000, coverage=0.5)
     assert len(vocab) == 512 and vocab_coverage(big, vocab) >= 0.5
     assert vocab_coverage(big, draft_vocabulary(big, 0, 4000, coverage=0.5)[:-256]) < 0.5
+
+
+def test_a_next_stage_keeps_the_init_drafters_draft_vocabulary(tmp_path):
+    """vocab_keep_init: V' = this data's coverage choice + the earlier drafter's ids, topped up to a
+    multiple of 256 by the next most frequent ids (stage 4 recomputed V' from its own parts and
+    lost 1.2 points of held-out coverage that stage 3's ids had)."""
+    big = np.repeat(np.arange(1000), np.arange(1000, 0, -1))  # id i occurs 1000 - i times
+    keep = np.array([3, 990, 2000, 3999], np.int32)  # 2000, 3999: never in this data
+    vocab = draft_vocabulary(big, 0, 4000, coverage=0.5, keep=keep)
+    alone = draft_vocabulary(big, 0, 4000, coverage=0.5)
+    assert len(vocab) == 768 and np.isin(keep, vocab).all() and np.isin(alone, vocab).all()
+    np.testing.assert_array_equal(vocab, np.union1d(np.arange(765), [990, 2000, 3999]))
+    assert vocab.dtype == np.int32 and (np.diff(vocab) > 0).all()
+    assert draft_vocabulary(big, 0, 1000, coverage=1.0, keep=keep[:2]) is None  # this data's choice is everything
+    exact = np.arange(512, dtype=np.int32)  # already a multiple of 256 after the union: nothing added
+    assert len(draft_vocabulary(big, 0, 4000, coverage=0.5, keep=exact)) == 512
+
+    # read from the init drafter's folder; an init that is not a drafter is a clear error
+    folder = tmp_path / "stage"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"pard": {"num_blocks": 4}}))
+    write_safetensors(folder / DRAFT_FILE, {"draft_vocab": keep, "mask_embedding": np.zeros((1, 4), np.float32)})
+    cfg = _recipe(drafter={"init": str(folder), "vocab_coverage": 0.5, "vocab_keep_init": True})
+    np.testing.assert_array_equal(init_draft_vocabulary(cfg, 4000), keep)
+    (folder / DRAFT_FILE).unlink()  # a drafter over the whole vocabulary keeps every id
+    assert len(init_draft_vocabulary(cfg, 4000)) == 4000
+    with pytest.raises(ConfigError, match="is not a drafter folder"):
+        init_draft_vocabulary(_recipe(drafter={"init": "target:2", "vocab_coverage": 0.5, "vocab_keep_init": True}), 4000)
+    with pytest.raises(ConfigError, match="set vocab or vocab_coverage too"):
+        _recipe(drafter={"vocab_coverage": 0.0, "vocab": 0, "vocab_keep_init": True})
 
 
 def test_adam_sees_only_what_trains_with_shared_embeddings(pycode):

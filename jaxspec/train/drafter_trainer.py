@@ -32,7 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxspec
 from jaxspec.checkpoint.safetensors_io import read_safetensors
-from jaxspec.checkpoint.drafter_files import PROJECTION_FILE, Drafter, default_target_layers, load_drafter
+from jaxspec.checkpoint.drafter_files import DRAFT_FILE, PROJECTION_FILE, Drafter, default_target_layers, load_drafter
 from jaxspec.errors import CheckpointError, ConfigError
 from jaxspec.checkpoint.loading import Model
 from jaxspec.models.model import Transformer
@@ -146,11 +146,24 @@ def init_projection(cfg: DrafterTrainConfig, feature_size: int, hidden_size: int
 
 
 def draft_vocabulary(tokens: np.ndarray, size: int, vocab_size: int, always: tuple[int, ...] = (),
-                     coverage: float = 0.0) -> np.ndarray | None:
+                     coverage: float = 0.0, keep: np.ndarray | None = None) -> np.ndarray | None:
     """FR-Spec's draft vocabulary: the `size` most frequent ids of `tokens` (ties: lower id
     first), `always` (the end-of-turn ids) included; None when `size` is 0 or covers everything.
     `coverage` > 0 instead: the fewest most frequent ids whose occurrences make up that fraction
-    of `tokens`, rounded up to a multiple of 256 (never beyond the ids that occur)."""
+    of `tokens`, rounded up to a multiple of 256 (never beyond the ids that occur).
+    `keep` (an earlier stage's V'): these ids join that choice, and the union is topped up to a
+    multiple of 256 by the next most frequent ids of `tokens`."""
+    chosen = draft_vocabulary(tokens, size, vocab_size, always, coverage) if keep is not None else None
+    if keep is not None:
+        if chosen is None:  # this data's choice is already every id
+            return None
+        union = np.union1d(chosen, np.asarray(keep, np.int32))
+        counts = np.bincount(np.asarray(tokens, np.int64), minlength=vocab_size)[:vocab_size]
+        counts[union] = -1  # taken
+        rest = np.argsort(-counts, kind="stable")[:int((counts > 0).sum())]
+        top_up = rest[:-len(union) % 256]
+        full = np.union1d(union, top_up).astype(np.int32)
+        return None if len(full) >= vocab_size else full
     counts = np.bincount(np.asarray(tokens, np.int64), minlength=vocab_size)[:vocab_size]
     if coverage:
         ranked = np.sort(counts)[::-1]
@@ -160,6 +173,16 @@ def draft_vocabulary(tokens: np.ndarray, size: int, vocab_size: int, always: tup
         return None
     counts[list(always)] = counts.max() + 1
     return np.sort(np.argsort(-counts, kind="stable")[:size]).astype(np.int32)
+
+
+def init_draft_vocabulary(cfg: DrafterTrainConfig, vocab_size: int) -> np.ndarray:
+    """The draft vocabulary of [drafter] init, an earlier drafter (every id when it has none)."""
+    if not is_drafter_folder(cfg.drafter.init):
+        raise ConfigError(f"[drafter] vocab_keep_init keeps an earlier drafter's ids: init {cfg.drafter.init!r} "
+                          "is not a drafter folder")
+    path = Path(cfg.drafter.init) / DRAFT_FILE
+    draft = read_safetensors(path) if path.exists() else {}
+    return np.asarray(draft["draft_vocab"], np.int32) if "draft_vocab" in draft else np.arange(vocab_size, dtype=np.int32)
 
 
 def vocab_coverage(tokens: np.ndarray, draft_vocab: np.ndarray | None) -> float:
@@ -390,8 +413,10 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
                                      fingerprint, write=is_main, log=say, progress=progress and is_main)
     scored_train_tokens = (np.asarray(train_data.tokens)[np.asarray(train_scored.tokens, bool)] if reply_masks
                            else train_data.tokens)
+    kept_vocab = init_draft_vocabulary(cfg, target.config.vocab_size) if cfg.drafter.vocab_keep_init else None
     draft_vocab = draft_vocabulary(scored_train_tokens, cfg.drafter.vocab, target.config.vocab_size,
-                                   tuple(target.config.eos_token_ids), coverage=cfg.drafter.vocab_coverage)
+                                   tuple(target.config.eos_token_ids), coverage=cfg.drafter.vocab_coverage,
+                                   keep=kept_vocab)
     scored_heldout_tokens = (np.asarray(heldout.tokens)[np.asarray(heldout_scored.tokens, bool)] if reply_masks
                              else heldout.tokens)
     coverage = {"train": round(vocab_coverage(scored_train_tokens, draft_vocab), 4),
@@ -451,6 +476,7 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     data_summary = {"corpus_tokens": len(train_data.tokens), "corpus_files": len(data_meta["train_files"]),
                     "chat": data_meta if cfg.data.corpus == "chat" else None,
                     "draft_vocab": None if draft_vocab is None else len(draft_vocab), "vocab_coverage": coverage,
+                    "draft_vocab_kept": None if kept_vocab is None else len(kept_vocab),
                     "scored_train_tokens": len(scored_train_tokens),
                     "generated": 0 if generated is None else generated.num_sequences,
                     "from_generated": from_generated, "examples_per_step": examples_per_step,
@@ -616,8 +642,10 @@ def drafter_card(cfg: DrafterTrainConfig, layers, target: Model, final: dict, se
              *(chat_card_lines(data["chat"]) if data.get("chat") else [
                  f"- corpus `{cfg.data.corpus}`: {data['corpus_tokens']:,} training tokens ({data['corpus_files']} files; "
                  "the target's held-out files excluded)"]),
-             *([f"- draft vocabulary: the {data['draft_vocab']:,} most frequent training {scored}tokens (of "
-                f"{target.config.vocab_size:,})" + ("" if not coverage else
+             *([f"- draft vocabulary: {data['draft_vocab']:,} ids (of {target.config.vocab_size:,}): "
+                + (f"the most frequent training {scored}tokens" if not data.get("draft_vocab_kept") else
+                   f"the init drafter's {data['draft_vocab_kept']:,} and this data's most frequent training {scored}tokens")
+                + ("" if not coverage else
                 f", covering {coverage['train']:.1%} of the training and {coverage['heldout']:.1%} of the held-out "
                 f"{scored}tokens")] if data.get("draft_vocab") else []),
              *([f"- target continuations (sequence-level distillation): {data['generated']:,} sequences of "
