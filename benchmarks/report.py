@@ -718,8 +718,8 @@ SECTIONS = [
             'speculative TD (K=4),speculative TD (K=8),speculative TI (K=4),hybrid (5,3,5) K=4,auto"',
             "The drafter the `configs/pard2_smollm2*.toml` stages train (jaxspec/assets/smollm2-135m-instruct-pard2; "
             "the result records which settings ran, docs/pard2.md which stage was shipped then: stage 3, 7,424 "
-            "draft-vocabulary ids, until 2026-12-05, then stage 4) on the bench chats: speculative decoding and "
-            "speculative beside prompt lookup, interleaved with greedy in one run.", decode),
+            "draft-vocabulary ids, until 2026-12-05, then stage 4 (6,400), then stage 5 (8,448)) on the bench chats: "
+            "speculative decoding and speculative beside prompt lookup, interleaved with greedy in one run.", decode),
     Section("real_bench_drafter_heldout", "The same on held-out chat prompts",
             'python -m benchmarks.real_bench --name real_bench_drafter --split heldout --no-peer --methods '
             '"greedy,speculative TD (K=4),auto"',

@@ -69,7 +69,7 @@ def test_the_shipped_drafter_is_found_and_auto_weighs_it(model):
 
     drafter = resolve_drafter(model.config, None, None, model.drafters, model)[0]
     assert drafter.model.source.endswith("smollm2-135m-instruct-pard2")
-    assert drafter.shared_embeddings and drafter.draft_vocab_size == 6400 and drafter.projection is not None  # 96% of stage 4's replies
+    assert drafter.shared_embeddings and drafter.draft_vocab_size == 8448 and drafter.projection is not None  # stage 4's ids + 96% of stage 5's replies
     # its embeddings are the target's own rows (stored once, in the GGUF), plus the mask row
     import numpy as np
 
