@@ -153,8 +153,8 @@ def draft_vocabulary(tokens: np.ndarray, size: int, vocab_size: int, always: tup
     of `tokens`, rounded up to a multiple of 256 (never beyond the ids that occur).
     `keep` (an earlier stage's V'): these ids join that choice, and the union is topped up to a
     multiple of 256 by the next most frequent ids of `tokens`."""
-    chosen = draft_vocabulary(tokens, size, vocab_size, always, coverage) if keep is not None else None
     if keep is not None:
+        chosen = draft_vocabulary(tokens, size, vocab_size, always, coverage)
         if chosen is None:  # this data's choice is already every id
             return None
         union = np.union1d(chosen, np.asarray(keep, np.int32))
