@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from jaxspec.checkpoint.hf import DRAFT_FILE, EMBED_NAME, WEIGHTS, read_config, save_hf_folder
+from jaxspec.checkpoint.hf import DRAFT_FILE, EMBED_NAME, WEIGHTS, read_config, read_draft_vocab, save_hf_folder
 from jaxspec.checkpoint.pard_format import export_pard, is_amd_folder, read_amd_drafter
 from jaxspec.checkpoint.params import model_from_tensors
 from jaxspec.checkpoint.safetensors_io import read_safetensors, write_safetensors
@@ -219,9 +219,7 @@ def load_drafter(path: str | os.PathLike, *, dtype: str = "float32", attention: 
     else:
         model = load(path, dtype=dtype, attention=attention)
         folder = Path(model.source)
-    draft_vocab = None
-    if (folder / DRAFT_FILE).exists() and "draft_vocab" in (draft := read_safetensors(folder / DRAFT_FILE)):
-        draft_vocab = jnp.asarray(draft["draft_vocab"], jnp.int32)
+    draft_vocab = None if (ids := read_draft_vocab(folder)) is None else jnp.asarray(ids)
     projection = None
     if not target_independent and (folder / PROJECTION_FILE).exists():
         projection = jnp.asarray(read_safetensors(folder / PROJECTION_FILE)["projection"], jnp.float32)

@@ -22,6 +22,14 @@ EMBED_NAME = "model.embed_tokens.weight"
 DRAFT_FILE = "draft.safetensors"
 
 
+def read_draft_vocab(folder: Path) -> np.ndarray | None:
+    """A drafter folder's draft_vocab ids (int32), or None when it drafts over every id."""
+    path = Path(folder) / DRAFT_FILE
+    if not path.exists() or "draft_vocab" not in (draft := read_safetensors(path)):
+        return None
+    return np.asarray(draft["draft_vocab"], np.int32)
+
+
 def read_config(folder: Path) -> ModelConfig:
     path = Path(folder) / "config.json"
     if not path.exists():

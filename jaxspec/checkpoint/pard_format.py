@@ -91,7 +91,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from jaxspec.checkpoint.hf import DRAFT_FILE, EMBED_NAME, read_config, read_tensors, save_hf_folder
+from jaxspec.checkpoint.hf import DRAFT_FILE, EMBED_NAME, read_config, read_draft_vocab, read_tensors, save_hf_folder
 from jaxspec.checkpoint.params import model_from_tensors
 from jaxspec.checkpoint.safetensors_io import read_safetensors, write_safetensors
 from jaxspec.models.config import ModelConfig
@@ -426,9 +426,8 @@ def read_amd_drafter(path: str | os.PathLike, *, target=None, target_independent
     tokenizer = tokenizer if tokenizer is not None else find_tokenizer(folder)
     model = Model.from_module(module, tokenizer=tokenizer, dtype=dtype, source=str(folder))
 
-    draft_vocab = None
-    if (folder / DRAFT_FILE).exists() and "draft_vocab" in (draft := read_safetensors(folder / DRAFT_FILE)):
-        draft_vocab = np.asarray(draft["draft_vocab"], np.int32)
+    draft_vocab = read_draft_vocab(folder)
+    if draft_vocab is not None:
         if draft_vocab.ndim != 1 or not len(draft_vocab) or draft_vocab.min() < 0 or draft_vocab.max() >= vocab:
             raise CheckpointError(f"{folder / DRAFT_FILE}: draft_vocab holds ids outside the {vocab}-token vocabulary")
     elif size < vocab:  # the drafter's own ids only: the argmax over its D logits, as the authors'

@@ -32,8 +32,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxspec
 from jaxspec.checkpoint.safetensors_io import read_safetensors
-from jaxspec.checkpoint.drafter_files import DRAFT_FILE, PROJECTION_FILE, Drafter, default_target_layers, load_drafter
+from jaxspec.checkpoint.drafter_files import PROJECTION_FILE, Drafter, default_target_layers, load_drafter
 from jaxspec.errors import CheckpointError, ConfigError
+from jaxspec.checkpoint.hf import read_draft_vocab
 from jaxspec.checkpoint.loading import Model
 from jaxspec.models.model import Transformer
 from jaxspec.train import chat_data, corpus, distill_data, target_cache
@@ -180,9 +181,8 @@ def init_draft_vocabulary(cfg: DrafterTrainConfig, vocab_size: int) -> np.ndarra
     if not is_drafter_folder(cfg.drafter.init):
         raise ConfigError(f"[drafter] vocab_keep_init keeps an earlier drafter's ids: init {cfg.drafter.init!r} "
                           "is not a drafter folder")
-    path = Path(cfg.drafter.init) / DRAFT_FILE
-    draft = read_safetensors(path) if path.exists() else {}
-    return np.asarray(draft["draft_vocab"], np.int32) if "draft_vocab" in draft else np.arange(vocab_size, dtype=np.int32)
+    ids = read_draft_vocab(Path(cfg.drafter.init))
+    return np.arange(vocab_size, dtype=np.int32) if ids is None else ids
 
 
 def vocab_coverage(tokens: np.ndarray, draft_vocab: np.ndarray | None) -> float:
