@@ -61,6 +61,7 @@ METHODS = {
 DEFAULT = ("greedy", "lookahead (15,5,15)", "lookahead (7,4,7)", "lookahead (5,3,5)", "prompt lookup (N=4,G=8)",
            "jacobi (W=8)")
 QUICK = ("greedy", "lookahead (7,4,7)", "prompt lookup (N=4,G=8)", "jacobi (W=8)")
+FLOAT32_GREEDY = "greedy (float32 weights)"  # beside a --dtype other than float32
 
 
 class Transformers:
@@ -111,6 +112,9 @@ def arguments(p) -> None:
     p.add_argument("--methods", help=f"comma-separated subset of: {', '.join(METHODS)}")
     p.add_argument("--eos-stop", action="store_true", help="end each reply at the end of turn")
     p.add_argument("--no-peer", dest="peer", action="store_false", help="skip transformers")
+    p.add_argument("--dtype", default="float32", choices=["float32", "int8", "blocks"],
+                   help="the weights every jaxspec setting decodes with; other than float32, a setting "
+                        "'greedy (float32 weights)' decodes with the float32 load beside them")
 
 
 def declare(args) -> DecodeBench:
@@ -121,10 +125,12 @@ def declare(args) -> DecodeBench:
     if unknown := [k for k in chosen if k not in METHODS]:
         raise SystemExit(f"--methods: unknown {unknown}; known: {', '.join(METHODS)}")
     t0 = time.perf_counter()
-    model = jaxspec.load(args.model)
+    model = jaxspec.load(args.model, dtype=args.dtype)
     load_seconds = time.perf_counter() - t0
     stops = stop_ids(model) if args.eos_stop else ()
     settings = [Setting(name, *METHODS[name]) for name in chosen]
+    if args.dtype != "float32":  # its tokens are checked against the bench's greedy like every setting's
+        settings.insert(1, Setting(FLOAT32_GREEDY, model=jaxspec.load(args.model)))
     if args.peer:
         hf = Transformers(Path(model.source), stops)
         settings += [Setting("transformers prompt lookup (10 tokens)", peer=hf.runner(10)),
@@ -134,9 +140,10 @@ def declare(args) -> DecodeBench:
     name = (args.name or "real_bench") + ("" if args.split == "bench" else f"_{args.split}")
     args.name = name
     return DecodeBench(
-        name, f"{Path(model.source).name} on {args.split} chat prompts", model, chat_cases(model, args.split),
+        name, f"{Path(model.source).name}{'' if args.dtype == 'float32' else f' ({args.dtype} weights)'} on "
+              f"{args.split} chat prompts", model, chat_cases(model, args.split),
         settings, args.new_tokens, stop_at_eos=args.eos_stop, stop_ids=stops,
-        facts={"split": args.split, "load_seconds": round(load_seconds, 1), "vocab_size": model.config.vocab_size,
+        facts={"split": args.split, "dtype": args.dtype, "load_seconds": round(load_seconds, 1), "vocab_size": model.config.vocab_size,
                "prompt_format": "chat template" if model.tokenizer.chat_template else "text (BOS + first turn)",
                "pool_bytes": pools, "torch_threads": 1 if args.peer else None})
 

@@ -43,6 +43,8 @@ class Setting:
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # A decoder outside jaxspec (transformers): (case, new_tokens) -> {"tokens", "steps", "seconds"}.
     peer: Callable[[Case, int], dict] | None = None
+    # A jaxspec.Model to decode with instead of the bench's (the same weights loaded another way).
+    model: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +78,8 @@ def signature(bench: DecodeBench) -> str:
     """What makes two runs the same measurement (a resumed run must continue the same one)."""
     blob = json.dumps([bench.name, getattr(bench.model, "source", None), bench.new_tokens, bench.rounds,
                        bench.stop_at_eos, list(bench.stop_ids), bench.clock,
-                       [(s.name, s.method, _jsonable(dict(s.options)), s.peer is not None) for s in bench.settings],
+                       [(s.name, s.method, _jsonable(dict(s.options)), s.peer is not None)
+                        + (() if s.model is None else (s.model.dtype,)) for s in bench.settings],
                        [(c.name, list(c.ids)) for c in bench.cases]], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -88,7 +91,7 @@ def decode(bench: DecodeBench, setting: Setting, case: Case) -> dict:
     import jaxspec
 
     t0 = time.perf_counter()
-    out = jaxspec.generate(bench.model, list(case.ids), max_new_tokens=bench.new_tokens, method=setting.method,
+    out = jaxspec.generate(setting.model or bench.model, list(case.ids), max_new_tokens=bench.new_tokens, method=setting.method,
                            stop_at_eos=bench.stop_at_eos, stop_ids=bench.stop_ids, **setting.options)
     wall = time.perf_counter() - t0
     row = {"tokens": list(out.tokens), "steps": int(out.steps),

@@ -261,6 +261,15 @@ def _dequantize_part(tensor, index: Index) -> np.ndarray:
     return np.asarray(array, np.float32).reshape(*data.shape[:-1], -1)[..., cut]
 
 
+def _block_formats():
+    """The block formats `dtype="blocks"` keeps: one float16 scale d (and offset m) at the start of every
+    block of 32 values, the values q * d (+ m) (ggml's Q8_0, Q4_0, Q5_0; Q4_1, Q5_1 with m)."""
+    import gguf
+
+    q = gguf.GGMLQuantizationType
+    return {q.Q8_0: False, q.Q4_0: False, q.Q5_0: False, q.Q4_1: True, q.Q5_1: True}
+
+
 class GGUFTensor:
     """One GGUF tensor in HF layout: `.shape` without reading; `.read(index)` dequantizes that part."""
 
@@ -269,6 +278,21 @@ class GGUFTensor:
 
     def read(self, index: Index) -> np.ndarray:
         return _dequantize_part(self.info, index)
+
+    def block_scales(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(scale, offset), float32 [rows, columns / 32]: each block's d and m (0 where the format has
+        none), for a 2-D tensor in one of `_block_formats`; None for any other tensor."""
+        import gguf
+
+        with_offset = _block_formats().get(self.info.tensor_type)
+        if with_offset is None or len(self.shape) != 2:
+            return None
+        block, type_size = gguf.GGML_QUANT_SIZES[self.info.tensor_type]
+        data = np.asarray(self.info.data).reshape(self.shape[0], self.shape[1] // block, type_size)
+        scale = np.ascontiguousarray(data[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)
+        offset = (np.ascontiguousarray(data[..., 2:4]).view(np.float16)[..., 0].astype(np.float32) if with_offset
+                  else np.zeros_like(scale))
+        return scale, offset
 
     def __array__(self, dtype=None, copy=None):
         return np.asarray(self.read(full_index(self.shape)), dtype)

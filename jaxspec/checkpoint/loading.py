@@ -18,16 +18,17 @@ from jaxspec.checkpoint.gguf_file import read_gguf
 from jaxspec.checkpoint.gguf_tokenizer import tokenizer_from_gguf
 from jaxspec.checkpoint.hf import read_config, read_tensors, save_hf_folder
 from jaxspec.checkpoint.llama2c import read_llama2c
-from jaxspec.checkpoint.params import model_from_tensors
+from jaxspec.checkpoint.params import hf_name, model_from_tensors
 from jaxspec.models.config import ModelConfig
 from jaxspec.errors import CheckpointError, ConfigError
 from jaxspec.models.model import Transformer
-from jaxspec.models.quantize import placement, quantize_model
+from jaxspec.models.quantize import block_placement, blocks_model, placement, quantize_model
 from jaxspec.checkpoint.tokenizer import Tokenizer, find_tokenizer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-# What `load` takes: the float dtypes above, or int8 weights with float32 activations (`jaxspec.models.quantize`).
-LOAD_DTYPES = (*DTYPES, "int8")
+# What `load` takes: the float dtypes above, int8 weights or a GGUF's blocks kept exactly, both with
+# float32 activations (`jaxspec.models.quantize`).
+LOAD_DTYPES = (*DTYPES, "int8", "blocks")
 
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the checkout holding jaxspec/
 
@@ -127,9 +128,9 @@ class Model:
 
     def save(self, folder, dtype: str = "float32") -> Path:
         """Write an HF folder (config.json + model.safetensors [+ tokenizer]) transformers can load."""
-        if self.dtype == "int8":
-            raise ConfigError("an int8 model is not saved (its weights are quantized); load the checkpoint "
-                              "with dtype float32 or bfloat16 to export it")
+        if self.dtype in ("int8", "blocks"):
+            raise ConfigError(f"a {self.dtype} model is not saved (its weights are kept quantized); load the "
+                              "checkpoint with dtype float32 or bfloat16 to export it")
         return save_hf_folder(self.module, folder, dtype=dtype, tokenizer=self.tokenizer)
 
 
@@ -232,11 +233,14 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str = "float32"
     `tp_mesh(T, D)` or, for LP x TP, a `jaxspec.models.meshes.lp_mesh(L, T)` ((lp, model) axes:
     `generate(..., lp_devices=L)` then uses the weights as loaded). `dtype` "int8": every matmul
     weight quantized as it is read, int8 per output channel, activations float32 (`jaxspec.models.quantize`;
-    the reference for exactness is then int8 greedy decoding); one device only."""
+    the reference for exactness is then int8 greedy decoding); one device only. `dtype` "blocks" (a
+    GGUF file only): every matmul weight stored in a block format (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) kept
+    as its int8 values and each block's scale and offset, dequantized inside each matmul to the float32
+    weights bit for bit, so every output is float32's; other weights float32; one device only."""
     from jaxspec.models import tensor_parallel as tp_lib
 
-    if dtype == "int8" and (mesh is not None or (tensor_parallel, data_parallel) != (1, 1)):
-        raise ConfigError("dtype int8 runs on one device; tensor_parallel, data_parallel and mesh need "
+    if dtype in ("int8", "blocks") and (mesh is not None or (tensor_parallel, data_parallel) != (1, 1)):
+        raise ConfigError(f"dtype {dtype} runs on one device; tensor_parallel, data_parallel and mesh need "
                           "float32 or bfloat16 weights")
     if mesh is not None:
         if (tensor_parallel, data_parallel) != (1, 1):
@@ -250,7 +254,20 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str = "float32"
     path = resolve(path_or_name)
     jdtype = DTYPES.get(dtype, jnp.float32)  # (int8: read as float32, then quantized tensor by tensor)
 
+    if dtype == "blocks" and path.suffix != ".gguf":
+        raise ConfigError(f"dtype blocks keeps a GGUF file's quantized blocks; {path} is not a .gguf file "
+                          "(use float32, bfloat16 or int8)")
+
     def build(cfg: ModelConfig, tensors) -> Transformer:
+        if dtype == "blocks":
+            kept: dict = {}
+
+            def block_scales(param_path):
+                return getattr(tensors[hf_name(param_path)[0]], "block_scales", lambda: None)()
+
+            module = model_from_tensors(cfg, tensors, dtype=jdtype, attention=attention, source=str(path),
+                                        place=block_placement(block_scales, kept))
+            return blocks_model(module, kept)
         if dtype == "int8":
             scales: dict = {}
             module = model_from_tensors(cfg, tensors, dtype=jdtype, attention=attention, source=str(path),

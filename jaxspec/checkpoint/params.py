@@ -66,6 +66,11 @@ class RowPermuted:
     def read(self, index: Index) -> np.ndarray:
         return read_part(self.base, (self.rows[index[0]], *index[1:]))
 
+    def block_scales(self):
+        """The base's block scales and offsets (`GGUFTensor.block_scales`) in this row order, or None."""
+        scales = getattr(self.base, "block_scales", lambda: None)()
+        return None if scales is None else tuple(a[self.rows] for a in scales)
+
     def __array__(self, dtype=None, copy=None):
         return np.asarray(self.read(full_index(self.shape)), dtype)
 

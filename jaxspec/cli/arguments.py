@@ -80,8 +80,9 @@ def _add_decoding_options(g: argparse.ArgumentParser) -> None:
     g.add_argument("--frequency-penalty", type=float, default=0.0,
                    help="subtract per occurrence in the output (0 = off); every method applies the penalties alike")
     g.add_argument("--seed", type=_seed, default=0, help="random seed for sampling, in [0, 2**32)")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"],
-                   help="the weights' dtype (int8: quantized per output channel, float32 activations)")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8", "blocks"],
+                   help="the weights' dtype (int8: quantized per output channel; blocks: a GGUF's Q8_0/Q4_x/Q5_x "
+                        "blocks kept, the float32 weights exactly; both with float32 activations)")
     g.add_argument("--attention", default="xla", help="attention backend (xla|pallas)")
     g.add_argument("--tensor-parallel", type=int, default=1, metavar="T",
                    help="shard the weights over T devices (GSPMD, Megatron layout; docs/scaling.md)")

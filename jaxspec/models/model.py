@@ -24,7 +24,7 @@ from jaxspec.models.attention import get_attention
 from jaxspec.models.config import ModelConfig
 from jaxspec.models.kv_cache import BlockKV, KVCache
 from jaxspec.models.masks import BlockMask
-from jaxspec.models.quantize import QUANTIZED, dequantize_after, int8_matmul, piece_channels
+from jaxspec.models.quantize import QUANTIZED, chunked_matmul, piece_channels
 
 
 class RMSNorm(nnx.Module):
@@ -216,8 +216,8 @@ class Transformer(nnx.Module):
         tied = self.config.tie_word_embeddings
         head = self.embed_tokens if tied else self.lm_head
         w, spec = (head.embedding[...], "...d,vd->...v") if tied else (head.kernel[...], "...d,dv->...v")
-        if isinstance(head, QUANTIZED):  # int8 weights (`jaxspec.models.quantize`): converted chunk by chunk
-            return self.softcap(int8_matmul(x, w, head.scale[...], transposed=tied))
+        if isinstance(head, QUANTIZED):  # kept quantized (`jaxspec.models.quantize`): converted chunk by chunk
+            return self.softcap(chunked_matmul(x, self.config.hidden_size, self.config.vocab_size, head.product(x)))
         return self.softcap(jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(jnp.float32))
 
     def softcap(self, logits):
@@ -235,33 +235,33 @@ class Transformer(nnx.Module):
         seen as [vocab_shards, vocab / vocab_shards] and chunked along the second axis, so every
         chunk stays on its device: a chunk that crossed the split would make XLA gather the whole
         head on every device, every step. Each slice's best then meets the others' in one small
-        reduction (the first best wins: the lowest id). An int8 head (`jaxspec.models.quantize`) is converted
-        chunk by chunk too: chunks are at most `piece_channels` entries, each chunk's logits scaled."""
+        reduction (the first best wins: the lowest id). A head kept quantized (`jaxspec.models.quantize`: int8
+        or blocks) is converted chunk by chunk too: chunks are at most `piece_channels` entries."""
         vocab, shards = self.config.vocab_size, self.vocab_shards
         part = vocab // shards
         tied = self.config.tie_word_embeddings
         head = self.embed_tokens if tied else self.lm_head
-        scale = head.scale[...] if isinstance(head, QUANTIZED) else None
+        quantized = isinstance(head, QUANTIZED)
         rows = math.prod(x.shape[:-1])
-        if scale is not None and chunk is None:
+        if quantized and chunk is None:
             chunk = min(ARGMAX_LOGITS_BYTES // (4 * max(rows, 1)), piece_channels(x.shape[-1]))
         chunk = argmax_chunk(part, rows, chunk)
         w = head.embedding[...] if tied else head.kernel[...]
-        if shards > 1:
+        if shards > 1:  # (a quantized model is on one device: `jaxspec.load`)
             w = w.reshape(shards, part, -1) if tied else w.reshape(-1, shards, part)
-            scale = None if scale is None else scale.reshape(shards, part)
         # [..., shards, entries]; one device's plain weight is not reshaped (XLA would copy it).
         spec = ("...d,svd->...sv" if tied else "...d,dsv->...sv") if shards > 1 else (
             "...d,vd->...v" if tied else "...d,dv->...v")
         axis = w.ndim - 2 if tied else w.ndim - 1  # the within-slice vocabulary axis
 
+        product = head.product(x) if quantized else None
+
         def logits(start):
-            piece = w if chunk == part else jax.lax.dynamic_slice_in_dim(w, start, chunk, axis=axis)
-            if scale is not None:
-                piece = dequantize_after(piece, x)
-            out = jnp.einsum(spec, x, piece, preferred_element_type=jnp.float32).astype(jnp.float32)
-            if scale is not None:
-                out = out * (scale if chunk == part else jax.lax.dynamic_slice_in_dim(scale, start, chunk, -1))
+            if quantized:
+                out = product(start, chunk)
+            else:
+                piece = w if chunk == part else jax.lax.dynamic_slice_in_dim(w, start, chunk, axis=axis)
+                out = jnp.einsum(spec, x, piece, preferred_element_type=jnp.float32).astype(jnp.float32)
             # (capped too: tanh is monotone, but logits it saturates to one float tie as the full head's do)
             out = self.softcap(out)
             return out if shards > 1 else out[..., None, :]

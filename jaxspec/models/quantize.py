@@ -36,12 +36,14 @@ INT8_MAX = 127
 # copy stays in cache and its buffer is reused from the allocator, not mapped anew at every call.
 DEQUANT_PIECE_BYTES = 4 << 20
 DTYPE = "int8"  # the name `jaxspec.load` takes
+BLOCKS = "blocks"  # the name `jaxspec.load` takes for a GGUF's block formats kept exactly
+BLOCK = 32  # values per scale (and offset) in the block formats kept: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
 
 
 def activation_dtype(dtype: str):
     """The dtype of activations, the KV cache and the logits' rounding for a model loaded with
-    `dtype`: float32 for int8 weights, else the weights' own."""
-    return jnp.dtype(jnp.float32 if dtype == DTYPE else dtype)
+    `dtype`: float32 for int8 or block weights, else the weights' own."""
+    return jnp.dtype(jnp.float32 if dtype in (DTYPE, BLOCKS) else dtype)
 
 
 def module_dtype(module):
@@ -88,29 +90,78 @@ def _chunk(n_out: int, most: int) -> int:
     return min(n_out, -(-size // 128) * 128 if most >= 128 else size)
 
 
-def int8_matmul(x, q, scale, *, transposed: bool = False, piece_bytes: int | None = None):
-    """`x @ (q * scale)` over x's last axis, in float32: `q` int8 [in, out] (`transposed`: [out, in],
-    an embedding table's layout), `scale` [out]. A weight whose float32 copy exceeds `piece_bytes` is
-    converted chunk by chunk of output channels, in a loop, each chunk's product written in place."""
-    n_out, n_in = q.shape if transposed else q.shape[::-1]
-    spec, axis = ("...i,oi->...o", 0) if transposed else ("...i,io->...o", 1)
+def chunked_matmul(x, n_in: int, n_out: int, product, piece_bytes: int | None = None):
+    """float32 `x @ W` over x's last axis for a kept-quantized W of `n_in` inputs and `n_out` output
+    channels, given `product(start, size)`: x times output channels [start, start + size) of W (`size`
+    static, `start` traced). Where W's float32 copy exceeds `piece_bytes`, chunk by chunk of output
+    channels in a loop, each chunk's product written in place."""
     chunk = _chunk(n_out, piece_channels(n_in, piece_bytes))
-
-    def part(start, size):
-        piece = q if size == n_out else jax.lax.dynamic_slice_in_dim(q, start, size, axis)
-        s = scale if size == n_out else jax.lax.dynamic_slice_in_dim(scale, start, size, 0)
-        product = jnp.einsum(spec, x, dequantize_after(piece, x), preferred_element_type=jnp.float32)
-        return product.astype(jnp.float32) * s
-
     if chunk == n_out:
-        return part(0, n_out)
+        return product(0, n_out)
 
     def body(i, out):
         start = jnp.minimum(i * chunk, n_out - chunk)
-        return jax.lax.dynamic_update_slice_in_dim(out, part(start, chunk), start, axis=out.ndim - 1)
+        return jax.lax.dynamic_update_slice_in_dim(out, product(start, chunk), start, axis=out.ndim - 1)
 
     out = jnp.zeros((*x.shape[:-1], n_out), jnp.float32)
     return jax.lax.fori_loop(0, -(-n_out // chunk), body, out)
+
+
+def _channels(a, start, size: int, n_out: int, axis: int):
+    """Output channels [start, start + size) of `a` along `axis` (all of `a` where they are all)."""
+    return a if size == n_out else jax.lax.dynamic_slice_in_dim(a, start, size, axis)
+
+
+def _int8_product(x, q, scale, transposed: bool):
+    n_out = q.shape[0] if transposed else q.shape[1]
+    spec, axis = ("...i,oi->...o", 0) if transposed else ("...i,io->...o", 1)
+
+    def product(start, size):
+        piece = _channels(q, start, size, n_out, axis)
+        s = _channels(scale, start, size, n_out, 0)
+        return jnp.einsum(spec, x, dequantize_after(piece, x), preferred_element_type=jnp.float32).astype(jnp.float32) * s
+
+    return product
+
+
+def int8_matmul(x, q, scale, *, transposed: bool = False, piece_bytes: int | None = None):
+    """`x @ (q * scale)` over x's last axis, in float32: `q` int8 [in, out] (`transposed`: [out, in],
+    an embedding table's layout), `scale` [out]. A weight whose float32 copy exceeds `piece_bytes` is
+    converted chunk by chunk of output channels (`chunked_matmul`)."""
+    n_out, n_in = q.shape if transposed else q.shape[::-1]
+    return chunked_matmul(x, n_in, n_out, _int8_product(x, q, scale, transposed), piece_bytes)
+
+
+def block_dequantize(q, scale, offset, x, transposed: bool = False):
+    """float32 weights `q * scale + offset`, one scale and offset per BLOCK consecutive inputs: `q` int8
+    [in, out] with `scale`/`offset` [in / BLOCK, out], or (`transposed`) [out, in] with [out, in / BLOCK].
+    Converted once `x` is computed (`dequantize_after`). Exact: every q * scale of a block format is
+    a float32 without rounding (`block_factors` checks it), so the one rounding is the offset's sum,
+    fused into a multiply-add or not."""
+    w = dequantize_after(q, x)
+    if transposed:
+        n_out, n_in = w.shape
+        return (w.reshape(n_out, n_in // BLOCK, BLOCK) * scale[..., None] + offset[..., None]).reshape(n_out, n_in)
+    n_in, n_out = w.shape
+    return (w.reshape(n_in // BLOCK, BLOCK, n_out) * scale[:, None] + offset[:, None]).reshape(n_in, n_out)
+
+
+def _block_product(x, q, scale, offset, transposed: bool):
+    n_out = q.shape[0] if transposed else q.shape[1]
+    spec, axis = ("...i,oi->...o", 0) if transposed else ("...i,io->...o", 1)
+
+    def product(start, size):
+        w = block_dequantize(*(_channels(a, start, size, n_out, axis) for a in (q, scale, offset)), x, transposed)
+        return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(jnp.float32)
+
+    return product
+
+
+def blocks_matmul(x, q, scale, offset, *, transposed: bool = False, piece_bytes: int | None = None):
+    """`x @ block_dequantize(q, scale, offset)` over x's last axis, in float32 (layouts as there),
+    chunk by chunk of output channels where the float32 weight exceeds `piece_bytes` (`chunked_matmul`)."""
+    n_out, n_in = q.shape if transposed else q.shape[::-1]
+    return chunked_matmul(x, n_in, n_out, _block_product(x, q, scale, offset, transposed), piece_bytes)
 
 
 class Int8Linear(nnx.Module):
@@ -122,6 +173,10 @@ class Int8Linear(nnx.Module):
         self.bias = None if bias is None else nnx.Param(bias)
         self.in_features, self.out_features = (int(d) for d in kernel.shape)
         self.dtype = jnp.float32
+
+    def product(self, x):
+        """`product(start, size)` of `chunked_matmul` for this weight."""
+        return _int8_product(x, self.kernel[...], self.scale[...], False)
 
     def __call__(self, x):
         y = int8_matmul(x, self.kernel[...], self.scale[...]).astype(x.dtype)
@@ -138,17 +193,68 @@ class Int8Embed(nnx.Module):
         self.num_embeddings, self.features = (int(d) for d in embedding.shape)
         self.dtype = jnp.float32
 
+    def product(self, x):
+        """`product(start, size)` of `chunked_matmul` for this table as the tied LM head."""
+        return _int8_product(x, self.embedding[...], self.scale[...], True)
+
     def __call__(self, ids):
         rows = jnp.take(self.embedding[...], ids, axis=0).astype(self.dtype)
         return rows * jnp.take(self.scale[...], ids, axis=0)[..., None]
 
 
-QUANTIZED = (Int8Linear, Int8Embed)
+class BlockLinear(nnx.Module):
+    """`nnx.Linear` whose kernel [in, out] is kept in a block format: int8 values, a float32 scale and
+    offset per BLOCK inputs and output ([in / BLOCK, out]); y = x @ (q * scale + offset) + b, the
+    float32 kernel's values exactly (`block_dequantize`)."""
+
+    def __init__(self, kernel: jax.Array, scale: jax.Array, offset: jax.Array, bias: jax.Array | None = None):
+        self.kernel = nnx.Param(kernel)
+        self.scale = nnx.Param(scale)
+        self.offset = nnx.Param(offset)
+        self.bias = None if bias is None else nnx.Param(bias)
+        self.in_features, self.out_features = (int(d) for d in kernel.shape)
+        self.dtype = jnp.float32
+
+    def product(self, x):
+        """`product(start, size)` of `chunked_matmul` for this weight."""
+        return _block_product(x, self.kernel[...], self.scale[...], self.offset[...], False)
+
+    def __call__(self, x):
+        y = blocks_matmul(x, self.kernel[...], self.scale[...], self.offset[...]).astype(x.dtype)
+        return y if self.bias is None else y + self.bias[...].astype(x.dtype)
+
+
+class BlockEmbed(nnx.Module):
+    """`nnx.Embed` whose table [vocab, d] is kept in a block format (scale and offset [vocab, d / BLOCK]):
+    a token's embedding is its row dequantized, the float32 table's row exactly."""
+
+    def __init__(self, embedding: jax.Array, scale: jax.Array, offset: jax.Array):
+        self.embedding = nnx.Param(embedding)
+        self.scale = nnx.Param(scale)
+        self.offset = nnx.Param(offset)
+        self.num_embeddings, self.features = (int(d) for d in embedding.shape)
+        self.dtype = jnp.float32
+
+    def product(self, x):
+        """`product(start, size)` of `chunked_matmul` for this table as the tied LM head."""
+        return _block_product(x, self.embedding[...], self.scale[...], self.offset[...], True)
+
+    def __call__(self, ids):
+        take = lambda a: jnp.take(a[...], ids, axis=0)  # noqa: E731
+        q, scale, offset = take(self.embedding), take(self.scale), take(self.offset)
+        rows = q.astype(jnp.float32).reshape(*q.shape[:-1], -1, BLOCK) * scale[..., None] + offset[..., None]
+        return rows.reshape(q.shape)
+
+
+QUANTIZED = (Int8Linear, Int8Embed, BlockLinear, BlockEmbed)
 
 
 def float_table(embed) -> np.ndarray:
-    """The token embeddings as a float32 numpy table (dequantized from an `Int8Embed`)."""
+    """The token embeddings as a float32 numpy table (dequantized from an `Int8Embed` or a `BlockEmbed`)."""
     table = np.asarray(embed.embedding[...], np.float32)
+    if isinstance(embed, BlockEmbed):
+        scale, offset = (np.repeat(np.asarray(a[...]), BLOCK, axis=1) for a in (embed.scale, embed.offset))
+        return table * scale + offset
     return table * np.asarray(embed.scale[...])[:, None] if isinstance(embed, Int8Embed) else table
 
 
@@ -192,6 +298,73 @@ def quantize_model(module, scales: dict | None = None):
             new = Int8Linear(kernel, scale, None if sub.bias is None else sub.bias[...])
         elif isinstance(sub, nnx.Embed):
             new = Int8Embed(*parts(path, sub.embedding[...], 1))
+        else:
+            continue
+        parent = module
+        for key in path[:-1]:
+            parent = parent[key] if isinstance(key, int) else getattr(parent, key)
+        setattr(parent, path[-1], new)
+    return module
+
+
+def block_factors(w, scale, offset, rows_at_once: int = 4096) -> np.ndarray | None:
+    """int8 `q` with `w == q * scale + offset` exactly, each scale and offset covering BLOCK consecutive
+    values of a row (`w` [rows, cols], `scale`/`offset` [rows, cols / BLOCK]), or None where `w` is not
+    of that form. Exact means: every q * scale is a float32 without rounding, and the float32 sum
+    with the offset, rounded once (a fused multiply-add) or after the product (the same, the product
+    being exact), is w's value. So the dequantized weight is w bit for bit (zeros up to their sign)."""
+    w = np.asarray(w, np.float32)
+    rows, cols = w.shape
+    if cols % BLOCK or scale.shape != (rows, cols // BLOCK) or offset.shape != scale.shape:
+        return None
+    q = np.empty(w.shape, np.int8)
+    for first in range(0, rows, rows_at_once):
+        part = slice(first, first + rows_at_once)
+        s = np.repeat(np.asarray(scale[part], np.float32), BLOCK, axis=1)
+        o = np.repeat(np.asarray(offset[part], np.float32), BLOCK, axis=1)
+        with np.errstate(all="ignore"):
+            levels = np.where(s != 0, np.rint((w[part] - o) / s), 0.0)
+        if not np.all((levels >= -128) & (levels <= 127)):
+            return None
+        q[part] = levels
+        product = levels.astype(np.float64) * s
+        if not (np.array_equal(product.astype(np.float32), product)
+                and np.array_equal((product + o).astype(np.float32), w[part])
+                and np.array_equal(levels.astype(np.float32) * s + o, w[part])):
+            return None
+    return q
+
+
+def block_placement(block_scales, kept: dict):
+    """The `place` hook of `jaxspec.checkpoint.params.model_from_tensors` for a `dtype="blocks"` load:
+    each matmul weight whose checkpoint tensor is in a block format (`block_scales(path)`: its
+    (scale, offset) [rows, cols / BLOCK] in the checkpoint's HF layout, or None) is kept as its int8
+    values (`block_factors`), its scale and offset put in `kept` by NNX path for `blocks_model`;
+    every other parameter (and a weight not exactly of that form) placed as float32."""
+
+    def place(path, shape, read):
+        array = read((slice(None),) * len(shape))
+        factors = block_scales(path) if quantized_leaf(path) is not None else None
+        if factors is not None:
+            kernel = str(path[-1]) == "kernel"  # NNX [in, out]: the HF tensor [out, in] transposed
+            q = block_factors(array.T if kernel else array, *factors)
+            if q is not None:
+                kept[tuple(path)] = tuple(jax.device_put(np.ascontiguousarray(a.T if kernel else a))
+                                          for a in factors)
+                return jax.device_put(np.ascontiguousarray(q.T) if kernel else q)
+        return jax.device_put(array)
+
+    return place
+
+
+def blocks_model(module, kept: dict):
+    """`module` (a `jaxspec.Transformer` loaded through `block_placement`) with every weight kept in
+    blocks held by a `BlockLinear` / `BlockEmbed`, in place; returned. The others stay float32."""
+    for path, sub in list(nnx.iter_modules(module)):
+        if isinstance(sub, nnx.Linear) and (*path, "kernel") in kept:
+            new = BlockLinear(sub.kernel[...], *kept[(*path, "kernel")], None if sub.bias is None else sub.bias[...])
+        elif isinstance(sub, nnx.Embed) and (*path, "embedding") in kept:
+            new = BlockEmbed(sub.embedding[...], *kept[(*path, "embedding")])
         else:
             continue
         parent = module
