@@ -46,7 +46,11 @@ OPTION_SETS = {
     "onednn custom calls": "--xla_cpu_experimental_onednn_custom_call=true",
     "eigen single-threaded": "--xla_cpu_multi_thread_eigen=false",
     "vector width 512": "--xla_cpu_prefer_vector_width=512",
+    # not a flag: the GGUF's block-format weights kept (`jaxspec.load(dtype="blocks")`), XLA's defaults
+    "blocks weights": "",
 }
+# Option sets that load the model with another `jaxspec.load` dtype than float32.
+SET_DTYPES = {"blocks weights": "blocks"}
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
@@ -61,7 +65,7 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     return tuple(sorted(sizes | {1}))
 
 
-def child(model_name: str, sizes: tuple[int, ...]) -> dict:
+def child(model_name: str, sizes: tuple[int, ...], dtype: str = "float32") -> dict:
     import jaxspec
     from jaxspec.runtime import auto
     from jaxspec.real_prompts import chat_prompts
@@ -69,10 +73,12 @@ def child(model_name: str, sizes: tuple[int, ...]) -> dict:
     import jax
     import numpy as np
 
-    model = jaxspec.load(model_name)
+    from jaxspec.models.quantize import module_dtype
+
+    model = jaxspec.load(model_name, dtype=dtype)
     # auto's own forward programs, timed here round-robin for ROUNDS rounds (auto itself stops
     # after 0.1 s of timing: too few rounds to compare option sets), the median kept
-    dtype = model.module.embed_tokens.embedding.dtype
+    dtype = module_dtype(model.module)
     programs = [auto._forward(model.graphdef, model.params, 1, 512, t, model.config, dtype) for t in sizes]
     for program, args in programs:
         jax.block_until_ready(program(*args))
@@ -97,8 +103,8 @@ def child(model_name: str, sizes: tuple[int, ...]) -> dict:
 
 def run_set(name: str, flags: str, model: str, sizes: tuple[int, ...]) -> dict:
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()}
-    out = subprocess.run([sys.executable, __file__, "--child", "--model", model, "--sizes", ",".join(map(str, sizes))],
-                         env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, __file__, "--child", "--model", model, "--sizes", ",".join(map(str, sizes)),
+                          "--dtype", SET_DTYPES.get(name, "float32")], env=env, capture_output=True, text=True)
     if out.returncode:
         return {"error": (out.stderr.strip().splitlines() or ["?"])[-1][:300]}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -111,11 +117,12 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="forward sizes T timed: 1,2,3,5,9 or 1-10")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)  # (the child's load)
     p.add_argument("--name", default="cpu_options")
     args = p.parse_args(argv)
     sizes = parse_sizes(args.sizes)
     if args.child:
-        print(json.dumps(child(args.model, sizes)))
+        print(json.dumps(child(args.model, sizes, args.dtype)))
         return 0
     names = args.sets.split(",") if args.sets else list(OPTION_SETS)
     if unknown := [n for n in names if n not in OPTION_SETS]:
@@ -136,7 +143,7 @@ def main(argv=None) -> int:
             rows[n] = {"flags": OPTION_SETS[n], "error": results[0]["error"]}
             continue
         fwd = {t: min(x["forward_seconds"][str(t)] for x in ok) for t in sizes}  # the best round's median
-        rows[n] = {"flags": OPTION_SETS[n], "forward_ms": {str(t): round(1e3 * s, 2) for t, s in fwd.items()},
+        rows[n] = {"flags": OPTION_SETS[n], "dtype": SET_DTYPES.get(n, "float32"), "forward_ms": {str(t): round(1e3 * s, 2) for t, s in fwd.items()},
                    "c": {str(t): round(fwd[t] / fwd[1], 3) for t in sizes},  # (JSON keys are strings)
                    "greedy_tokens_per_second": round(max(x["greedy_tokens_per_second"] for x in ok), 2),
                    "tokens_identical": all(x["tokens"] == reference for x in ok)}

@@ -85,3 +85,24 @@ def test_chat_cli_one_message(capsys):
     captured = capsys.readouterr()
     assert captured.out.strip()  # the streamed reply
     assert "S " in captured.err and "tokens/s" in captured.err
+
+
+def test_blocks_weights_decode_as_transformers(model):
+    """dtype "blocks" keeps the file's Q4_1 layers and Q8_0 embeddings as stored (int8 values, each
+    block's scale and offset: under a third of the float32 bytes) and decodes transformers' float32
+    tokens, greedy and speculative with the shipped drafter (which reads the target's embeddings)."""
+    from collections import Counter
+
+    from flax import nnx
+
+    from jaxspec.runtime.memory import tree_bytes
+
+    blocks = jaxspec.load("smollm2-135m-instruct", dtype="blocks")
+    kinds = Counter(type(sub).__name__ for _, sub in nnx.iter_modules(blocks.module))
+    assert kinds["BlockLinear"] == 30 * 7 and kinds["BlockEmbed"] == 1 and kinds["Linear"] == 0
+    assert tree_bytes(blocks.params) < 0.32 * tree_bytes(model.params)
+    prompts = [c["prompt_ids"] for c in REFERENCES["chats"]]
+    for method, options, new in [("autoregressive", {}, NEW), ("speculative", dict(draft_len=4), DRAFTED)]:
+        out = jaxspec.generate(blocks, prompts, max_new_tokens=new, method=method, stop_at_eos=False, **options)
+        for row, chat in zip(out.tokens, REFERENCES["chats"]):
+            assert row == chat["continuation_ids"][:new], (method, chat["name"])

@@ -1,5 +1,5 @@
-"""int8 weights (`jaxspec.load(..., dtype="int8")`, `--dtype int8`): every matmul weight kept as int8,
-dequantized inside the matmul.
+"""Weights kept quantized, dequantized inside each matmul: int8 weights (`jaxspec.load(..., dtype="int8")`,
+`--dtype int8`) and a GGUF's own blocks kept exactly (`dtype="blocks"`, below).
 
 Each weight matrix (the layers' q/k/v/o and MLP projections, the token embeddings, which are the
 tied LM head, and an untied LM head) is quantized once, at load, per output channel and
@@ -21,7 +21,18 @@ the temporaries held the whole float32 model at every call (425 MB for SmolLM2-1
 to 8x slower than float32). `dequantize_after` ties each convert to the matmul's input, so it runs just
 before its dot into a buffer the next convert reuses (a few MB, in cache); a weight whose float32 copy
 exceeds DEQUANT_PIECE_BYTES (an LM head: SmolLM2's is 113 MB as float32) is converted in output
-chunks inside a loop (`int8_matmul`), so no program holds a large float32 weight.
+chunks inside a loop (`chunked_matmul`), so no program holds a large float32 weight.
+
+Block weights (`dtype="blocks"`, a GGUF file only): a matrix llama.cpp stored in a block format with
+one float16 scale d (and offset m) per 32 values (Q8_0, Q4_0, Q5_0: q * d; Q4_1, Q5_1: q * d + m) is kept
+as it is stored, its values unpacked to one int8 each, d and m as float32 ([in / 32, out] beside an
+[in, out] kernel): 1.25 bytes a weight. `block_factors` finds q from the float32 weights the file
+dequantizes to and keeps the matrix only where q * d + m gives them back exactly, in either order of
+rounding (q * d is exact: at most 8 bits times float16's 11); `block_dequantize` computes it inside
+each matmul, ordered and chunked as int8's convert is. The weights a matmul reads are then the float32
+model's bit for bit, so a blocks model is the float32 model (its reference is float32 greedy), at a
+third of the memory, and on this project's CPU faster: the dequantizing pass over a block, from
+memory, costs less than reading four bytes a weight (docs/performance.md).
 """
 
 from __future__ import annotations
