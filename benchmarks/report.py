@@ -724,6 +724,18 @@ SECTIONS = [
             'python -m benchmarks.real_bench --name real_bench_drafter --split heldout --no-peer --methods '
             '"greedy,speculative TD (K=4),auto"',
             "The bench split's drafter speed-up checked on prompts it was not measured on.", decode),
+    Section("real_bench_blocks", "SmolLM2-135M-Instruct with its GGUF's blocks kept (dtype blocks): greedy, the drafter, auto",
+            'python -m benchmarks.real_bench --name real_bench_blocks --rounds 2 --no-peer --dtype blocks --methods '
+            '"greedy,speculative TD (K=4),speculative TD (K=4) + lookup (N=5,G=1),speculative TD (K=2) + lookup '
+            '(N=3,G=1),speculative TD (K=1) + lookup (N=4,G=1),auto"',
+            "The model loaded with `dtype=\"blocks\"` (its Q4_1 / Q8_0 weights kept, dequantized exactly inside "
+            "each matmul: the float32 weights bit for bit): every setting decodes with it, against its greedy, and "
+            "greedy with the float32 load runs beside them (same tokens; its speed is the float32 baseline). The "
+            "shipped drafter (stage 5), alone and beside prompt lookup, and auto's own choice.", decode),
+    Section("real_bench_blocks_heldout", "SmolLM2-135M-Instruct with its blocks kept, on held-out chat prompts",
+            'python -m benchmarks.real_bench --name real_bench_blocks --split heldout --rounds 2 --no-peer --dtype '
+            'blocks --methods "..."',
+            "The bench split's block-weight settings on prompts nothing was fitted on.", decode),
     Section("real_bench_gemma3", "Gemma 3 270M (base) on the same prompts' text: 262k vocabulary, sliding window",
             'python -m benchmarks.real_bench --model gemma3-270m --name real_bench_gemma3 --no-peer --methods '
             '"greedy,lookahead (15,5,15),lookahead (7,4,7),prompt lookup (N=4,G=8),jacobi (W=8)"',
@@ -770,6 +782,12 @@ SECTIONS = [
             'python -m benchmarks.cpu_options --sets "default,no ynn (eigen dots)" --rounds 2 --name cpu_ynn',
             "JAX 0.10's XLA:CPU hands every dot of 2+ rows to YNNPACK; the same forwards and greedy decoding "
             "with it turned off (Eigen's dots): what the default's c(T) owes to it.", cpu_options),
+    Section("cpu_blocks", "What a verification forward costs with the GGUF's blocks kept (dtype blocks)",
+            'python -m benchmarks.cpu_options --sets "default,blocks weights" --sizes 1-10 --rounds 2 --name cpu_blocks',
+            "c(T) at every block size and greedy decoding with float32 weights and with the file's Q4_1 / Q8_0 "
+            "blocks kept (`jaxspec.load(dtype=\"blocks\")`: int8 values, each block's scale and offset, "
+            "dequantized inside each matmul), each in a fresh process, interleaved; the tokens must be the same.",
+            cpu_options),
     Section("lookahead_bench", "Lookahead Decoding over a (W, N, G) grid on stories260K",
             "python -m benchmarks.lookahead_bench",
             "Greedy, Jacobi, prompt lookup and lookahead on stories260K; S against the block size and the cost "

@@ -168,13 +168,6 @@ def _block_product(x, q, scale, offset, transposed: bool):
     return product
 
 
-def blocks_matmul(x, q, scale, offset, *, transposed: bool = False, piece_bytes: int | None = None):
-    """`x @ block_dequantize(q, scale, offset)` over x's last axis, in float32 (layouts as there),
-    chunk by chunk of output channels where the float32 weight exceeds `piece_bytes` (`chunked_matmul`)."""
-    n_out, n_in = q.shape if transposed else q.shape[::-1]
-    return chunked_matmul(x, n_in, n_out, _block_product(x, q, scale, offset, transposed), piece_bytes)
-
-
 class Int8Linear(nnx.Module):
     """`nnx.Linear` with an int8 kernel [in, out] and a float32 scale per output: y = (x @ q) * scale + b."""
 
@@ -190,7 +183,7 @@ class Int8Linear(nnx.Module):
         return _int8_product(x, self.kernel[...], self.scale[...], False)
 
     def __call__(self, x):
-        y = int8_matmul(x, self.kernel[...], self.scale[...]).astype(x.dtype)
+        y = chunked_matmul(x, self.in_features, self.out_features, self.product(x)).astype(x.dtype)
         return y if self.bias is None else y + self.bias[...].astype(x.dtype)
 
 
@@ -231,7 +224,7 @@ class BlockLinear(nnx.Module):
         return _block_product(x, self.kernel[...], self.scale[...], self.offset[...], False)
 
     def __call__(self, x):
-        y = blocks_matmul(x, self.kernel[...], self.scale[...], self.offset[...]).astype(x.dtype)
+        y = chunked_matmul(x, self.in_features, self.out_features, self.product(x)).astype(x.dtype)
         return y if self.bias is None else y + self.bias[...].astype(x.dtype)
 
 
