@@ -247,13 +247,16 @@ def summarize(bench: DecodeBench, runs: dict) -> dict:
                 c.reference[:len(row["tokens"])]) for row, c in zip(first, bench.cases))
         if first[0].get("state_bytes") is not None:
             s["state_bytes"] = max(row["state_bytes"] for row in first)
-        if "draft_accepts" in first[0]:
-            target_steps = sum(row["target_steps"] for row in first)
-            s["accept_length"] = (sum(row["accepted_tokens"] for row in first) / target_steps
-                                  if "accepted_tokens" in first[0] else None)
-            s["position_acceptance"] = _position_rates(np.sum([row["draft_accepts"] for row in first], 0), target_steps)
-            if "drafter_wins" in first[0]:
-                s["drafter_branch_wins"], s["target_steps"] = sum(row["drafter_wins"] for row in first), target_steps
+        # (over the cases decoded with a drafter: `auto` may have chosen one for some cases only)
+        drafted = [row for row in first if "draft_accepts" in row]
+        if drafted:
+            target_steps = sum(row["target_steps"] for row in drafted)
+            s["accept_length"] = (sum(row["accepted_tokens"] for row in drafted) / target_steps
+                                  if all("accepted_tokens" in row for row in drafted) else None)
+            s["position_acceptance"] = _position_rates(np.sum([row["draft_accepts"] for row in drafted], 0),
+                                                       target_steps)
+            if all("drafter_wins" in row for row in drafted):
+                s["drafter_branch_wins"], s["target_steps"] = sum(row["drafter_wins"] for row in drafted), target_steps
         if "auto" in first[0]:
             s["auto_choices"] = sorted({f"{row['auto']['method']} K={row['auto']['draft_len']}"
                                         if row["auto"]["draft_len"] else row["auto"]["method"] for row in first})
