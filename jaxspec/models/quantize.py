@@ -284,6 +284,14 @@ def placement(scales: dict):
     return place
 
 
+def _replace(module, path, new) -> None:
+    """Put `new` where `path` (from `nnx.iter_modules`) is in `module`."""
+    parent = module
+    for key in path[:-1]:
+        parent = parent[key] if isinstance(key, int) else getattr(parent, key)
+    setattr(parent, path[-1], new)
+
+
 def quantize_model(module, scales: dict | None = None):
     """`module` (a `jaxspec.Transformer`) with every `nnx.Linear` replaced by an `Int8Linear` and its
     token embeddings by an `Int8Embed`, in place; returned. Weights that are int8 already (loaded
@@ -304,10 +312,7 @@ def quantize_model(module, scales: dict | None = None):
             new = Int8Embed(*parts(path, sub.embedding[...], 1))
         else:
             continue
-        parent = module
-        for key in path[:-1]:
-            parent = parent[key] if isinstance(key, int) else getattr(parent, key)
-        setattr(parent, path[-1], new)
+        _replace(module, path, new)
     return module
 
 
@@ -371,8 +376,5 @@ def blocks_model(module, kept: dict):
             new = BlockEmbed(sub.embedding[...], *kept[(*path, "embedding")])
         else:
             continue
-        parent = module
-        for key in path[:-1]:
-            parent = parent[key] if isinstance(key, int) else getattr(parent, key)
-        setattr(parent, path[-1], new)
+        _replace(module, path, new)
     return module
