@@ -29,14 +29,13 @@ from gguf_files import Q, write_gguf  # noqa: E402
 from jaxspec.errors import ConfigError  # noqa: E402
 from jaxspec.models import quantize  # noqa: E402
 from jaxspec.runtime.memory import tree_bytes  # noqa: E402
+from test_gguf import SMALL  # noqa: E402  (test_gguf's tiny llama, every width a multiple of 32)
 from test_hf_parity import build_hf, jax_logits  # noqa: E402
 from test_speculative import random_drafter  # noqa: E402
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
 
-SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2)
 # format -> tied head (both layouts of the head are covered)
 FORMATS = {Q.Q8_0: True, Q.Q4_0: False, Q.Q4_1: True, Q.Q5_0: True, Q.Q5_1: False}
 NEW = 24
