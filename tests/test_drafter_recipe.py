@@ -65,12 +65,38 @@ def test_the_projection_starts_at_zero_so_target_features_change_nothing_at_firs
 
 def test_an_early_layer_under_the_targets_head_gets_a_scaled_final_norm(pycode):
     """init = "target:N" puts the target's final norm on layer N's output: [drafter]
-    final_norm_scale scales it (the recipe's 0.25); 1.0 keeps the target's."""
+    final_norm_scale scales it (the recipe's 0.25); 1.0 keeps the target's. It once scaled the
+    target's own norm too (shared variables), so the teacher's logits came out 4x too soft."""
     target_norm = np.asarray(pycode.module.norm.weight[...])
     for scale in (1.0, 0.25):
         module = init_drafter(_recipe(drafter={"init": "target:2", "final_norm_scale": scale}), pycode)
         np.testing.assert_allclose(np.asarray(module.norm.weight[...]), scale * target_norm, rtol=1e-6)
+        # ... the drafter's copy only: the target's own norm (its teacher logits) is untouched.
+        np.testing.assert_array_equal(np.asarray(pycode.module.norm.weight[...]), target_norm)
     assert _recipe().drafter.final_norm_scale == 0.25
+
+
+def test_added_layers_start_as_the_targets_next_layers_adding_nothing(pycode):
+    """[drafter] add_layers grows a drafter: the new layers are the target's next layers with
+    zeroed output projections, so the grown drafter's logits equal its init's exactly at step 0
+    (a wrong copy, a missed projection or a misplaced layer would change them)."""
+    base = init_drafter(_recipe(drafter={"init": "target:2"}), pycode)
+    grown = init_drafter(_recipe(drafter={"init": "target:2", "add_layers": 2}), pycode)
+    assert (base.config.num_layers, grown.config.num_layers, len(grown.layers)) == (2, 4, 4)
+    rng = np.random.default_rng(0)
+    batch = make_batch(rng.integers(3, 4000, (2, 33)), full_counts(32, 4), pycode.config.vocab_size, rng)
+    args = [jnp.asarray(x) for x in (batch.tokens, batch.positions, batch.block_ids)]
+    np.testing.assert_array_equal(np.asarray(drafter_logits(grown, None, 1.0, *args, None)),
+                                  np.asarray(drafter_logits(base, None, 1.0, *args, None)))
+    for i in (2, 3):
+        new, donor = grown.layers[i], pycode.module.layers[i]
+        np.testing.assert_array_equal(np.asarray(new.self_attn.q_proj.kernel[...]),
+                                      np.asarray(donor.self_attn.q_proj.kernel[...]))
+        np.testing.assert_array_equal(np.asarray(new.mlp.up_proj.kernel[...]), np.asarray(donor.mlp.up_proj.kernel[...]))
+        assert not np.asarray(new.self_attn.o_proj.kernel[...]).any()
+        assert not np.asarray(new.mlp.down_proj.kernel[...]).any()
+    with pytest.raises(ConfigError, match="add_layers"):
+        _recipe(drafter={"add_layers": -1})
 
 
 def test_the_schedule_is_fixed_when_a_run_starts(tmp_path):

@@ -41,6 +41,11 @@ class DrafterInitConfig:
     # head on an early layer's unscaled output is far too sharp (SmolLM2, N = 2: KL to the target
     # 16.5 nats, a first loss of 13-22); 0.25 puts the first drafts near the target's entropy.
     final_norm_scale: float = 1.0
+    # > 0: this many decoder layers after the init's, each the target's layer of the same index (a
+    # random one where shapes differ) with its attention output and MLP down projections zeroed, so
+    # the grown drafter starts computing exactly what its init computed: more capacity for a
+    # trained drafter without losing what it learned.
+    add_layers: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -82,8 +82,9 @@ def init_drafter(cfg: DrafterTrainConfig, target: Model) -> Transformer:
         if not 1 <= num <= target.config.num_layers:
             raise ConfigError(f"[drafter] init = {cfg.drafter.init!r}: the target has {target.config.num_layers} "
                               "layers; use target:N with 1 <= N <= that")
-        base = Model.from_module(nnx.merge(target.graphdef, target.params), tokenizer=target.tokenizer)
-        module = base.module
+        # A clone: `nnx.merge` shares the target's variables, and scaling the final norm in place
+        # scaled the target's own (its teacher logits then came out 4x too soft for KD).
+        module = nnx.clone(nnx.merge(target.graphdef, target.params))
         module.layers = nnx.List(list(module.layers)[:num])
         module.config = dataclasses.replace(target.config, num_layers=num)
         scale_final_norm(module, cfg.drafter.final_norm_scale)
@@ -107,7 +108,33 @@ def init_drafter(cfg: DrafterTrainConfig, target: Model) -> Transformer:
         if value.shape != target_shape:  # the vocabulary axis: keep the fresh (random) mask row
             value = fresh_flat[path][...].at[tuple(slice(0, s) for s in value.shape)].set(value)
         fresh_flat[path].set_value(value)
-    return nnx.merge(graphdef, nnx.from_flat_state(list(fresh_flat.items())))
+    module = nnx.merge(graphdef, nnx.from_flat_state(list(fresh_flat.items())))
+    return grow_layers(module, target, cfg.drafter.add_layers, cfg.train.seed) if cfg.drafter.add_layers else module
+
+
+def grow_layers(module: Transformer, target: Model, add: int, seed: int) -> Transformer:
+    """`module` with `add` more decoder layers after its own: each a copy of the target's layer of
+    the same index where shapes match (else randomly initialised), its attention output and MLP
+    down projections (and their biases) zeroed. A zero projection adds nothing to the residual
+    stream (a Gemma post-norm of zero is zero), so the grown drafter's outputs equal `module`'s
+    until training moves those projections, which get gradients at once (their inputs are not 0)."""
+    n = module.config.num_layers
+    grown = Transformer(dataclasses.replace(module.config, num_layers=n + add), dtype=jnp.float32,
+                        rngs=nnx.Rngs(seed))
+    graphdef, fresh = nnx.split(grown)
+    flat = dict(nnx.to_flat_state(fresh))
+    donors = dict(nnx.to_flat_state(target.params))
+    for path, var in nnx.to_flat_state(nnx.state(module)):
+        flat[path].set_value(var[...])
+    for path, var in flat.items():
+        if path[0] != "layers" or path[1] < n:
+            continue
+        donor = donors.get(path)
+        if donor is not None and donor[...].shape == var[...].shape:
+            var.set_value(jnp.array(donor[...], jnp.float32, copy=True))
+        if len(path) > 3 and path[3] in ("o_proj", "down_proj"):
+            var.set_value(jnp.zeros_like(var[...]))
+    return nnx.merge(graphdef, nnx.from_flat_state(list(flat.items())))
 
 
 def is_drafter_folder(path: str) -> bool:

@@ -130,7 +130,7 @@ _NON_NEGATIVE = {("optim", "warmup_steps"), ("optim", "weight_decay"), ("train",
                  # drafter configs (jaxspec.train.drafter_config): loss weights and gating may be 0
                  ("pard", "ce_alpha"), ("pard", "kd_alpha"), ("pard", "gate_prob"),
                  ("distill", "greedy_sequences"), ("distill", "sampled_sequences"), ("distill", "fraction"),
-                 ("drafter", "vocab"), ("drafter", "vocab_coverage"), ("chat", "questions"), ("chat", "code_prompts"), ("chat", "sampled_fraction"),
+                 ("drafter", "vocab"), ("drafter", "vocab_coverage"), ("drafter", "add_layers"), ("chat", "questions"), ("chat", "code_prompts"), ("chat", "sampled_fraction"),
                  ("chat", "heldout_fraction")}
 _FRACTIONS = {("data", "heldout_fraction"), ("optim", "final_lr_fraction"), ("optim", "b1"), ("optim", "b2")}
 
