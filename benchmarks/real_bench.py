@@ -54,6 +54,10 @@ METHODS = {
     **{f"speculative TD (K={k}) + lookup (N={n},G={g})":
        ("speculative", {"draft_len": k, "lookup_ngram": n, "lookup_guesses": g})
        for k in (1, 2, 3, 4) for n in (2, 3, 4, 5) for g in (1, 2)},
+    # one chain a step, the best prompt-lookup candidate's or the drafter's (`lookup_route`)
+    **{f"speculative TD (K={k}) or lookup (N={n},G={g})":
+       ("speculative", {"draft_len": k, "lookup_ngram": n, "lookup_guesses": g, "lookup_route": True})
+       for k in (2, 3, 4) for n in (3, 4, 5, 6) for g in (1, 4)},
     "hybrid (5,3,5) K=4": ("hybrid", {"window": 5, "ngram": 3, "guesses": 5, "draft_len": 4}),
     # the setting auto picks per request (its one-time measurements reported apart)
     "auto": ("auto", {}),

@@ -206,6 +206,23 @@ def draft_vocab(r: dict) -> list[str]:
 PARD_MODES = {"td": "target-dependent", "ti": "target-independent", "-": "no drafter"}
 
 
+def route_rule(r: dict) -> list[str]:
+    """One-chain routing rules against the two-branch settings: S per (agree, unsure), the
+    constants `jaxspec.decoding.sources.routed` uses in bold."""
+    from jaxspec.decoding.sources.routed import RoutedChain
+
+    chosen = (RoutedChain.agree, RoutedChain.unsure)
+    lines = [f"{r['prompts']} prompts ({r['prompt_kind']}), the target's greedy continuations of "
+             f"{r['new_tokens']} tokens, drafter `{_rel(r['drafter'])}`; S along each continuation's decoding path "
+             "(teacher-forced: no timing). T: tokens the target verifies per step.", "",
+             "| setting | agree | unsure | T | S |", "|---|---:|---:|---:|---:|"]
+    for row in r["rows"]:
+        mark = "**" if (row.get("agree"), row.get("unsure")) == chosen else ""
+        lines.append(f"| {row['setting']} | {_f(row.get('agree'), 'g')} | {_f(row.get('unsure'), 'g')} | "
+                     f"{row['block_tokens']} | {mark}{row['S']:.3f}{mark} |")
+    return lines
+
+
 def pard_ablation(r: dict) -> list[str]:
     k = min(max(row["k"] for row in r["rows"]), 8)  # a_1..a_8 here; the JSON has every position
     kind = r.get("prompt_kind", "code")
@@ -751,6 +768,19 @@ SECTIONS = [
             "python -m benchmarks.hf_compare",
             "The same exported default checkpoint decoded by jaxspec (greedy, prompt lookup) and by transformers' "
             "`generate` (greedy, `prompt_lookup_num_tokens`), on the same held-out code prompts.", decode),
+    Section("route_rule_recipe", "Routing prompt lookup and the drafter: the rule's constants, chosen on the "
+            "drafter recipe's held-out chats", "python -m benchmarks.route_rule --name route_rule_recipe "
+            "--conversations runs/pard2-smollm2-stage4/data/conversations.jsonl "
+            "runs/pard2-smollm2-stage5/data/conversations.jsonl",
+            "Teacher-forced S of one routed chain a step (`lookup_route`) for a grid of its two constants, beside "
+            "the two-branch settings, on the prompts of the drafter recipe's held-out greedy replies (never the "
+            "benchmark prompts).", route_rule),
+    Section("route_rule_heldout", "Routing prompt lookup and the drafter, on the held-out chat prompts",
+            "python -m benchmarks.route_rule --name route_rule_heldout --chat heldout",
+            "The same grid on real_bench's held-out split, reported, not chosen on.", route_rule),
+    Section("route_rule_bench", "Routing prompt lookup and the drafter, on the bench chat prompts",
+            "python -m benchmarks.route_rule --name route_rule_bench --chat bench",
+            "The same grid on real_bench's bench split, reported, not chosen on.", route_rule),
     Section("pard_ablation", "PARD-2 drafter ablation: the recipe (K, data, init) and the objective (PARD, CAT, "
             "CAT + KD)", "python tools/pard_arms.py --out runs/pard-arms; python -m benchmarks.pard_ablation "
             "--drafter NAME=FOLDER ...", "Teacher-forced acceptance of drafters trained with different recipes and "
@@ -809,7 +839,7 @@ SECTIONS = [
             variants=("vocab_memory_smoke",)),
     Section("quantized_weights", "Quantized weights on this CPU: float32, bfloat16, int8 and the GGUF's own blocks",
             "python -m benchmarks.quantized_weights",
-            "SmolLM2-135M-Instruct's greedy tokens/s and weight memory with float32 weights (the default), bfloat16, "
+            "SmolLM2-135M-Instruct's greedy tokens/s and weight memory with float32 weights, bfloat16, "
             "int8 per output channel (`dtype=\"int8\"`) and the GGUF file's Q8_0 / Q4_1 blocks kept, each "
             "dequantized inside its matmuls; int8's methods against int8 greedy; the head and layer matmuls alone.",
             quantized_weights, variants=("quantized_weights_smoke",)),
@@ -857,6 +887,7 @@ SECTIONS = [
 
 TABLES = {s.stem: s.table for s in SECTIONS}  # a result's renderer by its benchmark name
 TABLES["drafter_curve"] = drafter_curve  # its runs are named after the drafter they train
+TABLES["route_rule"] = route_rule  # one renderer for its three prompt sets
 PLOTS: dict[str, Callable[[dict, Path], None]] = {}
 PLOTS["pard_ablation"] = plot_pard_ablation
 PLOTS["serve_bench"] = plot_serve_bench

@@ -27,7 +27,7 @@ transformers = pytest.importorskip("transformers")
 import jaxspec  # noqa: E402
 from gguf_files import Q, write_gguf  # noqa: E402
 from jaxspec.errors import ConfigError  # noqa: E402
-from jaxspec.models import quantize  # noqa: E402
+from jaxspec.models import quantize, tensor_parallel  # noqa: E402
 from jaxspec.runtime.memory import tree_bytes  # noqa: E402
 from test_gguf import SMALL  # noqa: E402  (test_gguf's tiny llama, every width a multiple of 32)
 from test_hf_parity import build_hf, jax_logits  # noqa: E402
@@ -49,7 +49,7 @@ def _loads(tmp_path, quant, tied: bool, seed: int, **tensor_types):
             if p.ndim == 2:
                 p.mul_(4.0)
     path = write_gguf(tmp_path / f"{quant.name}.gguf", source, quant, tensor_types=tensor_types or None)
-    return jaxspec.load(path), jaxspec.load(path, dtype="blocks")
+    return jaxspec.load(path, dtype="float32"), jaxspec.load(path, dtype="blocks")
 
 
 @pytest.fixture(scope="module", params=list(FORMATS), ids=[q.name for q in FORMATS])
@@ -134,6 +134,28 @@ def test_blocks_errors(tmp_path):
         jaxspec.load("pycode-5M", dtype="blocks")
     with pytest.raises(ConfigError, match="one device"):
         jaxspec.load("smollm2-135m-instruct", dtype="blocks", tensor_parallel=2)
-    _, blocks = _loads(tmp_path, Q.Q8_0, True, seed=5)
+    int8 = jaxspec.load("pycode-5M", dtype="int8")
     with pytest.raises(ConfigError, match="not saved"):
-        blocks.save(tmp_path / "out")
+        int8.save(tmp_path / "out")
+    with pytest.raises(ConfigError, match="one device"):
+        tensor_parallel.shard(int8, tensor_parallel.tp_mesh(1, 1))
+
+
+def test_a_gguf_loads_as_blocks_by_default_and_saves_and_shards_as_its_float32_self(tmp_path):
+    """The default load of a GGUF keeps its blocks (the float32 model); saving it writes the float32
+    weights and laying it out on a mesh uses them, both with float32's logits bit for bit. A file
+    with no block-format matrix loads as, and says, float32."""
+    f32, _ = _loads(tmp_path, Q.Q4_1, False, seed=6)
+    default = jaxspec.load(f32.source)
+    assert default.dtype == "blocks" and any(isinstance(m, quantize.BlockLinear) for _, m in
+                                             nnx.iter_modules(default.module))
+    tokens = np.random.default_rng(5).integers(0, SMALL["vocab_size"], (1, 16))
+    expected = jax_logits(f32, tokens)
+    saved = jaxspec.load(default.save(tmp_path / "saved"))
+    assert saved.dtype == "float32"
+    np.testing.assert_array_equal(jax_logits(saved, tokens), expected)
+    sharded = tensor_parallel.shard(default, tensor_parallel.tp_mesh(1, 1))
+    assert sharded.dtype == "float32" and not any(isinstance(m, quantize.QUANTIZED) for _, m in
+                                                  nnx.iter_modules(sharded.module))
+    np.testing.assert_array_equal(jax_logits(sharded, tokens), expected)
+    assert jaxspec.load(_loads(tmp_path, Q.F16, True, seed=7)[0].source).dtype == "float32"

@@ -112,8 +112,14 @@ def check_stats(out: jaxspec.GenerateOutput, draft_len: int) -> None:
 # (method, target_features, bonus_in_context): each is one program; both drafters share it
 # (same structure, weights are arguments). The stories test runs the hybrid with the bonus.
 GREEDY_CASES = [("speculative", True, True), ("speculative", False, True), ("speculative", True, False),
-                ("hybrid", True, False), ("speculative+lookup", True, True)]
+                ("hybrid", True, False), ("speculative+lookup", True, True), ("speculative+routed", True, True),
+                ("speculative+routed-short", False, False)]
 LOOKUP = {"lookup_guesses": 2, "lookup_ngram": 3}  # prompt-lookup candidates beside the drafter's chain
+# One chain a step, a candidate's or the drafter's: longer candidates than K (the drafter's chain
+# padded), then shorter (the candidate padded).
+OPTIONS = {"hybrid": HYBRID, "speculative+lookup": LOOKUP,
+           "speculative+routed": {"lookup_guesses": 3, "lookup_ngram": K + 2, "lookup_route": True},
+           "speculative+routed-short": {"lookup_guesses": 1, "lookup_ngram": 3, "lookup_route": True}}
 
 
 @pytest.mark.parametrize("method, target_features, bonus_in_context", GREEDY_CASES,
@@ -123,7 +129,8 @@ def test_greedy_equals_plain_greedy_and_rows_finish_apart(tiny, drafters, method
                                                           bonus_in_context):
     """EOS_PROMPTS stop after 1, 2 and ~30 tokens: rows finish at different steps (row 0 at its
     prefill token), and the long row runs many multi-token steps."""
-    options = HYBRID if method == "hybrid" else LOOKUP if method == "speculative+lookup" else {}
+    options = OPTIONS.get(method, {})
+    routed = method.startswith("speculative+routed")
     method = method.split("+")[0]
     solo = [greedy(tiny, [p], 40, stop_at_eos=True)[0] for p in EOS_PROMPTS]
     assert all(row[-1] in EOS for row in solo) and len({len(r) for r in solo}) == 3  # the data's premise
@@ -136,6 +143,9 @@ def test_greedy_equals_plain_greedy_and_rows_finish_apart(tiny, drafters, method
               f"per position {out.extras['draft_accepts']}")
         assert out.tokens == solo, kind
         check_stats(out, K)
+        if routed:  # chains from both: lookup where the random drafter is unsure, the copy drafter's own
+            lookup_steps, steps = np.asarray(out.extras["lookup_steps"]), np.asarray(out.steps) - 1
+            assert (lookup_steps <= steps).all() and lookup_steps.sum() > 0 and (lookup_steps < steps).any(), kind
         assert out.options["target_features"] is target_features and out.options["draft_len"] == K
         assert out.steps[0] == 1 and len(set(out.steps)) == 3
         if kind == "copy" and (bonus_in_context or method == "hybrid"):  # drafts really accepted
@@ -237,9 +247,10 @@ SAMPLED = {  # name -> (method, options)
     "speculative": ("speculative", dict(draft_len=3)),
     "hybrid": ("hybrid", dict(draft_len=3, window=3, ngram=3, guesses=4)),
     "speculative+lookup": ("speculative", dict(draft_len=3, lookup_guesses=2, lookup_ngram=3)),
+    "speculative+routed": ("speculative", dict(draft_len=3, lookup_guesses=2, lookup_ngram=3, lookup_route=True)),
 }
 SAMPLED_CASES = [("speculative", "T1.0"), ("speculative", "top_k3"), ("speculative", "top_p0.8"),
-                 ("hybrid", "T1.0"), ("speculative+lookup", "T1.0")]
+                 ("hybrid", "T1.0"), ("speculative+lookup", "T1.0"), ("speculative+routed", "T1.0")]
 
 
 @pytest.fixture(scope="module")
@@ -330,3 +341,23 @@ def test_top_k_one_sampling_is_greedy(sampling_tiny, sampling_drafter):
     reference = np.unravel_index(np.argmax(joint), joint.shape)
     tokens, _ = draw(sampling_tiny, sampling_drafter, "speculative", dict(temperature=1.0, top_k=1), seed=3)
     assert (tokens == np.asarray(reference)).all()
+
+
+def test_routing_verifies_the_candidate_the_drafter_agrees_with_or_is_unsure_against():
+    """`choose`: the valid candidate the drafter rates highest, verified when the drafter gives its
+    first token >= agree x its own top probability, or is itself unsure; else the drafter's chain."""
+    from jaxspec.decoding.sources.routed import choose
+
+    score = jnp.asarray([[0.1, 0.8, 0.9],   # agrees (0.8 = p1), the 0.9 one is not a valid candidate
+                         [0.05, 0.1, 0.0],  # the drafter is sure (p1 0.9) of another token
+                         [0.0, 0.05, 0.0],  # the drafter is unsure (p1 0.2): copy
+                         [0.9, 0.9, 0.9],   # no valid candidate
+                         [0.3, 0.27, 0.0]])  # 0.3 >= 0.3 x 0.9
+    valid = jnp.asarray([[True, True, False], [True, True, True], [True, True, False], [False] * 3, [True] * 3])
+    p1 = jnp.asarray([0.8, 0.9, 0.2, 0.5, 0.9])
+    best, from_lookup = choose(score, valid, p1, agree=0.3, unsure=0.3)
+    assert np.asarray(best)[[0, 1, 2, 4]].tolist() == [1, 1, 1, 0]
+    assert np.asarray(from_lookup).tolist() == [True, False, True, False, True]
+    with pytest.raises(GenerationError, match="lookup_guesses"):
+        jaxspec.generate(scaled(jaxspec.Model.from_module(jaxspec.Transformer(TINY, rngs=nnx.Rngs(0))), 1.0), [1],
+                         max_new_tokens=2, method="speculative", drafter=random_drafter(TINY, 1), lookup_route=True)

@@ -60,11 +60,13 @@ def measured(results: Path = RESULTS) -> dict:
 
 def _speculative_label(label: str) -> str:
     """real_bench's "speculative TD (K=4)" is auto's candidate "speculative K=4" (target features on),
-    "speculative TD (K=4) + lookup (N=5,G=1)" its "speculative K=4 N=5 G=1"."""
-    m = re.match(r"speculative TD \(K=(\d+)\)( \+ lookup \(N=(\d+),G=(\d+)\))?$", label)
+    "speculative TD (K=4) + lookup (N=5,G=1)" its "speculative K=4 N=5 G=1", "speculative TD (K=4) or
+    lookup (N=5,G=4)" (one routed chain) its "speculative K=4 N=5 G=4 routed"."""
+    m = re.match(r"speculative TD \(K=(\d+)\)( (\+|or) lookup \(N=(\d+),G=(\d+)\))?$", label)
     if not m:
         return label
-    return f"speculative K={m.group(1)}" + (f" N={m.group(3)} G={m.group(4)}" if m.group(2) else "")
+    lookup = f" N={m.group(4)} G={m.group(5)}" + (" routed" if m.group(3) == "or" else "") if m.group(2) else ""
+    return f"speculative K={m.group(1)}" + lookup
 
 
 def fit(runs: list) -> dict:
@@ -77,8 +79,9 @@ def fit(runs: list) -> dict:
             out[f"prompt_lookup_{pl[0]}_{pl[1]}"] = round(s, 3)
         elif (m := re.match(r"speculative K=(\d+)$", label)):
             out[f"speculative_{m.group(1)}"] = round(s, 3)
-        elif (m := re.match(r"speculative K=(\d+) N=(\d+) G=(\d+)$", label)):
-            out[f"speculative_{m.group(1)}_lookup_{m.group(2)}_{m.group(3)}"] = round(s, 3)
+        elif (m := re.match(r"speculative K=(\d+) N=(\d+) G=(\d+)( routed)?$", label)):
+            kind = "routed" if m.group(4) else "lookup"
+            out[f"speculative_{m.group(1)}_{kind}_{m.group(2)}_{m.group(3)}"] = round(s, 3)
     return out
 
 
@@ -90,7 +93,8 @@ def table(results: Path = RESULTS) -> str:
              "# lookahead: S = 1 + lookahead_slope * ln(block tokens), fitted through S(1) = 1 (the paper's law:",
              "# S grows with the log of a step's work); lookahead_max_error: the fit's worst relative error.",
              "# prompt_lookup_N_G, speculative_K, speculative_K_lookup_N_G (the drafter's chain beside G prompt-lookup",
-             "# candidates of N-1 tokens): S as measured. [default]: models without results.", ""]
+             "# candidates of N-1 tokens), speculative_K_routed_N_G (one chain a step, a candidate's or the",
+             "# drafter's): S as measured. [default]: models without results.", ""]
     slopes = [f["lookahead_slope"] for f in fitted.values()]
     pl = [v for f in fitted.values() for k, v in f.items() if k.startswith("prompt_lookup")]
     lines += ["[default]", f"lookahead_slope = {min(slopes)}", f"prompt_lookup_4_8 = {min(pl)}", ""]

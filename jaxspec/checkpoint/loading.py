@@ -22,7 +22,7 @@ from jaxspec.checkpoint.params import hf_name, model_from_tensors
 from jaxspec.models.config import ModelConfig
 from jaxspec.errors import CheckpointError, ConfigError
 from jaxspec.models.model import Transformer
-from jaxspec.models.quantize import block_placement, blocks_model, placement, quantize_model
+from jaxspec.models.quantize import block_placement, blocks_model, float_model, placement, quantize_model
 from jaxspec.checkpoint.tokenizer import Tokenizer, find_tokenizer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -127,11 +127,13 @@ class Model:
         return nnx.merge(self.graphdef, self.params)
 
     def save(self, folder, dtype: str = "float32") -> Path:
-        """Write an HF folder (config.json + model.safetensors [+ tokenizer]) transformers can load."""
-        if self.dtype in ("int8", "blocks"):
-            raise ConfigError(f"a {self.dtype} model is not saved (its weights are kept quantized); load the "
+        """Write an HF folder (config.json + model.safetensors [+ tokenizer]) transformers can load. A
+        blocks model writes its float32 weights (exactly the float32 load's)."""
+        if self.dtype == "int8":
+            raise ConfigError("an int8 model is not saved (its weights are kept quantized); load the "
                               "checkpoint with dtype float32 or bfloat16 to export it")
-        return save_hf_folder(self.module, folder, dtype=dtype, tokenizer=self.tokenizer)
+        module = float_model(self.module) if self.dtype == "blocks" else self.module
+        return save_hf_folder(module, folder, dtype=dtype, tokenizer=self.tokenizer)
 
 
 def resolve(path_or_name: str | os.PathLike) -> Path:
@@ -222,7 +224,7 @@ def model_in_folder(path: Path) -> Path:
     return path
 
 
-def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str = "float32", attention: str = "xla",
+def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str | None = None, attention: str = "xla",
          tensor_parallel: int = 1, data_parallel: int = 1, mesh=None) -> Model:
     """Load a checkpoint for decoding (default: the shipped model). `attention` names the
     attention backend ("xla" | "pallas"). `tensor_parallel` T > 1 or `data_parallel` D > 1 lay
@@ -236,7 +238,9 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str = "float32"
     the reference for exactness is then int8 greedy decoding); one device only. `dtype` "blocks" (a
     GGUF file only): every matmul weight stored in a block format (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) kept
     as its int8 values and each block's scale and offset, dequantized inside each matmul to the float32
-    weights bit for bit, so every output is float32's; other weights float32; one device only."""
+    weights bit for bit, so every output is float32's; other weights float32; one device only.
+    `dtype` None (the default): "blocks" for a GGUF file on one device, else float32. A blocks load that
+    keeps no matrix (a file in F16, F32 or K-quants only) is a float32 model and says so (`Model.dtype`)."""
     from jaxspec.models import tensor_parallel as tp_lib
 
     if dtype in ("int8", "blocks") and (mesh is not None or (tensor_parallel, data_parallel) != (1, 1)):
@@ -248,15 +252,19 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str = "float32"
         tp_lib.check_mesh(mesh)
     elif (tensor_parallel, data_parallel) != (1, 1):
         mesh = tp_lib.tp_mesh(tensor_parallel, data_parallel)  # (checked before reading the checkpoint)
-    if dtype not in LOAD_DTYPES:
+    if dtype is not None and dtype not in LOAD_DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(LOAD_DTYPES)}, got {dtype!r}")
     get_attention(attention)  # fail now, not at the first generate
     path = resolve(path_or_name)
+    if dtype is None:  # a GGUF's blocks where they can be kept: the float32 model, faster, a third of the memory
+        dtype = "blocks" if path.suffix == ".gguf" and mesh is None else "float32"
     jdtype = DTYPES.get(dtype, jnp.float32)  # (int8: read as float32, then quantized tensor by tensor)
 
     if dtype == "blocks" and path.suffix != ".gguf":
         raise ConfigError(f"dtype blocks keeps a GGUF file's quantized blocks; {path} is not a .gguf file "
                           "(use float32, bfloat16 or int8)")
+
+    held = []  # what a blocks load holds: "float32" where it kept no matrix
 
     def build(cfg: ModelConfig, tensors) -> Transformer:
         if dtype == "blocks":
@@ -267,6 +275,7 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str = "float32"
 
             module = model_from_tensors(cfg, tensors, dtype=jdtype, attention=attention, source=str(path),
                                         place=block_placement(block_scales, kept))
+            held.append("blocks" if kept else "float32")
             return blocks_model(module, kept)
         if dtype == "int8":
             scales: dict = {}
@@ -298,5 +307,5 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str = "float32"
         raise CheckpointError(
             f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only {module.config.vocab_size}"
         )
-    model = Model.from_module(module, tokenizer=tokenizer, dtype=dtype, source=str(path))
+    model = Model.from_module(module, tokenizer=tokenizer, dtype=held[0] if held else dtype, source=str(path))
     return model if mesh is None else tp_lib.on_mesh(model, model.params, mesh)

@@ -80,9 +80,10 @@ def _add_decoding_options(g: argparse.ArgumentParser) -> None:
     g.add_argument("--frequency-penalty", type=float, default=0.0,
                    help="subtract per occurrence in the output (0 = off); every method applies the penalties alike")
     g.add_argument("--seed", type=_seed, default=0, help="random seed for sampling, in [0, 2**32)")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8", "blocks"],
+    g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "int8", "blocks"],
                    help="the weights' dtype (int8: quantized per output channel; blocks: a GGUF's Q8_0/Q4_x/Q5_x "
-                        "blocks kept, the float32 weights exactly; both with float32 activations)")
+                        "blocks kept, the float32 weights exactly; both with float32 activations; default: "
+                        "blocks for a GGUF file on one device, else float32)")
     g.add_argument("--attention", default="xla", help="attention backend (xla|pallas)")
     g.add_argument("--tensor-parallel", type=int, default=1, metavar="T",
                    help="shard the weights over T devices (GSPMD, Megatron layout; docs/scaling.md)")
@@ -107,6 +108,9 @@ def _add_decoding_options(g: argparse.ArgumentParser) -> None:
                     help="speculative: also verify up to G prompt-lookup candidates per step (default 0: none)")
     sp.add_argument("--lookup-ngram", dest="lookup_ngram", type=int,
                     help="speculative: prompt-lookup n-gram size N (candidates of N-1 tokens; default 5)")
+    sp.add_argument("--lookup-route", dest="lookup_route", action="store_true", default=None,
+                    help="speculative with --lookup-guesses: verify one chain a step, the best lookup candidate's "
+                         "or the drafter's, chosen by the drafter's confidence (fewer tokens a step)")
 
 
 def _add_distributed_options(parser: argparse.ArgumentParser) -> None:
@@ -130,7 +134,7 @@ METHOD_FLAGS = {"window": "--window", "ngram": "--ngram", "guesses": "--guesses"
                 "pool_from_prompt": "--no-pool-from-prompt", "verify_window": "--no-verify-window",
                 "lp_devices": "--lp-devices", "drafter": "--drafter", "draft_len": "--draft-len",
                 "target_features": "--target-independent", "lookup_guesses": "--lookup-guesses",
-                "lookup_ngram": "--lookup-ngram"}
+                "lookup_ngram": "--lookup-ngram", "lookup_route": "--lookup-route"}
 
 
 def _method_options(args) -> dict:

@@ -85,7 +85,7 @@ def _chat(args) -> int:
                               "identical_to_greedy": None if greedy is None else out.tokens == greedy.tokens,
                               "first_difference": None if difference is None else
                               {**dataclasses.asdict(difference), "near_tie": difference.near_tie},
-                              "config": {"model": model.source, "dtype": args.dtype, **_sampling(args),
+                              "config": {"model": model.source, "dtype": model.dtype, **_sampling(args),
                                          "max_new_tokens": args.max_new_tokens, **out.options},
                               "memory": out.memory}))
         else:

@@ -74,7 +74,7 @@ def _generate(args) -> int:
             "tokens": out.tokens, "text": out.text, "steps": out.steps, "compression": out.compression,
             "seconds": out.seconds, "tokens_per_second": out.tokens_per_second, "method": out.method,
             "config": {
-                "model": model.source, "dtype": args.dtype, "attention": args.attention,
+                "model": model.source, "dtype": model.dtype, "attention": args.attention,
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                 **_sampling(args), "stop_at_eos": not args.no_eos_stop, "compile_seconds": out.compile_seconds,
                 "tensor_parallel": args.tensor_parallel, "data_parallel": args.data_parallel,

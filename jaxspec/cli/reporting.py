@@ -51,7 +51,8 @@ def stats_lines(model, out, prompt_ids, greedy=None, cut_at: int | None = None) 
     `greedy`, a second line comparing the two (and a hint when the method is slower)."""
     setting = ("greedy" if out.method == "autoregressive" else out.method) + (
         f" K={out.options['draft_len']}" if "draft_len" in out.options else "") + (
-        f" + lookup G={out.options['lookup_guesses']}" if out.options.get("lookup_guesses") else "")
+        f" + lookup G={out.options['lookup_guesses']}" if out.options.get("lookup_guesses") else "") + (
+        " routed" if out.options.get("lookup_route") else "")
     n, measured, secs, rate = len(out.tokens), (out.auto or {}).get("measure_seconds") or 0.0, _secs(out.seconds), \
         f"{out.tokens_per_second:.1f}"
     compact = setting.replace(" + lookup ", "+lookup ")

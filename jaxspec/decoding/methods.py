@@ -22,6 +22,7 @@ from jaxspec.decoding.options import (Defaults, HybridOptions, JacobiOptions, Lo
 from jaxspec.decoding.sources.drafter import PardDrafter
 from jaxspec.decoding.sources.jacobi import JacobiGuess
 from jaxspec.decoding.sources.pool import NGramCandidates
+from jaxspec.decoding.sources.routed import RoutedChain
 from jaxspec.decoding.sources.window import LookaheadWindow
 from jaxspec.decoding.verify import Greedy, MultiDraft, Speculative
 from jaxspec.errors import ConfigError, GenerationError
@@ -55,11 +56,14 @@ def lookahead_sources(o) -> tuple:
 
 
 def speculative_sources(o, sampled: bool) -> tuple:
-    """The drafter's chain, after (G > 0) the prompt-lookup candidates (from the prompt and the output)."""
+    """The drafter's chain, after (G > 0) the prompt-lookup candidates (from the prompt and the output);
+    with `lookup_route`, one chain a step chosen between them (`RoutedChain`)."""
     if not o.lookup_guesses:
         return (PardDrafter(o.draft_spec(), sampled=sampled),)
-    return (NGramCandidates(ngram=o.lookup_ngram, guesses=o.lookup_guesses),
-            PardDrafter(o.draft_spec(), count_wins=True))
+    lookup = NGramCandidates(ngram=o.lookup_ngram, guesses=o.lookup_guesses)
+    if o.lookup_route:
+        return (RoutedChain(lookup, PardDrafter(o.draft_spec())),)
+    return (lookup, PardDrafter(o.draft_spec(), count_wins=True))
 
 
 METHODS: dict[str, Method] = {

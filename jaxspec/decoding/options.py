@@ -168,11 +168,19 @@ class SpeculativeOptions(DrafterOptions):
 
     lookup_guesses: int = 0
     lookup_ngram: int = 5
+    # True: instead of verifying the drafter's chain and the candidates side by side, verify ONE chain
+    # a step, the best candidate's or the drafter's, by the drafter's confidence
+    # (`jaxspec.decoding.sources.routed`): max(K, N-1) tokens a step instead of K + G(N-1).
+    lookup_route: bool = False
 
     def __post_init__(self):
         DrafterOptions.__post_init__(self)
         _check_int("speculative", "lookup_guesses", self.lookup_guesses, 0)
         _check_int("speculative", "lookup_ngram", self.lookup_ngram, 2)
+        _check_bool("lookup_route", self.lookup_route)
+        if self.lookup_route and not self.lookup_guesses:
+            raise GenerationError("lookup_route chooses between the drafter and prompt-lookup candidates: "
+                                  "set lookup_guesses >= 1")
 
 
 @dataclasses.dataclass(frozen=True)

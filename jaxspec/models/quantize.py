@@ -253,12 +253,18 @@ class BlockEmbed(nnx.Module):
 QUANTIZED = (Int8Linear, Int8Embed, BlockLinear, BlockEmbed)
 
 
+def _blocks_to_float(q, scale, offset, axis: int) -> np.ndarray:
+    """float32 `q * scale + offset` on the host, one scale and offset per BLOCK values along `axis`
+    (exact in either order of rounding: `block_factors`)."""
+    scale, offset = (np.repeat(np.asarray(a[...], np.float32), BLOCK, axis=axis) for a in (scale, offset))
+    return np.asarray(q[...], np.float32) * scale + offset
+
+
 def float_table(embed) -> np.ndarray:
     """The token embeddings as a float32 numpy table (dequantized from an `Int8Embed` or a `BlockEmbed`)."""
-    table = np.asarray(embed.embedding[...], np.float32)
     if isinstance(embed, BlockEmbed):
-        scale, offset = (np.repeat(np.asarray(a[...]), BLOCK, axis=1) for a in (embed.scale, embed.offset))
-        return table * scale + offset
+        return _blocks_to_float(embed.embedding, embed.scale, embed.offset, axis=1)
+    table = np.asarray(embed.embedding[...], np.float32)
     return table * np.asarray(embed.scale[...])[:, None] if isinstance(embed, Int8Embed) else table
 
 
@@ -364,6 +370,28 @@ def block_placement(block_scales, kept: dict):
         return jax.device_put(array)
 
     return place
+
+
+def float_model(module):
+    """`module` with every `BlockLinear` / `BlockEmbed` back as an `nnx.Linear` / `nnx.Embed` of its
+    float32 weights (dequantized: exactly the float32 load's), in place; returned. What a blocks
+    model is saved or laid out on a mesh as."""
+    for path, sub in list(nnx.iter_modules(module)):
+        if isinstance(sub, BlockLinear):
+            kernel = _blocks_to_float(sub.kernel, sub.scale, sub.offset, axis=0)
+            new = nnx.Linear(sub.in_features, sub.out_features, use_bias=sub.bias is not None, dtype=jnp.float32,
+                             param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+            new.kernel.set_value(jnp.asarray(kernel))
+            if sub.bias is not None:
+                new.bias.set_value(sub.bias[...])
+        elif isinstance(sub, BlockEmbed):
+            new = nnx.Embed(sub.num_embeddings, sub.features, dtype=jnp.float32, param_dtype=jnp.float32,
+                            rngs=nnx.Rngs(0))
+            new.embedding.set_value(jnp.asarray(float_table(sub)))
+        else:
+            continue
+        _replace(module, path, new)
+    return module
 
 
 def blocks_model(module, kept: dict):

@@ -33,6 +33,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxspec.models.config import ModelConfig
+from jaxspec.models.quantize import float_model
 from jaxspec.errors import ConfigError
 
 MODEL_AXIS = "model"
@@ -154,6 +155,12 @@ def shard(model, mesh: Mesh):
     method on that mesh. A new `Model` (its own compiled programs). `jaxspec.load(...,
     tensor_parallel=T)` reads the shards straight from the checkpoint instead."""
     check_mesh(mesh)  # before the layout is computed from its axes
+    if model.dtype == "int8":
+        raise ConfigError("an int8 model runs on one device; load the checkpoint with dtype float32 or bfloat16 "
+                          "to lay it out on a mesh")
+    if model.dtype == "blocks":  # its float32 weights, exactly (a GGUF's blocks are kept on one device only)
+        graphdef, params = nnx.split(float_model(model.module))
+        model = dataclasses.replace(model, graphdef=graphdef, params=params, dtype="float32")
     return on_mesh(model, jax.tree.map(put, model.params, param_shardings(model.params, model.config, mesh)), mesh)
 
 

@@ -188,8 +188,10 @@ class PardDrafter:
         return DraftState(cache=cache, pending=pending, pending_count=jnp.ones((batch,), jnp.int32),
                           features=features, bonus_feature=hidden[rows, last], stats=stats)
 
-    def propose(self, draft: DraftState, step: Step, weights):
-        """One drafter forward: K drafts (and q when sampled); the pending run is committed."""
+    def draft_logits(self, draft: DraftState, step: Step, weights) -> tuple[Float[Array, "b k v"], DraftState]:
+        """One drafter forward: the float32 logits of the K draft rows (over the draft vocabulary
+        when the drafter has one: column i is `weights[2]["ids"][i]`), and the state with the
+        pending run committed."""
         drafter, projection, head = weights
         spec = self.spec
         batch, pending_len = draft.pending.shape
@@ -204,6 +206,13 @@ class PardDrafter:
         logits = self._draft_logits(drafter, out, read, head)
         take = jnp.broadcast_to(jnp.arange(pending_len, dtype=jnp.int32), (batch, pending_len))
         cache = commit(draft.cache, out.block_kv, take, jnp.where(step.active, draft.pending_count, 0))
+        return logits, draft.replace(cache=cache)
+
+    def propose(self, draft: DraftState, step: Step, weights):
+        """K drafts (and q when sampled) from one drafter forward; the pending run is committed."""
+        spec, head = self.spec, weights[2]
+        batch = draft.pending.shape[0]
+        logits, draft = self.draft_logits(draft, step, weights)
         if self.sampled:
             q = target_probs(logits, step.sampling)
             drafts = jax.random.categorical(step.key, warp_logits(logits, step.sampling), axis=-1).astype(jnp.int32)
@@ -213,7 +222,7 @@ class PardDrafter:
             drafts = head["ids"][drafts]
             if q is not None:
                 q = jnp.zeros(q.shape[:-1] + (spec.target_vocab_size,), q.dtype).at[..., head["ids"]].set(q)
-        return Branch(tokens=drafts, path_valid=jnp.ones((batch, 1), bool), q=q), draft.replace(cache=cache)
+        return Branch(tokens=drafts, path_valid=jnp.ones((batch, 1), bool), q=q), draft
 
     def update(self, draft: DraftState, outcome: Outcome):
         """The next pending run after a step that accepted `n_acc` tokens (on any branch's path).
