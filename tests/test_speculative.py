@@ -238,6 +238,14 @@ def test_cli_json_reports_acceptance(tmp_path, capsys):
     config = result["config"]
     assert config["draft_len"] == 1 and config["target_features"] is False and config["drafter"] == str(folder)
     assert 1.0 <= config["accept_length"] <= 2 and len(config["draft_accepts"]) == 1
+    code = main(["generate", "--model", str(CHECKPOINT), "--prompt-ids", ",".join(map(str, CASES[1]["prompt"])),
+                 "--method", "speculative", "--drafter", str(folder), "--max-new-tokens", str(n), "--no-eos-stop",
+                 "--json", "--lookup-guesses", "2", "--lookup-ngram", "4", "--lookup-route"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["tokens"] == CASES[1]["greedy"][:n]
+    assert result["config"]["lookup_route"] is True and 0 <= result["config"]["lookup_steps"] < n
 
 
 # ----------------------------------------------------------------------------- sampling
