@@ -70,11 +70,14 @@ def test_the_shipped_drafter_is_found_and_auto_weighs_it(model):
     drafter = resolve_drafter(model.config, None, None, model.drafters, model)[0]
     assert drafter.model.source.endswith("smollm2-135m-instruct-pard2")
     assert drafter.shared_embeddings and drafter.draft_vocab_size == 8448 and drafter.projection is not None  # stage 4's ids + 96% of stage 5's replies
-    # its embeddings are the target's own rows (stored once, in the GGUF), plus the mask row
+    # its embeddings are the target's own rows (stored once, in the GGUF; kept in blocks by the
+    # default load, read as float32), plus the mask row
     import numpy as np
+    from jaxspec.models.quantize import float_table
 
+    assert model.dtype == "blocks"
     np.testing.assert_array_equal(np.asarray(drafter.model.params["embed_tokens"]["embedding"][...])[:49152],
-                                  np.asarray(model.params["embed_tokens"]["embedding"][...]))
+                                  float_table(model.module.embed_tokens))
     assert any(c.method == "speculative" for c in auto.candidates(model))
 
 
