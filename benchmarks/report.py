@@ -753,6 +753,22 @@ SECTIONS = [
             'python -m benchmarks.real_bench --name real_bench_blocks --split heldout --rounds 2 --no-peer --dtype '
             'blocks --methods "..."',
             "The bench split's block-weight settings on prompts nothing was fitted on.", decode),
+    Section("real_bench_routed", "SmolLM2-135M-Instruct: the drafter routed with prompt lookup (one chain a step)",
+            'python -m benchmarks.real_bench --name real_bench_routed --rounds 2 --no-peer --dtype blocks --methods '
+            '"greedy,speculative TD (K=2) + lookup (N=3,G=1),speculative TD (K=1) + lookup (N=4,G=1),speculative TD '
+            '(K=4) or lookup (N=5,G=4),speculative TD (K=4) or lookup (N=6,G=4)"',
+            "Blocks weights. The shipped drafter and prompt lookup verified side by side (two branches) and routed "
+            "(`lookup_route`: one chain a step, the best candidate's or the drafter's K drafts, by the drafter's "
+            "confidence), against greedy of the same weights, greedy with the float32 load beside them.", decode),
+    Section("real_bench_routed_heldout", "The routed drafter on held-out chat prompts",
+            'python -m benchmarks.real_bench --name real_bench_routed --split heldout --rounds 2 --no-peer --dtype '
+            'blocks --methods "..."',
+            "The same settings on prompts nothing was fitted on.", decode),
+    Section("real_bench_routed_auto_heldout", "auto with the routed settings among its candidates, on held-out "
+            "chat prompts", 'python -m benchmarks.real_bench --name real_bench_routed_auto --split heldout --rounds 2 '
+            '--no-peer --dtype blocks --methods greedy,auto',
+            "What `method=\"auto\"` picks per chat once configs/auto.toml holds the routed settings' S (fitted on "
+            "the bench split), on prompts nothing was fitted on.", decode),
     Section("real_bench_gemma3", "Gemma 3 270M (base) on the same prompts' text: 262k vocabulary, sliding window",
             'python -m benchmarks.real_bench --model gemma3-270m --name real_bench_gemma3 --no-peer --methods '
             '"greedy,lookahead (15,5,15),lookahead (7,4,7),prompt lookup (N=4,G=8),jacobi (W=8)"',
