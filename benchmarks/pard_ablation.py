@@ -181,7 +181,7 @@ def main(argv=None) -> int:
                     "beside no lookup or a lookup chain of N' = 2..K+1 (G of --lookup, else 1), per drafter and mode")
     args = ap.parse_args(argv)
 
-    target = jaxspec.load(args.target)
+    target = jaxspec.load(args.target, dtype="float32")
     cases = chat_cases(target, args.chat, args.prompts) if args.chat else code_cases(target, args.prompts)
     sequences = greedy_sequences(target, [list(c.ids) for c in cases], args.new_tokens)
     rows = []

@@ -4,7 +4,7 @@ pay against float32 (jaxspec's default, into which a GGUF's weights are dequanti
 SmolLM2-135M-Instruct (its GGUF: Q8_0 token embeddings, the tied LM head, and Q4_1 layers) in
 each weight format:
 
-* float32: `jaxspec.load(model)`, today's default (the GGUF's blocks dequantized at load);
+* float32: `jaxspec.load(model, dtype="float32")` (the GGUF's blocks dequantized at load; the default before blocks);
 * bfloat16: `jaxspec.load(model, dtype="bfloat16")`;
 * int8: `jaxspec.load(model, dtype="int8")`, int8 per output channel quantized from the float32
   weights, activations float32 (`jaxspec.models.quantize`);
@@ -155,7 +155,7 @@ def gguf_kept(name: str) -> Model:
     reads them in: `read_gguf`'s tensors, a `RowPermuted` with its `rows` for a llama q/k)."""
     import gguf
 
-    f32 = jaxspec.load(name)
+    f32 = jaxspec.load(name, dtype="float32")
     module, cfg = f32.module, f32.config
     reader = open_gguf(resolve(name))
     _, loaded, _ = read_gguf(resolve(name))

@@ -134,7 +134,7 @@ def declare(args) -> DecodeBench:
     stops = stop_ids(model) if args.eos_stop else ()
     settings = [Setting(name, *METHODS[name]) for name in chosen]
     if args.dtype != "float32":  # its tokens are checked against the bench's greedy like every setting's
-        settings.insert(1, Setting(FLOAT32_GREEDY, model=jaxspec.load(args.model)))
+        settings.insert(1, Setting(FLOAT32_GREEDY, model=jaxspec.load(args.model, dtype="float32")))
     if args.peer:
         hf = Transformers(Path(model.source), stops)
         settings += [Setting("transformers prompt lookup (10 tokens)", peer=hf.runner(10)),

@@ -63,7 +63,7 @@ def forward_case(model, tokens: int):
 def measure(models, rounds: int) -> dict:
     import jaxspec
 
-    loaded = {name: jaxspec.load(name) for name in models}
+    loaded = {name: jaxspec.load(name, dtype="float32") for name in models}  # the float32 model the fit describes
     cases = {key: (fn, args, steps) for key, (fn, args, calls, steps) in roofline.calibration_cases().items()
              if calls == 1}  # (every calibration program is one call of `steps` steps)
     for name, model in loaded.items():

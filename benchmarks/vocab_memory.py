@@ -83,7 +83,7 @@ def main(argv=None) -> int:
         rows += compare(f"lookahead ({w},{n},{g}), batch {args.batch}, random d {SHAPE['hidden_size']}", module,
                         prompts, options, block, args.rounds)
     if args.model != "none":  # one-token steps of a real model: 64 tokens after a real prompt, batch 1
-        real = jaxspec.load(args.model)
+        real = jaxspec.load(args.model, dtype="float32")
         rows += compare(f"{args.model} greedy, batch 1", real.module, [real.tokenizer.encode(
             "Explain how a hash table handles collisions.")], dict(max_new_tokens=64, stop_at_eos=False), 1, args.rounds)
     result = dict(benchmark="vocab_memory", title="Greedy decoding: full block logits vs the head in chunks", rows=rows,
