@@ -15,8 +15,8 @@ L = max(K, N-1) tokens a step:
   but its slot.
 
 `agree` = `unsure` = 0.3 were chosen on the drafter recipe's own held-out chats (184 greedy replies of
-parts 4-7, teacher-forced, never the benchmark prompts): S within 0.005 for agree 0.2-0.3 and unsure
-0.2-0.4 (docs/pard2.md, "Routing"). The drafter sees every step's emitted tokens whichever chain was
+parts 4-7, teacher-forced, never the benchmark prompts): S 2.053-2.060 for agree 0.1-0.5 and unsure
+0.2-0.4 (`benchmarks/route_rule.py`; docs/pard2.md, "Routing"). The drafter sees every step's emitted tokens whichever chain was
 verified (its pending run is the emitted path), so its cache and features stay exact.
 """
 
