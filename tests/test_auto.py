@@ -50,6 +50,9 @@ def test_the_fit_writes_the_table_of_its_results_and_checks_it(tmp_path, capsys)
     (results / "real_bench_drafter.json").write_text(json.dumps(_summary(
         {"greedy": 1.0, "speculative TD (K=4)": 1.265, "speculative TD (K=4) + lookup (N=5,G=1)": 1.3,
          "lookahead (15,5,15)": 9.0})))  # (only the drafter's rows count from this file)
+    (results / "real_bench_routed.json").write_text(json.dumps(_summary(  # a later file's row replaces an earlier's
+        {"greedy": 1.0, "speculative TD (K=4) + lookup (N=5,G=1)": 1.35, "speculative TD (K=4) or lookup (N=5,G=4)": 1.4,
+         "lookahead (15,5,15)": 9.0})))
     out = tmp_path / "auto.toml"
     assert fit_auto.main(["--results", str(results), "--out", str(out)]) == 0
     assert tomllib.loads(out.read_text()) == {
@@ -61,7 +64,7 @@ def test_the_fit_writes_the_table_of_its_results_and_checks_it(tmp_path, capsys)
                           "prompt_lookup_4_8": 2.346, "speculative_4": 3.0},
             "smollm2-135m-instruct": {"lookahead_slope": 0.25, "lookahead_points": 1, "lookahead_max_error": 0.0,
                                       "prompt_lookup_4_8": 1.5, "speculative_4": 1.265,
-                                      "speculative_4_lookup_5_1": 1.3}}}
+                                      "speculative_4_lookup_5_1": 1.35, "speculative_4_routed_5_4": 1.4}}}
     assert auto.expectations("pycode-5M", out)["speculative_4"] == 3.0
     assert auto.expectations(None, out) == {"lookahead_slope": 0.2, "prompt_lookup_4_8": 1.4}
     capsys.readouterr()
