@@ -94,25 +94,32 @@ def measure(target, drafter, sequences, num_blocks: int, use_features: bool, chu
             return drafter.draft_vocab[jnp.argmax(logits, -1)] == batch["labels"]
         return jnp.argmax(logits[..., :drafter.target_vocab_size], -1) == batch["labels"]
 
-    # One shape for every chunk (one compile): sequences right-padded to the longest. Rows only
-    # see earlier positions, so the padding changes no counted row; contexts stop where the
-    # last draft still has a real reference token.
-    width = max(len(seq) for seq, _ in sequences)
-    seq_len, per_sequence = width - 1, []
-    for start in range(0, len(sequences), chunk):
-        part = sequences[start:start + chunk]
-        part = part + [part[-1]] * (chunk - len(part))
-        seqs = np.zeros((chunk, width), np.int64)
-        for i, (seq, _) in enumerate(part):
-            seqs[i, :len(seq)] = seq
-        batch = make_batch(seqs, full_counts(seq_len, num_blocks), drafter.mask_token_id, np.random.default_rng(0))
+    per_sequence = []
+    for part, real, batch, seq_len in full_layout_chunks(sequences, num_blocks, drafter.mask_token_id, chunk):
         correct = np.asarray(correct_rows({k: jnp.asarray(v) for k, v in batch.arrays().items()})) & batch.valid
         first = np.asarray([p for _, p in part])
         last = np.asarray([len(seq) - num_blocks for seq, _ in part])  # draft K of context n predicts s_{n+K-1}
-        for i in range(len(sequences[start:start + chunk])):
+        for i in range(real):
             per_sequence += accepted_drafts(correct[i:i + 1], batch.block_ids[i:i + 1], batch.positions[i:i + 1],
                                             num_blocks, seq_len, first_context=first[i], last_context=last[i])
     return per_sequence
+
+
+def full_layout_chunks(sequences, num_blocks: int, mask_token_id: int, chunk: int):
+    """(part, real rows, full-layout PARD batch, seq_len) per `chunk` sequences. One shape for every
+    chunk (one compile): sequences right-padded to the longest, the last chunk filled with copies of
+    its last sequence (rows past `real`). Rows only see earlier positions, so the padding changes no
+    counted row; contexts stop where the last draft still has a real reference token."""
+    width = max(len(seq) for seq, _ in sequences)
+    for start in range(0, len(sequences), chunk):
+        part = sequences[start:start + chunk]
+        real = len(part)
+        part = part + [part[-1]] * (chunk - real)
+        seqs = np.zeros((chunk, width), np.int64)
+        for i, (seq, _) in enumerate(part):
+            seqs[i, :len(seq)] = seq
+        yield part, real, make_batch(seqs, full_counts(width - 1, num_blocks), mask_token_id,
+                                     np.random.default_rng(0)), width - 1
 
 
 def bootstrap(per_sequence: list, draws: int = 2000, seed: int = 0) -> dict:

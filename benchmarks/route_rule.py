@@ -42,12 +42,11 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import jaxspec  # noqa: E402
-from benchmarks.harness import RESULTS, chat_cases, command_line, write_result  # noqa: E402
-from benchmarks.pard_ablation import greedy_sequences  # noqa: E402
+from benchmarks.harness import RESULTS, chat_cases, command_line, repo_relative, write_result  # noqa: E402
+from benchmarks.pard_ablation import full_layout_chunks, greedy_sequences  # noqa: E402
 from jaxspec.chat import chat_prompt  # noqa: E402
 from jaxspec.checkpoint.drafter_files import load_drafter  # noqa: E402
 from jaxspec.checkpoint.method_defaults import SHIPPED_DRAFTERS, find_drafter  # noqa: E402
-from jaxspec.train.pard_batch import full_counts, make_batch  # noqa: E402
 from jaxspec.train.pard_objective import aligned_features, drafter_logits, target_outputs  # noqa: E402
 
 TOP = 32  # q1's most likely ids kept per position (a candidate's first token outside them: q1 = 0)
@@ -79,17 +78,10 @@ def draft_tables(target, drafter, sequences, num_blocks: int, chunk: int = 4) ->
         probs, cols = jax.lax.top_k(jax.nn.softmax(logits, -1), TOP)
         return vocab[cols], probs
 
-    width = max(len(seq) for seq, _ in sequences)
-    seq_len, out = width - 1, []
-    for start in range(0, len(sequences), chunk):
-        part = sequences[start:start + chunk]
-        part = part + [part[-1]] * (chunk - len(part))
-        seqs = np.zeros((chunk, width), np.int64)
-        for i, (seq, _) in enumerate(part):
-            seqs[i, :len(seq)] = seq
-        batch = make_batch(seqs, full_counts(seq_len, num_blocks), drafter.mask_token_id, np.random.default_rng(0))
+    out = []
+    for _, real, batch, seq_len in full_layout_chunks(sequences, num_blocks, drafter.mask_token_id, chunk):
         ids, probs = (np.asarray(a) for a in top_rows({k: jnp.asarray(v) for k, v in batch.arrays().items()}))
-        for i in range(len(sequences[start:start + chunk])):
+        for i in range(real):
             table_ids = np.full((num_blocks, seq_len, TOP), -1, np.int64)
             table_probs = np.zeros((num_blocks, seq_len, TOP), np.float32)
             real = batch.block_ids[i] >= 0
@@ -199,7 +191,7 @@ def main(argv=None) -> int:
         print(f"N={n} done", file=sys.stderr)
     result = {"benchmark": "route_rule", "title": f"Routing prompt lookup and the drafter on {args.target}: "
               "teacher-forced S", "command": command_line(__file__, argv), "target": args.target,
-              "drafter": str(drafter.model.source), "prompts": len(prompts), "prompt_kind": what,
+              "drafter": repo_relative(drafter.model.source), "prompts": len(prompts), "prompt_kind": what,
               "new_tokens": args.new_tokens, "rows": rows}
     write_result(result, args.out, args.name)
     return 0

@@ -22,7 +22,7 @@ from jaxspec.checkpoint.params import hf_name, model_from_tensors
 from jaxspec.models.config import ModelConfig
 from jaxspec.errors import CheckpointError, ConfigError
 from jaxspec.models.model import Transformer
-from jaxspec.models.quantize import block_placement, blocks_model, float_model, placement, quantize_model
+from jaxspec.models.quantize import QUANTIZED, block_placement, blocks_model, float_model, placement, quantize_model
 from jaxspec.checkpoint.tokenizer import Tokenizer, find_tokenizer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -264,8 +264,6 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str | None = No
         raise ConfigError(f"dtype blocks keeps a GGUF file's quantized blocks; {path} is not a .gguf file "
                           "(use float32, bfloat16 or int8)")
 
-    held = []  # what a blocks load holds: "float32" where it kept no matrix
-
     def build(cfg: ModelConfig, tensors) -> Transformer:
         if dtype == "blocks":
             kept: dict = {}
@@ -275,7 +273,6 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str | None = No
 
             module = model_from_tensors(cfg, tensors, dtype=jdtype, attention=attention, source=str(path),
                                         place=block_placement(block_scales, kept))
-            held.append("blocks" if kept else "float32")
             return blocks_model(module, kept)
         if dtype == "int8":
             scales: dict = {}
@@ -307,5 +304,7 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str | None = No
         raise CheckpointError(
             f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only {module.config.vocab_size}"
         )
-    model = Model.from_module(module, tokenizer=tokenizer, dtype=held[0] if held else dtype, source=str(path))
+    if dtype == "blocks" and not any(isinstance(sub, QUANTIZED) for _, sub in nnx.iter_modules(module)):
+        dtype = "float32"  # no matrix was in a block format: the float32 model, and it says so
+    model = Model.from_module(module, tokenizer=tokenizer, dtype=dtype, source=str(path))
     return model if mesh is None else tp_lib.on_mesh(model, model.params, mesh)
