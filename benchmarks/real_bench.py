@@ -58,6 +58,13 @@ METHODS = {
     **{f"speculative TD (K={k}) or lookup (N={n},G={g})":
        ("speculative", {"draft_len": k, "lookup_ngram": n, "lookup_guesses": g, "lookup_route": True})
        for k in (2, 3, 4) for n in (3, 4, 5, 6) for g in (1, 4)},
+    # ... and the drafter's A runner-up first drafts beside it, one token each (`first_alternatives`)
+    **{f"speculative TD (K={k}) or lookup (N={n},G={g}) + {a} alt":
+       ("speculative", {"draft_len": k, "lookup_ngram": n, "lookup_guesses": g, "lookup_route": True,
+                        "first_alternatives": a})
+       for k in (2, 3, 4) for n in (3, 4, 5, 6) for g in (1, 4) for a in (1, 2)},
+    **{f"speculative TD (K={k}) + {a} alt": ("speculative", {"draft_len": k, "first_alternatives": a})
+       for k in (2, 3, 4) for a in (1, 2)},
     "hybrid (5,3,5) K=4": ("hybrid", {"window": 5, "ngram": 3, "guesses": 5, "draft_len": 4}),
     # the setting auto picks per request (its one-time measurements reported apart)
     "auto": ("auto", {}),

@@ -137,6 +137,22 @@ def beside(k: int, ngram: int, guesses: int):
     return chains
 
 
+def alone(k: int):
+    def chains(seq, n, ids, probs):
+        return [drafts_at(ids, probs, n, k)[0]]
+    return chains
+
+
+def with_alternatives(chains_of, count: int):
+    """`chains_of`'s chains and the drafter's `count` likeliest first drafts other than the first
+    chain's first token, one token each (`first_alternatives`)."""
+    def chains(seq, n, ids, probs):
+        out = chains_of(seq, n, ids, probs)
+        first = out[0][0]
+        return out + [[int(i)] for i in [i for i in ids[0, n - 1, :count + 1] if i != first][:count]]
+    return chains
+
+
 def routed(k: int, ngram: int, guesses: int, agree: float, unsure: float):
     def chains(seq, n, ids, probs):
         drafts, top = drafts_at(ids, probs, n, k)
@@ -189,6 +205,17 @@ def main(argv=None) -> int:
                 rows.append({"setting": f"K={drafter.draft_len} or lookup (N={n},G={args.guesses})", "agree": agree,
                              "unsure": unsure, "block_tokens": 1 + max(drafter.draft_len, n - 1), "S": round(s, 4)})
         print(f"N={n} done", file=sys.stderr)
+    # the drafter's runner-up first drafts beside the step's chain(s), at the constants routed.py uses
+    k = drafter.draft_len
+    extra = [(f"K={k}", 1 + k, alone(k), 0), (f"K={k}", 1 + k, alone(k), 1), (f"K={k}", 1 + k, alone(k), 2)]
+    for kk, n in ((k, 5), (k, 6), (k - 1, 4), (k - 1, 5)):
+        extra += [(f"K={kk} or lookup (N={n},G={args.guesses})", 1 + max(kk, n - 1),
+                   routed(kk, n, args.guesses, 0.3, 0.3), a) for a in (0, 1, 2)]
+    for label, tokens, chains, a in extra:
+        s = path_s(sequences, tables, args.new_tokens, with_alternatives(chains, a) if a else chains)
+        rows.append({"setting": label + (f" + {a} alt" if a else ""), "agree": 0.3 if "or" in label else None,
+                     "unsure": 0.3 if "or" in label else None, "alternatives": a, "block_tokens": tokens + a,
+                     "S": round(s, 4)})
     result = {"benchmark": "route_rule", "title": f"Routing prompt lookup and the drafter on {args.target}: "
               "teacher-forced S", "command": command_line(__file__, argv), "target": args.target,
               "drafter": repo_relative(drafter.model.source), "prompts": len(prompts), "prompt_kind": what,

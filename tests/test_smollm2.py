@@ -52,6 +52,8 @@ def test_chat_prompt_ids_equal_transformers(model):
     ("speculative", dict(draft_len=4)),
     ("speculative", dict(draft_len=8, target_features=False)),
     ("hybrid", dict(window=5, ngram=3, guesses=5, draft_len=4)),
+    # one chain a step (lookup's or the drafter's) and the drafter's runner-up first draft beside it
+    ("speculative", dict(draft_len=4, lookup_guesses=4, lookup_ngram=5, lookup_route=True, first_alternatives=1)),
 ])
 def test_continuations_equal_transformers_greedy(model, method, options):
     prompts = [c["prompt_ids"] for c in REFERENCES["chats"]]  # one batch: one compiled program per method
@@ -61,6 +63,8 @@ def test_continuations_equal_transformers_greedy(model, method, options):
         assert row == chat["continuation_ids"][:new], chat["name"]
     if method != "autoregressive":
         assert sum(out.steps) < len(prompts) * new  # drafts were accepted
+    if options.get("first_alternatives"):  # some steps emitted their first token from an alternative
+        assert sum(out.extras["alternative_accepts"]) > 0
 
 
 def test_the_shipped_drafter_is_found_and_auto_weighs_it(model):

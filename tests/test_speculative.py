@@ -113,13 +113,18 @@ def check_stats(out: jaxspec.GenerateOutput, draft_len: int) -> None:
 # (same structure, weights are arguments). The stories test runs the hybrid with the bonus.
 GREEDY_CASES = [("speculative", True, True), ("speculative", False, True), ("speculative", True, False),
                 ("hybrid", True, False), ("speculative+lookup", True, True), ("speculative+routed", True, True),
-                ("speculative+routed-short", False, False)]
+                ("speculative+routed-short", False, False), ("speculative+alternatives", True, True),
+                ("speculative+routed-alternatives", True, False)]
 LOOKUP = {"lookup_guesses": 2, "lookup_ngram": 3}  # prompt-lookup candidates beside the drafter's chain
 # One chain a step, a candidate's or the drafter's: longer candidates than K (the drafter's chain
 # padded), then shorter (the candidate padded).
 OPTIONS = {"hybrid": HYBRID, "speculative+lookup": LOOKUP,
            "speculative+routed": {"lookup_guesses": 3, "lookup_ngram": K + 2, "lookup_route": True},
-           "speculative+routed-short": {"lookup_guesses": 1, "lookup_ngram": 3, "lookup_route": True}}
+           "speculative+routed-short": {"lookup_guesses": 1, "lookup_ngram": 3, "lookup_route": True},
+           # the drafter's runner-up first drafts, one token each beside the chain
+           "speculative+alternatives": {"first_alternatives": 2},
+           "speculative+routed-alternatives": {"lookup_guesses": 3, "lookup_ngram": K + 2, "lookup_route": True,
+                                               "first_alternatives": 1}}
 
 
 @pytest.mark.parametrize("method, target_features, bonus_in_context", GREEDY_CASES,
@@ -143,6 +148,10 @@ def test_greedy_equals_plain_greedy_and_rows_finish_apart(tiny, drafters, method
               f"per position {out.extras['draft_accepts']}")
         assert out.tokens == solo, kind
         check_stats(out, K)
+        if "first_alternatives" in options:
+            hits, steps = np.asarray(out.extras["alternative_accepts"]), np.asarray(out.steps) - 1
+            print(f"alternative_accepts {hits.tolist()}")
+            assert (hits <= steps).all()
         if routed:  # chains from both: lookup where the random drafter is unsure, the copy drafter's own
             lookup_steps, steps = np.asarray(out.extras["lookup_steps"]), np.asarray(out.steps) - 1
             assert (lookup_steps <= steps).all() and lookup_steps.sum() > 0 and (lookup_steps < steps).any(), kind
@@ -256,9 +265,13 @@ SAMPLED = {  # name -> (method, options)
     "hybrid": ("hybrid", dict(draft_len=3, window=3, ngram=3, guesses=4)),
     "speculative+lookup": ("speculative", dict(draft_len=3, lookup_guesses=2, lookup_ngram=3)),
     "speculative+routed": ("speculative", dict(draft_len=3, lookup_guesses=2, lookup_ngram=3, lookup_route=True)),
+    "speculative+alternatives": ("speculative", dict(draft_len=3, first_alternatives=2)),
+    "speculative+routed-alternatives": ("speculative", dict(draft_len=3, lookup_guesses=2, lookup_ngram=3,
+                                                            lookup_route=True, first_alternatives=1)),
 }
 SAMPLED_CASES = [("speculative", "T1.0"), ("speculative", "top_k3"), ("speculative", "top_p0.8"),
-                 ("hybrid", "T1.0"), ("speculative+lookup", "T1.0"), ("speculative+routed", "T1.0")]
+                 ("hybrid", "T1.0"), ("speculative+lookup", "T1.0"), ("speculative+routed", "T1.0"),
+                 ("speculative+alternatives", "top_p0.8"), ("speculative+routed-alternatives", "T1.0")]
 
 
 @pytest.fixture(scope="module")

@@ -104,6 +104,8 @@ def _add_decoding_options(g: argparse.ArgumentParser) -> None:
     sp.add_argument("--draft-len", dest="draft_len", type=int, help="K drafts per step (default: the drafter's)")
     sp.add_argument("--target-independent", dest="target_features", action="store_false", default=None,
                     help="draft without the target's hidden states (no projection needed)")
+    sp.add_argument("--first-alternatives", dest="first_alternatives", type=int,
+                    help="also verify the drafter's next A most likely first drafts, one token each (default 0)")
     sp.add_argument("--lookup-guesses", dest="lookup_guesses", type=int,
                     help="speculative: also verify up to G prompt-lookup candidates per step (default 0: none)")
     sp.add_argument("--lookup-ngram", dest="lookup_ngram", type=int,
@@ -134,7 +136,8 @@ METHOD_FLAGS = {"window": "--window", "ngram": "--ngram", "guesses": "--guesses"
                 "pool_from_prompt": "--no-pool-from-prompt", "verify_window": "--no-verify-window",
                 "lp_devices": "--lp-devices", "drafter": "--drafter", "draft_len": "--draft-len",
                 "target_features": "--target-independent", "lookup_guesses": "--lookup-guesses",
-                "lookup_ngram": "--lookup-ngram", "lookup_route": "--lookup-route"}
+                "lookup_ngram": "--lookup-ngram", "lookup_route": "--lookup-route",
+                "first_alternatives": "--first-alternatives"}
 
 
 def _method_options(args) -> dict:

@@ -52,7 +52,8 @@ def stats_lines(model, out, prompt_ids, greedy=None, cut_at: int | None = None) 
     setting = ("greedy" if out.method == "autoregressive" else out.method) + (
         f" K={out.options['draft_len']}" if "draft_len" in out.options else "") + (
         f" + lookup G={out.options['lookup_guesses']}" if out.options.get("lookup_guesses") else "") + (
-        " routed" if out.options.get("lookup_route") else "")
+        " routed" if out.options.get("lookup_route") else "") + (
+        f" +{out.options['first_alternatives']} alt" if out.options.get("first_alternatives") else "")
     n, measured, secs, rate = len(out.tokens), (out.auto or {}).get("measure_seconds") or 0.0, _secs(out.seconds), \
         f"{out.tokens_per_second:.1f}"
     compact = setting.replace(" + lookup ", "+lookup ")

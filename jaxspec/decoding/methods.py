@@ -58,12 +58,13 @@ def lookahead_sources(o) -> tuple:
 def speculative_sources(o, sampled: bool) -> tuple:
     """The drafter's chain, after (G > 0) the prompt-lookup candidates (from the prompt and the output);
     with `lookup_route`, one chain a step chosen between them (`RoutedChain`)."""
+    alternatives = o.first_alternatives
     if not o.lookup_guesses:
-        return (PardDrafter(o.draft_spec(), sampled=sampled),)
+        return (PardDrafter(o.draft_spec(), sampled=sampled and not alternatives, alternatives=alternatives),)
     lookup = NGramCandidates(ngram=o.lookup_ngram, guesses=o.lookup_guesses)
     if o.lookup_route:
-        return (RoutedChain(lookup, PardDrafter(o.draft_spec())),)
-    return (lookup, PardDrafter(o.draft_spec(), count_wins=True))
+        return (RoutedChain(lookup, PardDrafter(o.draft_spec(), alternatives=alternatives)),)
+    return (lookup, PardDrafter(o.draft_spec(), count_wins=True, alternatives=alternatives))
 
 
 METHODS: dict[str, Method] = {
@@ -75,10 +76,12 @@ METHODS: dict[str, Method] = {
     # Sampling: drafts drawn from the drafter's q, verified by speculative sampling; with prompt-lookup
     # candidates beside it, the drafter's argmax is one deterministic branch among them (Algorithm 4).
     "speculative": Method(SpeculativeOptions, lambda o, sampled: speculative_sources(o, sampled),
-                          sampled_verifier=lambda o: MultiDraft() if o.lookup_guesses else Speculative()),
+                          sampled_verifier=lambda o: MultiDraft() if o.lookup_guesses or o.first_alternatives
+                          else Speculative()),
     # Sampling: the drafter's argmax is one more deterministic branch for Algorithm 4.
     "hybrid": Method(HybridOptions, lambda o, sampled: (*lookahead_sources(o),
-                                                        PardDrafter(o.draft_spec(), count_wins=True))),
+                                                        PardDrafter(o.draft_spec(), count_wins=True,
+                                                                    alternatives=o.first_alternatives))),
 }
 ALIASES = {"greedy": "autoregressive"}
 

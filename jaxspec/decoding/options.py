@@ -126,12 +126,19 @@ class DrafterOptions(Options):
     draft_len: int | None = None
     target_features: bool | None = None
     bonus_in_context: bool = True
+    # A > 0: also verify the drafter's next A most likely first drafts, each one token beside the
+    # chain (`PardDrafter.alternatives`); the drafts are then the argmax, a deterministic branch
+    # when sampling (`MultiDraft`).
+    first_alternatives: int = 0
 
     def __post_init__(self):
         if self.draft_len is not None:
             if isinstance(self.draft_len, bool) or not isinstance(self.draft_len, int) or self.draft_len < 1:
                 raise GenerationError(f"draft_len must be an integer >= 1, got {self.draft_len!r}")
         _check_bool("bonus_in_context", self.bonus_in_context)
+        if isinstance(self.first_alternatives, bool) or not isinstance(self.first_alternatives, int) \
+                or self.first_alternatives < 0:
+            raise GenerationError(f"first_alternatives must be an integer >= 0, got {self.first_alternatives!r}")
 
     @classmethod
     def resolve(cls, cfg, given, defaults):

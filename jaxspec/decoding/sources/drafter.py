@@ -22,7 +22,10 @@ bonus's slot). Both variants give the masks the feature of the last real token o
 the training convention; with the bonus in context that is the bonus's own feature.
 
 Drafts are the argmax, or with `sampled` one draw per position from the warped q (for the
-speculative-sampling verifier, which needs q). The pending run is held in a fixed `[b, P]`
+speculative-sampling verifier, which needs q). `alternatives` A > 0 adds the drafter's next A most
+likely first drafts, each a one-token branch beside the chain: where the first draft is wrong the
+step can still accept one token (a PARD drafter's later drafts do not depend on its first, so a
+wrong first draft loses the chain, and its runner-up is the likeliest first token left). The pending run is held in a fixed `[b, P]`
 buffer (P = the most tokens one step emits) and the drafter block has a fixed size
 P + masks; unused slots are padding that sees only itself and is seen by nobody.
 """
@@ -37,7 +40,7 @@ from flax import nnx, struct
 from jaxtyping import Array, Bool, Float, Int
 
 from jaxspec.decoding.sources.base import Branch, Outcome, Start, Step
-from jaxspec.decoding.tree import BranchLayout, chain
+from jaxspec.decoding.tree import ROOT, BranchLayout, chain
 from jaxspec.models.kv_cache import KVCache, commit, init_cache
 from jaxspec.models.model import Transformer, causal_mask
 from jaxspec.decoding.sampling import target_probs, warp_logits
@@ -87,6 +90,7 @@ class DraftState:
     features: Float[Array, "b p f"]  # target feature of each pending token (f = 0: target-independent)
     bonus_feature: Float[Array, "b f"]  # the target's state of the last accepted token: the bonus's feature
     stats: dict
+    alternatives: Int[Array, "b a"]  # this step's alternative first drafts (a = 0: none)
 
 
 def drafter_block(pending_count: Int[Array, " b"], pending_len: int, num_masks: int, bonus_in_context: bool
@@ -109,11 +113,36 @@ def drafter_block(pending_count: Int[Array, " b"], pending_len: int, num_masks: 
     return relation, offsets, read
 
 
+def with_alternatives(layout: BranchLayout, alternatives: int) -> BranchLayout:
+    """`layout` followed by `alternatives` one-token branches off the root, each its own path."""
+    if not alternatives:
+        return layout
+    n = layout.size
+    return BranchLayout(parents=layout.parents + (ROOT,) * alternatives,
+                        paths=layout.paths + tuple((n + i,) for i in range(alternatives)))
+
+
+def first_alternatives(logits: Float[Array, "b v"], head: dict | None, first: Int[Array, " b"], count: int
+                       ) -> Int[Array, "b a"]:
+    """The `count` most likely first drafts other than `first` (token ids), by the drafter's first
+    row `logits` (over the draft vocabulary with a `head`: column i is `head["ids"][i]`)."""
+    _, columns = jax.lax.top_k(logits, count + 1)
+    ids = columns if head is None else head["ids"][columns]
+    # Stable: the order of likelihood, with `first` (where it is among them) moved past the end.
+    order = jnp.argsort(ids == first[:, None], axis=1, stable=True)
+    return jnp.take_along_axis(ids, order, axis=1)[:, :count].astype(jnp.int32)
+
+
 @dataclasses.dataclass(frozen=True)
 class PardDrafter:
     spec: DraftSpec
     sampled: bool = False  # draw the drafts from q (for the speculative-sampling verifier)
     count_wins: bool = False  # next to other sources: count the steps its branch won (`drafter_wins`)
+    alternatives: int = 0  # the next most likely first drafts, each a one-token branch (argmax drafts only)
+
+    def __post_init__(self):
+        if self.alternatives and self.sampled:
+            raise ValueError("alternative first drafts are deterministic branches: a sampled drafter has none")
 
     random_init = False
     needs_runs = True
@@ -128,10 +157,10 @@ class PardDrafter:
 
     @property
     def block_tokens(self) -> int:
-        return self.spec.draft_len
+        return self.spec.draft_len + self.alternatives
 
     def layout(self) -> BranchLayout:
-        return chain(self.spec.draft_len)
+        return with_alternatives(chain(self.spec.draft_len), self.alternatives)
 
     @staticmethod
     def load(graphdef, params) -> tuple[Transformer, Float[Array, "f d"] | None, dict | None]:
@@ -185,8 +214,11 @@ class PardDrafter:
                  "accepted_tokens": jnp.zeros((batch,), jnp.int32)}  # accepted drafts + bonus, before EOS/budget cuts
         if self.count_wins:  # steps whose emitted run came from this branch (greedy: strictly the longest)
             stats["drafter_wins"] = jnp.zeros((batch,), jnp.int32)
+        if self.alternatives:
+            stats["alternative_accepts"] = jnp.zeros((batch,), jnp.int32)  # steps whose first token was an alternative
         return DraftState(cache=cache, pending=pending, pending_count=jnp.ones((batch,), jnp.int32),
-                          features=features, bonus_feature=hidden[rows, last], stats=stats)
+                          features=features, bonus_feature=hidden[rows, last], stats=stats,
+                          alternatives=jnp.zeros((batch, self.alternatives), jnp.int32))
 
     def draft_logits(self, draft: DraftState, step: Step, weights) -> tuple[Float[Array, "b k v"], DraftState]:
         """One drafter forward: the float32 logits of the K draft rows (over the draft vocabulary
@@ -222,7 +254,11 @@ class PardDrafter:
             drafts = head["ids"][drafts]
             if q is not None:
                 q = jnp.zeros(q.shape[:-1] + (spec.target_vocab_size,), q.dtype).at[..., head["ids"]].set(q)
-        return Branch(tokens=drafts, path_valid=jnp.ones((batch, 1), bool), q=q), draft
+        if self.alternatives:
+            alternatives = first_alternatives(logits[:, 0], head, drafts[:, 0], self.alternatives)
+            draft = draft.replace(alternatives=alternatives)
+            drafts = jnp.concatenate([drafts, alternatives], axis=1)
+        return Branch(tokens=drafts, path_valid=jnp.ones((batch, 1 + self.alternatives), bool), q=q), draft
 
     def update(self, draft: DraftState, outcome: Outcome):
         """The next pending run after a step that accepted `n_acc` tokens (on any branch's path).
@@ -245,6 +281,11 @@ class PardDrafter:
         accepted = outcome.run if outcome.run is not None else jnp.where(outcome.won, n_acc, 0)
         on = outcome.active.astype(jnp.int32)
         stats = dict(draft.stats)
+        if draft.alternatives.shape[1]:
+            # The step's first token was accepted as an alternative: the chain's first draft was wrong.
+            hit = (accepted > 0) & jnp.any(draft.alternatives == outcome.emitted[:, :1], axis=1)
+            stats["alternative_accepts"] = stats["alternative_accepts"] + on * hit
+            accepted = jnp.where(hit, 0, accepted)
         k = stats["draft_accepts"].shape[1]
         stats["draft_accepts"] = stats["draft_accepts"] + on[:, None] * (jnp.arange(k)[None] < accepted[:, None])
         stats["target_steps"] = stats["target_steps"] + on

@@ -18,6 +18,10 @@ L = max(K, N-1) tokens a step:
 parts 4-7, teacher-forced, never the benchmark prompts): S 2.053-2.060 for agree 0.1-0.5 and unsure
 0.2-0.4 (`benchmarks/route_rule.py`; docs/pard2.md, "Routing"). The drafter sees every step's emitted tokens whichever chain was
 verified (its pending run is the emitted path), so its cache and features stay exact.
+
+With the drafter's `alternatives` A > 0 the step also verifies the A first tokens q1 rates highest
+after the chosen chain's own first token, each a one-token branch: a chain whose first token is
+wrong then still gains a token where q1's runner-up is right.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
 from jaxspec.decoding.sources.base import Branch, Outcome, Start, Step
-from jaxspec.decoding.sources.drafter import DraftState, PardDrafter
+from jaxspec.decoding.sources.drafter import DraftState, PardDrafter, first_alternatives, with_alternatives
 from jaxspec.decoding.sources.pool import NGramCandidates, PoolState
 from jaxspec.decoding.tree import BranchLayout, chain
 
@@ -74,11 +78,15 @@ class RoutedChain:
         return self.drafter.hidden_layers
 
     @property
-    def block_tokens(self) -> int:
+    def chain_tokens(self) -> int:
         return max(self.drafter.spec.draft_len, self.pool.ngram - 1)
 
+    @property
+    def block_tokens(self) -> int:
+        return self.chain_tokens + self.drafter.alternatives
+
     def layout(self) -> BranchLayout:
-        return chain(self.block_tokens)
+        return with_alternatives(chain(self.chain_tokens), self.drafter.alternatives)
 
     def init(self, start: Start, weights) -> RoutedState:
         batch = start.prompts.shape[0]
@@ -88,7 +96,7 @@ class RoutedChain:
     def propose(self, state: RoutedState, step: Step, weights):
         head = weights[2]
         logits, draft = self.drafter.draft_logits(state.draft, step, weights)
-        batch, length = logits.shape[0], self.block_tokens
+        batch, length = logits.shape[0], self.chain_tokens
         columns = jnp.argmax(logits, axis=-1)
         ids = columns if head is None else head["ids"][columns]
         q1 = jax.nn.softmax(logits[:, 0], axis=-1)  # [b, V] (V': the draft vocabulary's columns)
@@ -103,7 +111,11 @@ class RoutedChain:
         best, from_lookup = choose(score, looked.path_valid, p1, self.agree, self.unsure)
         rows = jnp.arange(batch)
         tokens = jnp.where(from_lookup[:, None], pad_to(cands[rows, best], length), pad_to(ids.astype(jnp.int32), length))
-        return (Branch(tokens=tokens, path_valid=jnp.ones((batch, 1), bool)),
+        alternatives = self.drafter.alternatives
+        if alternatives:
+            draft = draft.replace(alternatives=first_alternatives(logits[:, 0], head, tokens[:, 0], alternatives))
+            tokens = jnp.concatenate([tokens, draft.alternatives], axis=1)
+        return (Branch(tokens=tokens, path_valid=jnp.ones((batch, 1 + alternatives), bool)),
                 state.replace(draft=draft, from_lookup=from_lookup))
 
     def update(self, state: RoutedState, outcome: Outcome):
