@@ -249,12 +249,13 @@ def test_cli_json_reports_acceptance(tmp_path, capsys):
     assert 1.0 <= config["accept_length"] <= 2 and len(config["draft_accepts"]) == 1
     code = main(["generate", "--model", str(CHECKPOINT), "--prompt-ids", ",".join(map(str, CASES[1]["prompt"])),
                  "--method", "speculative", "--drafter", str(folder), "--max-new-tokens", str(n), "--no-eos-stop",
-                 "--json", "--lookup-guesses", "2", "--lookup-ngram", "4", "--lookup-route"])
+                 "--json", "--lookup-guesses", "2", "--lookup-ngram", "4", "--lookup-route", "--first-alternatives", "2"])
     out, err = capsys.readouterr()
     assert code == 0, err
     result = json.loads(out)
     assert result["tokens"] == CASES[1]["greedy"][:n]
     assert result["config"]["lookup_route"] is True and 0 <= result["config"]["lookup_steps"] < n
+    assert result["config"]["first_alternatives"] == 2 and 0 <= result["config"]["alternative_accepts"] < n
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -382,3 +383,23 @@ def test_routing_verifies_the_candidate_the_drafter_agrees_with_or_is_unsure_aga
     with pytest.raises(GenerationError, match="lookup_guesses"):
         jaxspec.generate(scaled(jaxspec.Model.from_module(jaxspec.Transformer(TINY, rngs=nnx.Rngs(0))), 1.0), [1],
                          max_new_tokens=2, method="speculative", drafter=random_drafter(TINY, 1), lookup_route=True)
+
+
+def test_alternatives_are_the_likeliest_first_drafts_other_than_the_chains_first_token():
+    """`first_alternatives`: q1's next most likely ids after the chain's first token, in order of
+    likelihood, through the draft vocabulary's ids; the layout gives each its own one-token path."""
+    from jaxspec.decoding.sources.drafter import first_alternatives, with_alternatives
+    from jaxspec.decoding.tree import chain
+
+    logits = jnp.asarray([[0.0, 3.0, 1.0, 2.0, -1.0],    # order 1, 3, 2, 0, 4
+                          [5.0, 4.0, 3.0, 2.0, 1.0]])    # order 0, 1, 2, 3, 4
+    first = jnp.asarray([1, 2])  # row 0: the argmax (a drafter chain); row 1: q1's third (a lookup chain)
+    assert np.asarray(first_alternatives(logits, None, first, 2)).tolist() == [[3, 2], [0, 1]]
+    head = {"ids": jnp.asarray([10, 11, 12, 13, 14])}  # column i drafts id 10 + i
+    assert np.asarray(first_alternatives(logits, head, jnp.asarray([11, 99]), 1)).tolist() == [[13], [10]]
+    layout = with_alternatives(chain(3), 2)
+    assert layout.parents == (-1, 0, 1, -1, -1) and layout.paths == ((0, 1, 2), (3,), (4,))
+    assert with_alternatives(chain(3), 0) == chain(3)
+    with pytest.raises(GenerationError, match="first_alternatives"):
+        jaxspec.generate(scaled(jaxspec.Model.from_module(jaxspec.Transformer(TINY, rngs=nnx.Rngs(0))), 1.0), [1],
+                         max_new_tokens=2, method="speculative", drafter=random_drafter(TINY, 1), first_alternatives=-1)

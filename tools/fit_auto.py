@@ -63,12 +63,13 @@ def measured(results: Path = RESULTS) -> dict:
 def _speculative_label(label: str) -> str:
     """real_bench's "speculative TD (K=4)" is auto's candidate "speculative K=4" (target features on),
     "speculative TD (K=4) + lookup (N=5,G=1)" its "speculative K=4 N=5 G=1", "speculative TD (K=4) or
-    lookup (N=5,G=4)" (one routed chain) its "speculative K=4 N=5 G=4 routed"."""
-    m = re.match(r"speculative TD \(K=(\d+)\)( (\+|or) lookup \(N=(\d+),G=(\d+)\))?$", label)
+    lookup (N=5,G=4)" (one routed chain) its "speculative K=4 N=5 G=4 routed", and a trailing "+ 1 alt"
+    (the drafter's runner-up first draft beside) a trailing " alt=1"."""
+    m = re.match(r"speculative TD \(K=(\d+)\)( (\+|or) lookup \(N=(\d+),G=(\d+)\))?( \+ (\d+) alt)?$", label)
     if not m:
         return label
     lookup = f" N={m.group(4)} G={m.group(5)}" + (" routed" if m.group(3) == "or" else "") if m.group(2) else ""
-    return f"speculative K={m.group(1)}" + lookup
+    return f"speculative K={m.group(1)}" + lookup + (f" alt={m.group(7)}" if m.group(6) else "")
 
 
 def fit(runs: list) -> dict:
@@ -79,11 +80,12 @@ def fit(runs: list) -> dict:
     for label, s in runs:
         if (pl := _prompt_lookup(label)):
             out[f"prompt_lookup_{pl[0]}_{pl[1]}"] = round(s, 3)
-        elif (m := re.match(r"speculative K=(\d+)$", label)):
-            out[f"speculative_{m.group(1)}"] = round(s, 3)
-        elif (m := re.match(r"speculative K=(\d+) N=(\d+) G=(\d+)( routed)?$", label)):
+        elif (m := re.match(r"speculative K=(\d+)( alt=(\d+))?$", label)):
+            out[f"speculative_{m.group(1)}" + (f"_alt_{m.group(3)}" if m.group(2) else "")] = round(s, 3)
+        elif (m := re.match(r"speculative K=(\d+) N=(\d+) G=(\d+)( routed)?( alt=(\d+))?$", label)):
             kind = "routed" if m.group(4) else "lookup"
-            out[f"speculative_{m.group(1)}_{kind}_{m.group(2)}_{m.group(3)}"] = round(s, 3)
+            out[f"speculative_{m.group(1)}_{kind}_{m.group(2)}_{m.group(3)}"
+                + (f"_alt_{m.group(6)}" if m.group(5) else "")] = round(s, 3)
     return out
 
 
@@ -96,7 +98,8 @@ def table(results: Path = RESULTS) -> str:
              "# S grows with the log of a step's work); lookahead_max_error: the fit's worst relative error.",
              "# prompt_lookup_N_G, speculative_K, speculative_K_lookup_N_G (the drafter's chain beside G prompt-lookup",
              "# candidates of N-1 tokens), speculative_K_routed_N_G (one chain a step, a candidate's or the",
-             "# drafter's): S as measured. [default]: models without results.", ""]
+             "# drafter's), any of them ending _alt_A (the drafter's A runner-up first drafts beside, one token",
+             "# each): S as measured. [default]: models without results.", ""]
     slopes = [f["lookahead_slope"] for f in fitted.values()]
     pl = [v for f in fitted.values() for k, v in f.items() if k.startswith("prompt_lookup")]
     lines += ["[default]", f"lookahead_slope = {min(slopes)}", f"prompt_lookup_4_8 = {min(pl)}", ""]

@@ -166,9 +166,11 @@ def candidates(model, lookahead_only: bool = False) -> list[Candidate]:
             n, g = (int(x) for x in key.split("_")[2:])
             out.append(Candidate("prompt-lookup", dict(ngram=n, guesses=g), prompt_lookup_block_tokens(n, g),
                                  s))
-        elif key.startswith("speculative_"):  # speculative_K, speculative_K_lookup_N_G, speculative_K_routed_N_G
-            routed = "_routed_" in key
-            k, *lookup = (int(x) for x in key.split("_")[1:] if x not in ("lookup", "routed"))
+        elif key.startswith("speculative_"):
+            # speculative_K, speculative_K_lookup_N_G, speculative_K_routed_N_G, each maybe + _alt_A
+            base, _, alternatives = key.partition("_alt_")
+            routed = "_routed_" in base
+            k, *lookup = (int(x) for x in base.split("_")[1:] if x not in ("lookup", "routed"))
             options = dict(draft_len=k) if not lookup else dict(draft_len=k, lookup_ngram=lookup[0],
                                                                 lookup_guesses=lookup[1])
             if routed:  # one chain of max(K, N-1) tokens a step
@@ -176,6 +178,9 @@ def candidates(model, lookahead_only: bool = False) -> list[Candidate]:
                 block = 1 + max(k, lookup[0] - 1)
             else:
                 block = k + 1 + (prompt_lookup_block_tokens(*lookup) - 1 if lookup else 0)
+            if alternatives:  # one token each beside
+                options["first_alternatives"] = int(alternatives)
+                block += int(alternatives)
             out.append(Candidate("speculative", options, block, s, drafter_tokens=k + 1))
     return out
 
