@@ -114,7 +114,7 @@ def check_stats(out: jaxspec.GenerateOutput, draft_len: int) -> None:
 GREEDY_CASES = [("speculative", True, True), ("speculative", False, True), ("speculative", True, False),
                 ("hybrid", True, False), ("speculative+lookup", True, True), ("speculative+routed", True, True),
                 ("speculative+routed-short", False, False), ("speculative+alternatives", True, True),
-                ("speculative+routed-alternatives", True, False)]
+                ("speculative+routed-alternatives", True, False), ("hybrid+alternatives", True, True)]
 LOOKUP = {"lookup_guesses": 2, "lookup_ngram": 3}  # prompt-lookup candidates beside the drafter's chain
 # One chain a step, a candidate's or the drafter's: longer candidates than K (the drafter's chain
 # padded), then shorter (the candidate padded).
@@ -122,7 +122,7 @@ OPTIONS = {"hybrid": HYBRID, "speculative+lookup": LOOKUP,
            "speculative+routed": {"lookup_guesses": 3, "lookup_ngram": K + 2, "lookup_route": True},
            "speculative+routed-short": {"lookup_guesses": 1, "lookup_ngram": 3, "lookup_route": True},
            # the drafter's runner-up first drafts, one token each beside the chain
-           "speculative+alternatives": {"first_alternatives": 2},
+           "speculative+alternatives": {"first_alternatives": 2}, "hybrid+alternatives": {**HYBRID, "first_alternatives": 1},
            "speculative+routed-alternatives": {"lookup_guesses": 3, "lookup_ngram": K + 2, "lookup_route": True,
                                                "first_alternatives": 1}}
 
