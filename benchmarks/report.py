@@ -769,6 +769,16 @@ SECTIONS = [
             '--no-peer --dtype blocks --methods greedy,auto',
             "What `method=\"auto\"` picks per chat once configs/auto.toml holds the routed settings' S (fitted on "
             "the bench split), on prompts nothing was fitted on.", decode),
+    Section("real_bench_alternatives", "SmolLM2-135M-Instruct: the drafter's runner-up first draft beside the routed chain",
+            'python -m benchmarks.real_bench --name real_bench_alternatives --rounds 2 --no-peer --fresh --dtype blocks '
+            '--methods "greedy,speculative TD (K=2) + lookup (N=3,G=1),speculative TD (K=4) or lookup (N=5,G=4),'
+            'speculative TD (K=4) or lookup (N=5,G=4) + 1 alt,speculative TD (K=3) or lookup (N=4,G=4) + 1 alt"',
+            "Blocks weights. `first_alternatives`: beside the routed chain the step also verifies the drafter's "
+            "likeliest first draft other than the chain's first token, one token (T = 1 + max(K, N-1) + 1).", decode),
+    Section("real_bench_alternatives_heldout", "The runner-up first draft on held-out chat prompts",
+            'python -m benchmarks.real_bench --name real_bench_alternatives --split heldout --rounds 2 --no-peer '
+            '--fresh --dtype blocks --methods "..."',
+            "The same settings on prompts nothing was fitted on.", decode),
     Section("real_bench_gemma3", "Gemma 3 270M (base) on the same prompts' text: 262k vocabulary, sliding window",
             'python -m benchmarks.real_bench --model gemma3-270m --name real_bench_gemma3 --no-peer --methods '
             '"greedy,lookahead (15,5,15),lookahead (7,4,7),prompt lookup (N=4,G=8),jacobi (W=8)"',

@@ -53,6 +53,8 @@ def test_the_fit_writes_the_table_of_its_results_and_checks_it(tmp_path, capsys)
     (results / "real_bench_routed.json").write_text(json.dumps(_summary(  # a later file's row replaces an earlier's
         {"greedy": 1.0, "speculative TD (K=4) + lookup (N=5,G=1)": 1.35, "speculative TD (K=4) or lookup (N=5,G=4)": 1.4,
          "lookahead (15,5,15)": 9.0})))
+    (results / "real_bench_alternatives.json").write_text(json.dumps(_summary(  # the runner-up first draft beside
+        {"greedy": 1.0, "speculative TD (K=4) or lookup (N=5,G=4) + 1 alt": 1.5, "speculative TD (K=2) + 2 alt": 1.2})))
     out = tmp_path / "auto.toml"
     assert fit_auto.main(["--results", str(results), "--out", str(out)]) == 0
     assert tomllib.loads(out.read_text()) == {
@@ -64,7 +66,8 @@ def test_the_fit_writes_the_table_of_its_results_and_checks_it(tmp_path, capsys)
                           "prompt_lookup_4_8": 2.346, "speculative_4": 3.0},
             "smollm2-135m-instruct": {"lookahead_slope": 0.25, "lookahead_points": 1, "lookahead_max_error": 0.0,
                                       "prompt_lookup_4_8": 1.5, "speculative_4": 1.265,
-                                      "speculative_4_lookup_5_1": 1.35, "speculative_4_routed_5_4": 1.4}}}
+                                      "speculative_4_lookup_5_1": 1.35, "speculative_4_routed_5_4": 1.4,
+                                      "speculative_4_routed_5_4_alt_1": 1.5, "speculative_2_alt_2": 1.2}}}
     assert auto.expectations("pycode-5M", out)["speculative_4"] == 3.0
     assert auto.expectations(None, out) == {"lookahead_slope": 0.2, "prompt_lookup_4_8": 1.4}
     capsys.readouterr()
@@ -102,6 +105,21 @@ def test_the_drafter_beside_prompt_lookup_is_a_candidate(pycode, monkeypatch):
     assert combined.options == {"draft_len": 4, "lookup_ngram": 5, "lookup_guesses": 2}
     assert (combined.block_tokens, combined.drafter_tokens, combined.expected_s) == (1 + 4 + 2 * 4, 5, 2.1)
     out = jaxspec.generate(pycode, "def f(x):", max_new_tokens=12, method=combined.method, **combined.options)
+    assert out.tokens == jaxspec.generate(pycode, "def f(x):", max_new_tokens=12).tokens
+
+
+def test_alternative_first_drafts_add_one_token_each_to_the_block(pycode, monkeypatch):
+    """A row ending `_alt_A` is its setting with the drafter's A runner-up first drafts beside:
+    A more target tokens a step, the same drafter forward."""
+    monkeypatch.setattr(auto, "expectations", lambda key: {"lookahead_slope": 0.2, "speculative_4_routed_5_4_alt_1": 2.1,
+                                                           "speculative_3_alt_2": 1.9})
+    found = {c.label: c for c in auto.candidates(pycode)}
+    routed, alone = found["speculative (4,5,4,True,1)"], found["speculative (3,2)"]
+    assert routed.options == {"draft_len": 4, "lookup_ngram": 5, "lookup_guesses": 4, "lookup_route": True,
+                              "first_alternatives": 1}
+    assert (routed.block_tokens, routed.drafter_tokens, routed.expected_s) == (1 + 4 + 1, 5, 2.1)
+    assert alone.options == {"draft_len": 3, "first_alternatives": 2} and alone.block_tokens == 1 + 3 + 2
+    out = jaxspec.generate(pycode, "def f(x):", max_new_tokens=12, method=routed.method, **routed.options)
     assert out.tokens == jaxspec.generate(pycode, "def f(x):", max_new_tokens=12).tokens
 
 
