@@ -779,6 +779,12 @@ SECTIONS = [
             'python -m benchmarks.real_bench --name real_bench_alternatives --split heldout --rounds 2 --no-peer '
             '--fresh --dtype blocks --methods "..."',
             "The same settings on prompts nothing was fitted on.", decode),
+    Section("real_bench_alternatives_auto_heldout", "auto with the runner-up first draft among its candidates, on "
+            "held-out chat prompts", 'XDG_CACHE_HOME=EMPTY_DIR python -m benchmarks.real_bench --name '
+            'real_bench_alternatives_auto --split heldout --rounds 2 --no-peer --fresh --dtype blocks --methods greedy,auto',
+            "What `method=\"auto\"` picks per chat once configs/auto.toml holds the alternatives' S (fitted on the "
+            "bench split), on prompts nothing was fitted on; an empty cache folder, so auto measured its forwards "
+            "in this run (not read from an earlier process's).", decode),
     Section("real_bench_gemma3", "Gemma 3 270M (base) on the same prompts' text: 262k vocabulary, sliding window",
             'python -m benchmarks.real_bench --model gemma3-270m --name real_bench_gemma3 --no-peer --methods '
             '"greedy,lookahead (15,5,15),lookahead (7,4,7),prompt lookup (N=4,G=8),jacobi (W=8)"',

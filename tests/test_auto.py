@@ -54,7 +54,8 @@ def test_the_fit_writes_the_table_of_its_results_and_checks_it(tmp_path, capsys)
         {"greedy": 1.0, "speculative TD (K=4) + lookup (N=5,G=1)": 1.35, "speculative TD (K=4) or lookup (N=5,G=4)": 1.4,
          "lookahead (15,5,15)": 9.0})))
     (results / "real_bench_alternatives.json").write_text(json.dumps(_summary(  # the runner-up first draft beside
-        {"greedy": 1.0, "speculative TD (K=4) or lookup (N=5,G=4) + 1 alt": 1.5, "speculative TD (K=2) + 2 alt": 1.2})))
+        {"greedy": 1.0, "speculative TD (K=4) or lookup (N=5,G=4) + 1 alt": 1.5,
+         "speculative TD (K=2) + 2 alt": 1.2})))
     out = tmp_path / "auto.toml"
     assert fit_auto.main(["--results", str(results), "--out", str(out)]) == 0
     assert tomllib.loads(out.read_text()) == {
@@ -111,8 +112,8 @@ def test_the_drafter_beside_prompt_lookup_is_a_candidate(pycode, monkeypatch):
 def test_alternative_first_drafts_add_one_token_each_to_the_block(pycode, monkeypatch):
     """A row ending `_alt_A` is its setting with the drafter's A runner-up first drafts beside:
     A more target tokens a step, the same drafter forward."""
-    monkeypatch.setattr(auto, "expectations", lambda key: {"lookahead_slope": 0.2, "speculative_4_routed_5_4_alt_1": 2.1,
-                                                           "speculative_3_alt_2": 1.9})
+    monkeypatch.setattr(auto, "expectations", lambda key: {
+        "lookahead_slope": 0.2, "speculative_4_routed_5_4_alt_1": 2.1, "speculative_3_alt_2": 1.9})
     found = {c.label: c for c in auto.candidates(pycode)}
     routed, alone = found["speculative (4,5,4,True,1)"], found["speculative (3,2)"]
     assert routed.options == {"draft_len": 4, "lookup_ngram": 5, "lookup_guesses": 4, "lookup_route": True,

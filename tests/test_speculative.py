@@ -122,7 +122,8 @@ OPTIONS = {"hybrid": HYBRID, "speculative+lookup": LOOKUP,
            "speculative+routed": {"lookup_guesses": 3, "lookup_ngram": K + 2, "lookup_route": True},
            "speculative+routed-short": {"lookup_guesses": 1, "lookup_ngram": 3, "lookup_route": True},
            # the drafter's runner-up first drafts, one token each beside the chain
-           "speculative+alternatives": {"first_alternatives": 2}, "hybrid+alternatives": {**HYBRID, "first_alternatives": 1},
+           "speculative+alternatives": {"first_alternatives": 2},
+           "hybrid+alternatives": {**HYBRID, "first_alternatives": 1},
            "speculative+routed-alternatives": {"lookup_guesses": 3, "lookup_ngram": K + 2, "lookup_route": True,
                                                "first_alternatives": 1}}
 
@@ -249,7 +250,8 @@ def test_cli_json_reports_acceptance(tmp_path, capsys):
     assert 1.0 <= config["accept_length"] <= 2 and len(config["draft_accepts"]) == 1
     code = main(["generate", "--model", str(CHECKPOINT), "--prompt-ids", ",".join(map(str, CASES[1]["prompt"])),
                  "--method", "speculative", "--drafter", str(folder), "--max-new-tokens", str(n), "--no-eos-stop",
-                 "--json", "--lookup-guesses", "2", "--lookup-ngram", "4", "--lookup-route", "--first-alternatives", "2"])
+                 "--json", "--lookup-guesses", "2", "--lookup-ngram", "4", "--lookup-route",
+                 "--first-alternatives", "2"])
     out, err = capsys.readouterr()
     assert code == 0, err
     result = json.loads(out)

@@ -212,10 +212,17 @@ def differences(model, cases: Sequence[Case], runs: dict, reference: str) -> lis
     return found
 
 
-def _position_rates(accepts: np.ndarray, steps: int) -> list:
-    """a_k = P(draft k accepted | drafts 1..k-1 accepted) from the count of steps accepting draft k."""
-    reached = np.concatenate([[steps], accepts[:-1]]).astype(np.float64)
-    return [None if b == 0 else round(float(a / b), 4) for a, b in zip(accepts, reached)]
+def _position_rates(rows: list[dict]) -> list:
+    """a_k = P(draft k accepted | drafts 1..k-1 accepted) from each row's count of steps accepting
+    draft k (`draft_accepts`) and its `target_steps`; position k counts only the rows that drafted
+    that far (`auto` may have chosen a different K for each case)."""
+    rates = []
+    for k in range(max(len(row["draft_accepts"]) for row in rows)):
+        far = [row for row in rows if len(row["draft_accepts"]) > k]
+        accepted = sum(row["draft_accepts"][k] for row in far)
+        reached = sum(row["draft_accepts"][k - 1] if k else row["target_steps"] for row in far)
+        rates.append(None if reached == 0 else round(accepted / reached, 4))
+    return rates
 
 
 def _S(rows: list[dict]) -> float:
@@ -253,8 +260,7 @@ def summarize(bench: DecodeBench, runs: dict) -> dict:
             target_steps = sum(row["target_steps"] for row in drafted)
             s["accept_length"] = (sum(row["accepted_tokens"] for row in drafted) / target_steps
                                   if all("accepted_tokens" in row for row in drafted) else None)
-            s["position_acceptance"] = _position_rates(np.sum([row["draft_accepts"] for row in drafted], 0),
-                                                       target_steps)
+            s["position_acceptance"] = _position_rates(drafted)
             if all("drafter_wins" in row for row in drafted):
                 s["drafter_branch_wins"], s["target_steps"] = sum(row["drafter_wins"] for row in drafted), target_steps
         if "auto" in first[0]:

@@ -22,12 +22,14 @@ bonus's slot). Both variants give the masks the feature of the last real token o
 the training convention; with the bonus in context that is the bonus's own feature.
 
 Drafts are the argmax, or with `sampled` one draw per position from the warped q (for the
-speculative-sampling verifier, which needs q). `alternatives` A > 0 adds the drafter's next A most
-likely first drafts, each a one-token branch beside the chain: where the first draft is wrong the
-step can still accept one token (a PARD drafter's later drafts do not depend on its first, so a
-wrong first draft loses the chain, and its runner-up is the likeliest first token left). The pending run is held in a fixed `[b, P]`
+speculative-sampling verifier, which needs q). The pending run is held in a fixed `[b, P]`
 buffer (P = the most tokens one step emits) and the drafter block has a fixed size
 P + masks; unused slots are padding that sees only itself and is seen by nobody.
+
+`alternatives` A > 0 adds the drafter's next A most likely first drafts, each a one-token branch
+beside the chain: where the first draft is wrong the step can still accept one token. A PARD
+drafter's later drafts do not depend on its first, so a wrong first draft loses the chain, and its
+runner-up is the likeliest first token left.
 """
 
 from __future__ import annotations
