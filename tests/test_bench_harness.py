@@ -96,3 +96,11 @@ def test_a_recorded_command_names_repository_paths_relative_to_the_root(tmp_path
                                                      "--data", str(tmp_path / "train.npy")])
     assert line == (f"python -m benchmarks.real_bench --out benchmarks/results --name 'x y' "
                     f"--data {tmp_path / 'train.npy'}")  # a path outside the checkout is kept as given
+
+
+def test_position_rates_count_each_position_over_the_rows_that_drafted_that_far():
+    """`auto` may decode one case with K = 3 and another with K = 4: a_4 is over the K = 4 rows only."""
+    from benchmarks.harness.decode import _position_rates
+
+    rows = [{"draft_accepts": [6, 3, 1], "target_steps": 10}, {"draft_accepts": [5, 4, 2, 1], "target_steps": 10}]
+    assert _position_rates(rows) == [round(x, 4) for x in (11 / 20, 7 / 11, 3 / 7, 1 / 2)]
