@@ -83,9 +83,11 @@ def test_the_shipped_drafter_is_found_and_auto_weighs_it(model):
     np.testing.assert_array_equal(np.asarray(drafter.model.params["embed_tokens"]["embedding"][...])[:49152],
                                   float_table(model.module.embed_tokens))
     assert any(c.method == "speculative" for c in auto.candidates(model))
-    routed = [c for c in auto.candidates(model) if c.options.get("lookup_route")]  # one chain of max(K, N-1)
+    # one chain of max(K, N-1), and the drafter's A runner-up first drafts beside it
+    routed = [c for c in auto.candidates(model) if c.options.get("lookup_route")]
     assert routed and all(c.block_tokens == 1 + max(c.options["draft_len"], c.options["lookup_ngram"] - 1)
-                          for c in routed)
+                          + c.options.get("first_alternatives", 0) for c in routed)
+    assert any(c.options.get("first_alternatives") for c in routed)
 
 
 def test_chat_cli_one_message(capsys):
