@@ -5,7 +5,8 @@ candidate's or the drafter's K drafts, chosen by the drafter's first-draft distr
 candidate when q1(its first token) >= agree x p1, the drafter's top probability, or when p1 < unsure).
 This script measures S along each text's decoding path for a grid of (agree, unsure) and chain
 lengths, beside the two-branch settings (`lookup_guesses` without routing, whose step verifies
-K + G(N-1) tokens), so the rule's constants are chosen on data of one's choosing:
+K + G(N-1) tokens), and with the drafter's A runner-up first drafts beside the step's chain(s)
+(`first_alternatives`, rows "+ A alt"), so the rule's constants are chosen on data of one's choosing:
 
 * `--conversations FILE...`: the drafter recipe's own chat data (`conversations.jsonl` of
   `jaxspec train-drafter` runs), their held-out greedy replies' prompts (what the constants in
@@ -208,7 +209,7 @@ def main(argv=None) -> int:
     # the drafter's runner-up first drafts beside the step's chain(s), at the constants routed.py uses
     k = drafter.draft_len
     extra = [(f"K={k}", 1 + k, alone(k), 0), (f"K={k}", 1 + k, alone(k), 1), (f"K={k}", 1 + k, alone(k), 2)]
-    for kk, n in ((k, 5), (k, 6), (k - 1, 4), (k - 1, 5)):
+    for kk, n in ((k, 5), (k, 6), (max(k - 1, 1), 4), (max(k - 1, 1), 5)):
         extra += [(f"K={kk} or lookup (N={n},G={args.guesses})", 1 + max(kk, n - 1),
                    routed(kk, n, args.guesses, 0.3, 0.3), a) for a in (0, 1, 2)]
     for label, tokens, chains, a in extra:
