@@ -245,7 +245,6 @@ class PardDrafter:
     def propose(self, draft: DraftState, step: Step, weights):
         """K drafts (and q when sampled) from one drafter forward; the pending run is committed."""
         spec, head = self.spec, weights[2]
-        batch = draft.pending.shape[0]
         logits, draft = self.draft_logits(draft, step, weights)
         if self.sampled:
             q = target_probs(logits, step.sampling)
@@ -256,11 +255,19 @@ class PardDrafter:
             drafts = head["ids"][drafts]
             if q is not None:
                 q = jnp.zeros(q.shape[:-1] + (spec.target_vocab_size,), q.dtype).at[..., head["ids"]].set(q)
+        branch, draft = self.branch_with_alternatives(drafts, logits, head, draft)
+        return branch.replace(q=q), draft
+
+    def branch_with_alternatives(self, chain_tokens: Int[Array, "b n"], logits: Float[Array, "b k v"], head,
+                                 draft: DraftState) -> tuple[Branch, DraftState]:
+        """The branch of `chain_tokens` and (`alternatives` > 0) the first drafts q1 rates highest
+        after the chain's first token, one token each; the state remembers them for `update`."""
+        batch = chain_tokens.shape[0]
         if self.alternatives:
-            alternatives = first_alternatives(logits[:, 0], head, drafts[:, 0], self.alternatives)
-            draft = draft.replace(alternatives=alternatives)
-            drafts = jnp.concatenate([drafts, alternatives], axis=1)
-        return Branch(tokens=drafts, path_valid=jnp.ones((batch, 1 + self.alternatives), bool), q=q), draft
+            draft = draft.replace(alternatives=first_alternatives(logits[:, 0], head, chain_tokens[:, 0],
+                                                                  self.alternatives))
+            chain_tokens = jnp.concatenate([chain_tokens, draft.alternatives], axis=1)
+        return Branch(tokens=chain_tokens, path_valid=jnp.ones((batch, 1 + self.alternatives), bool)), draft
 
     def update(self, draft: DraftState, outcome: Outcome):
         """The next pending run after a step that accepted `n_acc` tokens (on any branch's path).

@@ -33,8 +33,8 @@ import jax.numpy as jnp
 from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
-from jaxspec.decoding.sources.base import Branch, Outcome, Start, Step
-from jaxspec.decoding.sources.drafter import DraftState, PardDrafter, first_alternatives, with_alternatives
+from jaxspec.decoding.sources.base import Outcome, Start, Step
+from jaxspec.decoding.sources.drafter import DraftState, PardDrafter, with_alternatives
 from jaxspec.decoding.sources.pool import NGramCandidates, PoolState
 from jaxspec.decoding.tree import BranchLayout, chain
 
@@ -111,12 +111,8 @@ class RoutedChain:
         best, from_lookup = choose(score, looked.path_valid, p1, self.agree, self.unsure)
         rows = jnp.arange(batch)
         tokens = jnp.where(from_lookup[:, None], pad_to(cands[rows, best], length), pad_to(ids.astype(jnp.int32), length))
-        alternatives = self.drafter.alternatives
-        if alternatives:
-            draft = draft.replace(alternatives=first_alternatives(logits[:, 0], head, tokens[:, 0], alternatives))
-            tokens = jnp.concatenate([tokens, draft.alternatives], axis=1)
-        return (Branch(tokens=tokens, path_valid=jnp.ones((batch, 1 + alternatives), bool)),
-                state.replace(draft=draft, from_lookup=from_lookup))
+        branch, draft = self.drafter.branch_with_alternatives(tokens, logits, head, draft)
+        return branch, state.replace(draft=draft, from_lookup=from_lookup)
 
     def update(self, state: RoutedState, outcome: Outcome):
         pool, _ = self.pool.update(state.pool, outcome)
