@@ -176,7 +176,7 @@ def test_large_blocks_are_measured_only_where_one_could_be_worth_timing(pycode, 
     assert "bound" not in rows["lookahead (4,3,4)"] and "bound" not in rows["speculative (16)"]
     assert choice.method == "autoregressive" and "their own forwards not measured" in choice.reason
     window = auto.choose(pycode, [1, 5, 9], 1, 3, 16, lookahead_only=True, generate=jaxspec.generate)
-    assert sizes[1:] == [[1, small], [128]] and not any(r.get("bound") for r in window.candidates)
+    assert sizes[1:] == [[1, small], [1, 128]] and not any(r.get("bound") for r in window.candidates)
     assert {r["label"]: r["step_cost"] for r in window.candidates}["lookahead (15,5,15)"] == pytest.approx(
         (1 + 120.0) / 2, abs=1e-3)
 
@@ -224,10 +224,47 @@ def test_the_block_a_race_would_time_is_measured_first(pycode, monkeypatch):
     monkeypatch.setattr(auto, "forwards_seconds", forwards)
     monkeypatch.setattr(auto, "decode_seconds", lambda *a, **k: pytest.fail("raced a setting its own forward rules out"))
     choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate)
-    assert sizes == [[1, auto.SMALL_SIZES[-1]], [5]]  # then speculative (4)'s own block; larger ones stay bounded
+    # then speculative (4)'s own block, with the one-token forward again as its yardstick; larger ones stay bounded
+    assert sizes == [[1, auto.SMALL_SIZES[-1]], [1, 5]]
     rows = {r["label"]: r for r in choice.candidates}
     assert rows["speculative (4)"]["step_cost"] == pytest.approx(2.6 + 0.01, abs=1e-3)
     assert choice.method == "autoregressive" and f"no setting is predicted {auto.WORTH_TIMING:g}x faster" in choice.reason
+
+
+def test_forwards_timed_at_different_moments_are_divided_by_their_own_yardstick(pycode, monkeypatch, tmp_path):
+    """c divides one forward's time by another's: a block's forward timed later, under another
+    load than the stored small forwards, is timed with a fresh one-token forward and scaled by
+    it. c is then what one moment's timing says (here: 3x the load at first, 1x later), and
+    never below one forward (a stored one-token forward timed under more load once made a
+    5-token block look cheaper than one token)."""
+    monkeypatch.setenv(auto_store.ENV, str(tmp_path / "auto.json"))
+    monkeypatch.setattr(auto, "decode_seconds", lambda *a, **k: pytest.fail("raced a setting its own forward rules out"))
+    load = {"now": 1.0}
+
+    def forwards(batch, cache_len, forwards, repeats=3):
+        return [load["now"] * (1 + 0.8 * (t - 1) ** 0.5 if m is pycode else 0.01) for m, t, _ in forwards]
+
+    monkeypatch.setattr(auto, "forwards_seconds", forwards)
+    monkeypatch.setattr(auto, "_MEASURED", {})
+    steady = {r["label"]: r["step_cost"] for r in auto.choose(pycode, [1, 5, 9], 1, 3, 16,
+                                                               generate=jaxspec.generate).candidates}
+    assert steady["speculative (4)"] == pytest.approx(2.61, abs=1e-3)
+    store = tmp_path / "auto.json"
+    entries = json.loads(store.read_text())["entries"]
+    small = {k: v for k, v in entries.items() if "[1, 32]" in k}
+    assert len(entries) == 2 and len(small) == 1
+    for entry in small.values():  # as if an earlier process had timed these under 3x today's load
+        entry["values"] = [3 * v for v in entry["values"]]
+    store.write_text(json.dumps({"version": auto_store.VERSION, "entries": small}))
+    monkeypatch.setattr(auto, "_MEASURED", {})
+    again = auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate)
+    assert again.recalled and {r["label"]: r["step_cost"] for r in again.candidates} == pytest.approx(steady)
+    # Unscaled, the 5-token block's c would be 3.4 / 3 = 1.13, not 3.4 / 1.
+    load["now"] = 0.2
+    store.write_text(json.dumps({"version": auto_store.VERSION, "entries": small}))
+    monkeypatch.setattr(auto, "_MEASURED", {})
+    assert {r["label"]: r["step_cost"] for r in auto.choose(pycode, [1, 5, 9], 1, 3, 16,
+                                                            generate=jaxspec.generate).candidates} == pytest.approx(steady)
 
 
 def test_measurements_outlive_the_process(pycode, monkeypatch, tmp_path):
@@ -247,7 +284,7 @@ def test_measurements_outlive_the_process(pycode, monkeypatch, tmp_path):
     # The target's small forwards and the drafter's, together; then the target's large one (here
     # every larger block could be worth timing).
     assert first.recalled is None and first.method == "lookahead" and measured == [2, 1]
-    assert len(json.loads(store.read_text())["entries"]) == 4  # those three and the timed race
+    assert len(json.loads(store.read_text())["entries"]) == 3  # those two timings and the timed race
 
     monkeypatch.setattr(auto, "_MEASURED", {})  # a new process
     monkeypatch.setattr(auto, "decode_seconds", lambda *a, **k: pytest.fail("timed again"))
@@ -265,7 +302,7 @@ def test_measurements_outlive_the_process(pycode, monkeypatch, tmp_path):
     monkeypatch.setattr(auto, "_MEASURED", {})
     with pytest.warns(UserWarning, match="ignoring the auto measurement store"):
         assert auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate).recalled is None
-    assert len(json.loads(store.read_text())["entries"]) == 4  # rewritten whole
+    assert len(json.loads(store.read_text())["entries"]) == 3  # rewritten whole
     data = json.loads(store.read_text())
     for entry in data["entries"].values():
         entry["values"] = ["x"]  # edited by hand: measured again, replaced

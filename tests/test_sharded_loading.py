@@ -328,7 +328,7 @@ def worker(compare: list[str], argv: list[str]) -> dict:
             raise AssertionError("auto measured again instead of reading its store")
 
         auto._MEASURED.clear()
-        auto.forward_seconds = auto.decode_seconds = measured_again
+        auto.forwards_seconds = auto.decode_seconds = measured_again
         again = jaxspec.generate(model, PROMPT, max_new_tokens=BUDGET, stop_at_eos=False, seed=SEED, method="auto")
         report["recalled"] = dict(auto=again.auto, tokens=again.tokens)
     return report

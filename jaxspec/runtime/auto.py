@@ -310,11 +310,13 @@ def step_costs(model, batch: int, cache_len: int, options: list[Candidate], wort
     wanted = [(model, list(SMALL_SIZES), None)]
     if drafter is not None:
         wanted.append((drafter.model, sorted({min(drafted), max(drafted)}), drafter.draft_head()))
-    measured, recalled = _forwards(batch, cache_len, wanted)
+    measured, where = _forwards(batch, cache_len, wanted)
+    recalled = [where]
 
     def cost(c: Candidate, target_tokens: int) -> float:  # in one-token forwards, by the sizes measured so far
         drafting = _interpolated(measured[1])(c.drafter_tokens) if c.drafter_tokens else 0.0
-        return (_interpolated(measured[0])(target_tokens) + drafting) / measured[0][1]
+        # at least one forward: a larger block timed a little faster than one token is noise
+        return max(1.0, (_interpolated(measured[0])(target_tokens) + drafting) / measured[0][1])
 
     def floor(c: Candidate) -> float:  # a lower bound of c: the largest measured target forward of at most its block
         return max(t for size, t in measured[0].items() if size <= c.block_tokens) / measured[0][1]
@@ -334,42 +336,41 @@ def step_costs(model, batch: int, cache_len: int, options: list[Candidate], wort
         if best.expected_s / cost(best, best.block_tokens) >= worth:
             more[0] += [] if best.block_tokens in measured[0] else [best.block_tokens]
             more[1] += [] if not best.drafter_tokens or best.drafter_tokens in measured[1] else [best.drafter_tokens]
-    todo = [(m, sorted(set(sizes)), head) for (m, _, head), sizes in zip(wanted, more) if sizes]
-    if todo:
+    if more[0] or more[1]:
+        # Timed with the target's one-token forward again, as the yardstick of this moment's load:
+        # the times join the first ones scaled by the two yardsticks' ratio (c is a ratio).
+        todo = [(m, sorted(set(sizes)), head) for (m, _, head), sizes in zip(wanted, [[1, *more[0]], more[1]]) if sizes]
         extra, where = _forwards(batch, cache_len, todo)
+        scale = measured[0][1] / extra[0][1]
         for (m, _, _), times in zip(todo, extra):
-            measured[0 if m is model else 1].update(times)
-        recalled += where
+            measured[0 if m is model else 1].update({t: s * scale for t, s in times.items() if m is not model or t != 1})
+        recalled.append(where)
     costs = {c.shape: floor(c) if c.shape in bounded else cost(c, c.block_tokens) for c in options}
     _MEASURED[key] = costs, bounded, next((w for w in recalled if w), None)
     return costs, bounded, time.perf_counter() - t0, _MEASURED[key][2]
 
 
-def _forwards(batch: int, cache_len: int, wanted: list[tuple]) -> tuple[list[dict], list]:
-    """Seconds of each (model, sizes, head)'s forwards, per size: read from the store, or
-    measured now, those not stored timed together (`forwards_seconds`); and where each was read
-    from (None: measured now)."""
-    timed_now: dict = {}
+def _forwards(batch: int, cache_len: int, wanted: list[tuple]) -> tuple[list[dict], str | None]:
+    """Seconds of each (model, sizes, head)'s forwards, per size, all timed together
+    (`forwards_seconds`) and stored together: c divides one forward's time by another's, and
+    times taken at different moments do not divide (the machine's load changes: a store that
+    kept each model's forwards apart once had a 5-token forward, timed under less load than the
+    one-token forward it was divided by, cheaper than it, and auto fell back to greedy where a
+    drafted step paid 1.37x). Second: where they were read from (None: measured now)."""
+    def measure() -> list[float]:
+        what = " and of ".join(f"{Path(m.source).name} ({', '.join(map(str, sizes))} tokens)" for m, sizes, _ in wanted)
+        with progress.phase(f"auto: timing a forward of {what}, batch {batch}"):
+            return forwards_seconds(batch, cache_len, [(m, t, h) for m, sizes, h in wanted for t in sizes])
 
-    def measure(i: int) -> list[float]:  # forwards i.. (those not read from the store) timed together, once
-        if i not in timed_now:
-            todo = wanted[i:]
-            what = " and of ".join(f"{Path(m.source).name} ({', '.join(map(str, sizes))} tokens)"
-                                   for m, sizes, _ in todo)
-            with progress.phase(f"auto: timing a forward of {what}, batch {batch}"):
-                flat = forwards_seconds(batch, cache_len, [(m, t, h) for m, sizes, h in todo for t in sizes])
-            for j, (_, sizes, _) in enumerate(todo, start=i):
-                timed_now[j], flat = flat[:len(sizes)], flat[len(sizes):]
-        return timed_now[i]
-
-    measured, recalled = [], []
-    for i, (m, sizes, head) in enumerate(wanted):
-        heads = () if head is None else (int(head.shape[0]),)  # a draft vocabulary's head is another program
-        times, where = auto_store.recall(("forward", *auto_store.model_identity(m), *heads, batch, cache_len, sizes),
-                                         len(sizes), lambda i=i: measure(i))
-        measured.append(dict(zip(sizes, times)))
-        recalled.append(where)
-    return measured, recalled
+    # a draft vocabulary's head is another program
+    key = ("forward", batch, cache_len, *[(*auto_store.model_identity(m), () if h is None else int(h.shape[0]), sizes)
+                                          for m, sizes, h in wanted])
+    flat, where = auto_store.recall(key, sum(len(sizes) for _, sizes, _ in wanted), measure)
+    measured = []
+    for _, sizes, _ in wanted:
+        measured.append(dict(zip(sizes, flat[:len(sizes)])))
+        flat = flat[len(sizes):]
+    return measured, where
 
 
 def decode_seconds(model, prompt, max_new_tokens: int, settings: list[tuple[str, dict]], generation: dict,

@@ -33,7 +33,8 @@ import jax
 import numpy as np
 
 ENV = "JAXSPEC_AUTO_CACHE"
-VERSION = 1
+# 2: a key holds forwards timed together (c divides them); 1 kept each model's apart
+VERSION = 2
 
 
 def path() -> Path | None:
