@@ -371,6 +371,21 @@ def cpu_options(r: dict) -> list[str]:
     return lines
 
 
+def long_context(r: dict) -> list[str]:
+    first, second = r["option_sets"]
+    lines = [f"`{r['model']}`, {r['rounds']} interleaved rounds, the best of each: ms per generated token of the "
+             f"decoding loop ({r['new_tokens']} new tokens streamed in chunks of {r['chunk_steps']} steps; the prefill "
+             f"and the first chunk left out). {second}: `{r['compiler_options']}`. Identical: every output equals "
+             "greedy's with XLA's defaults.", "",
+             f"| context (tokens) | setting | {first} (ms/token) | {second} (ms/token) | speed-up | identical |",
+             "|---:|---|---:|---:|---:|---|"]
+    for row in r["rows"]:
+        ms = row["ms_per_token"]
+        lines.append(_row(row["context"], row["method"], f"{ms[first]:.1f}", f"{ms[second]:.1f}",
+                          f"{ms[first] / ms[second]:.2f}x", "yes" if row["identical"] else "NO"))
+    return lines
+
+
 def _row(*cells) -> str:
     return "| " + " | ".join(map(str, cells)) + " |"
 
@@ -850,6 +865,12 @@ SECTIONS = [
             "blocks kept (`jaxspec.load(dtype=\"blocks\")`: int8 values, each block's scale and offset, "
             "dequantized inside each matmul), each in a fresh process, interleaved; the tokens must be the same.",
             cpu_options),
+    Section("long_context", "A decoding step against the context, with and without the in-place KV cache update",
+            "python -m benchmarks.long_context",
+            "Milliseconds per token of the decoding loop alone (streamed, the prefill and the first chunk left out) "
+            "at prompts of 128-2048 tokens, with XLA:CPU's defaults and with region analysis in its copy insertion "
+            "(`jaxspec.runtime.compile_cache.CPU_COMPILER_OPTIONS`), interleaved; the tokens must be the same.",
+            long_context),
     Section("lookahead_bench", "Lookahead Decoding over a (W, N, G) grid on stories260K",
             "python -m benchmarks.lookahead_bench",
             "Greedy, Jacobi, prompt lookup and lookahead on stories260K; S against the block size and the cost "

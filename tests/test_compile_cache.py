@@ -146,7 +146,7 @@ def test_an_entry_leaves_out_the_argument_structure_its_key_fixes(program_cache)
     args = ({"a": x, "b": (x + 1, [x + 2])},)
     fresh = compile_cache.compiled(_scaled_tree, args, {"factor": 1.5})
     serialized, in_tree, out_tree = compile_cache._read(
-        compile_cache.program_key("program", _scaled_tree, args, {"factor": 1.5}, {}))
+        compile_cache.program_key("program", _scaled_tree, args, {"factor": 1.5}, compile_cache.backend_jit_options({})))
     assert in_tree is None and out_tree == fresh.out_tree
     loaded_before = compile_cache.counts["loaded"]
     loaded = compile_cache.compiled(_scaled_tree, args, {"factor": 1.5})

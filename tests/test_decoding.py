@@ -144,6 +144,41 @@ def test_loop_is_one_compiled_program_reused_across_prompts_of_one_bucket():
     assert len(model.compiled) == 2
 
 
+def test_the_decoding_loop_updates_its_cache_in_place(monkeypatch):
+    """A step's attention reads the KV cache, then its commit writes the accepted K/V into it.
+    XLA:CPU's copy insertion copies a buffer read and then updated like that (the whole cache,
+    every step) unless it runs region analysis, which every program compiled through
+    `compile_cache` asks for on CPU (`CPU_COMPILER_OPTIONS`). The loop then holds no copy of a
+    cache-shaped array; with XLA's defaults the same program does."""
+    import re
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("an XLA:CPU option")
+    # a copy of the loop's carried cache (not the one-time copy of the zeros it starts from)
+    cache = re.compile(rf"f32\[{CFG.num_layers},1,\d+,{CFG.num_kv_heads},{CFG.head_dim}\]\S* "
+                       r"copy\(%(get-tuple-element|copy)")
+
+    def cache_copies(method: str) -> int:
+        model = tiny_model()
+        jaxspec.generate(model, [1, 2, 3], max_new_tokens=BUDGET, method=method)
+        return len(cache.findall(next(iter(model.compiled.values())).as_text()))
+
+    assert compile_cache.CPU_COMPILER_OPTIONS
+    assert cache_copies("autoregressive") == 0 and cache_copies("lookahead") == 0
+    monkeypatch.setattr(compile_cache, "CPU_COMPILER_OPTIONS", {})
+    assert cache_copies("autoregressive") > 0
+
+
+def test_backend_options_join_the_callers_own():
+    """The caller's compiler options win over the backend's, and the backend's reach the key."""
+    options = compile_cache.backend_jit_options({"donate_argnums": 0})
+    assert options["donate_argnums"] == 0
+    if jax.default_backend() == "cpu":
+        assert options["compiler_options"] == compile_cache.CPU_COMPILER_OPTIONS
+        mine = compile_cache.backend_jit_options({"compiler_options": {"xla_cpu_copy_insertion_use_region_analysis": False}})
+        assert mine["compiler_options"] == {"xla_cpu_copy_insertion_use_region_analysis": False}
+
+
 def test_a_compile_key_hashes_each_graph_definition_once_and_equal_definitions_share_it(monkeypatch):
     """A speculative request's key holds the target's and the drafter's graph definitions, whose
     own hash walks the whole graph: it is taken once per object, not at each of a call's lookups.

@@ -299,6 +299,20 @@ def _serializable(program: jax.stages.Compiled) -> bool:
             and not getattr(program._params, "const_args", None))
 
 
+# XLA:CPU options every program compiled here gets. Region analysis in copy insertion lets a
+# decoding loop update its KV cache in place after the step's attention has read it: without it
+# XLA:CPU copies the whole cache twice a step (K and V), ~200 MB a step for SmolLM2-135M at a
+# 2k-token cache (docs/performance.md, "Copy insertion"). Buffers only: no value changes.
+CPU_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
+
+
+def backend_jit_options(jit_options: dict) -> dict:
+    """`jit_options` with this backend's compiler options added (the caller's own win)."""
+    if jax.default_backend() != "cpu" or not CPU_COMPILER_OPTIONS:
+        return jit_options
+    return {**jit_options, "compiler_options": {**CPU_COMPILER_OPTIONS, **jit_options.get("compiler_options", {})}}
+
+
 # What this process's programs came from: "loaded" from the program cache, "compiled" (traced,
 # lowered, then compiled or read from XLA's cache), "kept" (written to the program cache).
 counts: collections.Counter = collections.Counter()
@@ -310,6 +324,7 @@ def compiled(fn, args: tuple, statics: dict | None = None, **jit_options) -> jax
     from jax.experimental import serialize_executable
 
     statics = statics or {}
+    jit_options = backend_jit_options(jit_options)
     key = program_key("program", fn, args, statics, jit_options)
     entry = None if key is None else _read(key)
     if entry is not None:
