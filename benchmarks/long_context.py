@@ -17,6 +17,7 @@ Writes benchmarks/results/long_context.{json,md}.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -65,26 +66,41 @@ def decode_ms_per_token(model, prompt: list[int], method: str, options: dict) ->
     return 1e3 * seconds / tokens, stream.result.tokens
 
 
+def cache_copies(model, program) -> int:
+    """Copies of a carried KV cache in a compiled program (the target's or a drafter's: any array
+    of [layers, batch, positions, KV heads, head size] copied from a loop's state)."""
+    cfg = model.config
+    return len(re.findall(rf"f32\[\d+,\d+,\d+,{cfg.num_kv_heads},{cfg.head_dim}\]\S* copy\(%(get-tuple-element|copy)",
+                          program.as_text()))
+
+
 def measure(model_name: str, contexts: list[int], methods: list[str], rounds: int) -> list[dict]:
     saved = dict(compile_cache.CPU_COMPILER_OPTIONS)
     models = {name: jaxspec.load(model_name) for name in OPTION_SETS}
     prompts = {n: long_text_ids(models[OPTION_SETS[0]], n) for n in contexts}
     best: dict = {}
     tokens: dict = {}
+    copies: dict = {}
     for r in range(rounds + 1):  # round 0 compiles every program (not timed)
         for n in contexts:
             for label in methods:
                 method, options = METHODS[label]
-                for name, model in models.items():
+                # the two option sets in turn, first one then the other first (ABBA over rounds)
+                for name in (OPTION_SETS if r % 2 == 0 else OPTION_SETS[::-1]):
+                    model = models[name]
                     compile_cache.CPU_COMPILER_OPTIONS.clear()
                     if name != OPTION_SETS[0]:
                         compile_cache.CPU_COMPILER_OPTIONS.update(saved)
+                    before = set(model.compiled)
                     try:
                         ms, out = decode_ms_per_token(model, prompts[n], method, options)
                     finally:
                         compile_cache.CPU_COMPILER_OPTIONS.clear()
                         compile_cache.CPU_COMPILER_OPTIONS.update(saved)
                     tokens[n, label, name] = out
+                    if not r:  # what was compiled: the cache copies its programs hold
+                        copies[n, label, name] = sum(cache_copies(model, model.compiled[k])
+                                                     for k in set(model.compiled) - before)
                     if r:
                         best[n, label, name] = min(best.get((n, label, name), float("inf")), ms)
                         print(f"round {r} context {n} {label} [{name}]: {ms:.1f} ms/token", file=sys.stderr)
@@ -94,6 +110,7 @@ def measure(model_name: str, contexts: list[int], methods: list[str], rounds: in
         for label in methods:
             ms = {name: round(best[n, label, name], 2) for name in OPTION_SETS}
             rows.append({"context": n, "method": label, "ms_per_token": ms,
+                         "cache_copies": {name: copies[n, label, name] for name in OPTION_SETS},
                          "identical": all(tokens[n, label, name] == reference for name in OPTION_SETS)})
     return rows
 
@@ -102,7 +119,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="prompt lengths in tokens")
-    p.add_argument("--methods", default=",".join(DEFAULT_METHODS), help=f"real_bench settings (first: the reference)")
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="real_bench settings (first: the reference)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--name", default="long_context")
     args = p.parse_args(argv)
@@ -110,7 +127,7 @@ def main(argv=None) -> int:
         contexts = [int(x) for x in args.contexts.split(",")]
     except ValueError:
         raise SystemExit(f"--contexts: {args.contexts!r} is not a list of token counts like 128,2048") from None
-    methods = args.methods.split(",")
+    methods = re.split(r",\s*(?![^()]*\))", args.methods)  # (commas inside a label's brackets stay)
     if unknown := [m for m in methods if m not in METHODS]:
         raise SystemExit(f"--methods: unknown {unknown}")
     rows = measure(args.model, contexts, methods, args.rounds)

@@ -377,12 +377,14 @@ def long_context(r: dict) -> list[str]:
              f"decoding loop ({r['new_tokens']} new tokens streamed in chunks of {r['chunk_steps']} steps; the prefill "
              f"and the first chunk left out). {second}: `{r['compiler_options']}`. Identical: every output equals "
              "greedy's with XLA's defaults.", "",
-             f"| context (tokens) | setting | {first} (ms/token) | {second} (ms/token) | speed-up | identical |",
-             "|---:|---|---:|---:|---:|---|"]
+             f"| context (tokens) | setting | {first} (ms/token) | {second} (ms/token) | speed-up | cache copies "
+             "in the programs | identical |",
+             "|---:|---|---:|---:|---:|---:|---|"]
     for row in r["rows"]:
-        ms = row["ms_per_token"]
+        ms, copies = row["ms_per_token"], row["cache_copies"]
         lines.append(_row(row["context"], row["method"], f"{ms[first]:.1f}", f"{ms[second]:.1f}",
-                          f"{ms[first] / ms[second]:.2f}x", "yes" if row["identical"] else "NO"))
+                          f"{ms[first] / ms[second]:.2f}x", f"{copies[first]} / {copies[second]}",
+                          "yes" if row["identical"] else "NO"))
     return lines
 
 
