@@ -802,6 +802,17 @@ SECTIONS = [
             "What `method=\"auto\"` picks per chat once configs/auto.toml holds the alternatives' S (fitted on the "
             "bench split), on prompts nothing was fitted on; an empty cache folder, so auto measured its forwards "
             "in this run (not read from an earlier process's).", decode),
+    Section("real_bench_region", "SmolLM2-135M-Instruct once greedy's loop updates its KV cache in place",
+            'python -m benchmarks.real_bench --name real_bench_region --rounds 2 --no-peer --fresh --dtype blocks '
+            '--methods "greedy,speculative TD (K=3) or lookup (N=4,G=4) + 1 alt,speculative TD (K=4) or lookup '
+            '(N=5,G=4) + 1 alt"',
+            "The two fastest drafted settings against greedy with XLA:CPU's region analysis in copy insertion "
+            "(`compile_cache.CPU_COMPILER_OPTIONS`, benchmarks/long_context): greedy's program no longer copies its "
+            "KV cache twice a step, the drafted programs never did.", decode),
+    Section("real_bench_region_heldout", "The same, on held-out chat prompts",
+            'python -m benchmarks.real_bench --name real_bench_region --split heldout --rounds 2 --no-peer --fresh '
+            '--dtype blocks --methods "..."',
+            "The same settings on prompts nothing was fitted on.", decode),
     Section("real_bench_gemma3", "Gemma 3 270M (base) on the same prompts' text: 262k vocabulary, sliding window",
             'python -m benchmarks.real_bench --model gemma3-270m --name real_bench_gemma3 --no-peer --methods '
             '"greedy,lookahead (15,5,15),lookahead (7,4,7),prompt lookup (N=4,G=8),jacobi (W=8)"',
