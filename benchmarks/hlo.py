@@ -1,6 +1,7 @@
-"""The collectives of a compiled program, read from its HLO text: what a decode step of
+"""What a compiled program does, read from its HLO text: the collectives a decode step of
 lookahead or tensor parallelism communicates (`benchmarks/parallel_bench.py`, and the tests of
-both). Not part of the library: nothing at run time reads HLO."""
+both), and the copies of a KV cache its loop makes (`benchmarks/long_context.py`, and the test of
+the in-place update). Not part of the library: nothing at run time reads HLO."""
 
 from __future__ import annotations
 
@@ -67,3 +68,12 @@ def hlo_collectives(hlo: str) -> list[dict]:
                           "bytes": int(np.prod(shape)) * int(re.sub(r"\D", "", dtype)) // 8,
                           "in_loop": "while/body" in line, "groups": collective_groups(line), "line": line.strip()[:200]})
     return found
+
+
+def cache_copies(hlo: str, kv_heads: int, head_dim: int, layers: int | None = None) -> int:
+    """Copies of a carried KV cache in a compiled program: float32 arrays of [layers, batch,
+    positions, KV heads, head size] copied from a loop's state (a tuple element) or from another
+    such copy; not the one-time copy of the zeros a cache starts from. `layers` None: any model's
+    cache (a target's and its drafter's)."""
+    depth = r"\d+" if layers is None else str(layers)
+    return len(re.findall(rf"f32\[{depth},\d+,\d+,{kv_heads},{head_dim}\]\S* copy\(%(get-tuple-element|copy)", hlo))

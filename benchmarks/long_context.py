@@ -27,6 +27,7 @@ if __name__ == "__main__" and not __package__:  # run by path: the repository ro
 
 import jaxspec  # noqa: E402
 from benchmarks.harness import RESULTS, command_line, write_result  # noqa: E402
+from benchmarks.hlo import cache_copies  # noqa: E402
 from benchmarks.real_bench import METHODS  # noqa: E402
 from jaxspec.real_prompts import chat_prompts  # noqa: E402
 from jaxspec.runtime import compile_cache  # noqa: E402
@@ -66,14 +67,6 @@ def decode_ms_per_token(model, prompt: list[int], method: str, options: dict) ->
     return 1e3 * seconds / tokens, stream.result.tokens
 
 
-def cache_copies(model, program) -> int:
-    """Copies of a carried KV cache in a compiled program (the target's or a drafter's: any array
-    of [layers, batch, positions, KV heads, head size] copied from a loop's state)."""
-    cfg = model.config
-    return len(re.findall(rf"f32\[\d+,\d+,\d+,{cfg.num_kv_heads},{cfg.head_dim}\]\S* copy\(%(get-tuple-element|copy)",
-                          program.as_text()))
-
-
 def measure(model_name: str, contexts: list[int], methods: list[str], rounds: int) -> list[dict]:
     saved = dict(compile_cache.CPU_COMPILER_OPTIONS)
     models = {name: jaxspec.load(model_name) for name in OPTION_SETS}
@@ -98,10 +91,11 @@ def measure(model_name: str, contexts: list[int], methods: list[str], rounds: in
                         compile_cache.CPU_COMPILER_OPTIONS.clear()
                         compile_cache.CPU_COMPILER_OPTIONS.update(saved)
                     tokens[n, label, name] = out
-                    if not r:  # what was compiled: the cache copies its programs hold
-                        copies[n, label, name] = sum(cache_copies(model, model.compiled[k])
-                                                     for k in set(model.compiled) - before)
-                    if r:
+                    if not r:  # what was compiled: the copies of a cache (target's or drafter's) its programs hold
+                        cfg = model.config
+                        copies[n, label, name] = sum(cache_copies(model.compiled[k].as_text(), cfg.num_kv_heads,
+                                                                  cfg.head_dim) for k in set(model.compiled) - before)
+                    else:
                         best[n, label, name] = min(best.get((n, label, name), float("inf")), ms)
                         print(f"round {r} context {n} {label} [{name}]: {ms:.1f} ms/token", file=sys.stderr)
     rows = []

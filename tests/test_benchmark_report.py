@@ -172,16 +172,14 @@ def test_cpu_options_sizes_parse_ranges_and_always_time_one_token():
 def test_long_context_counts_a_loops_cache_copies_and_reports_each_option_set():
     """benchmarks/long_context: copies of a carried cache are counted (not other copies), and the
     table gives each option set's time, the speed-up and the copies, NO where tokens differed."""
-    from types import SimpleNamespace
+    from benchmarks.hlo import cache_copies
 
-    from benchmarks.long_context import cache_copies
-
-    model = SimpleNamespace(config=SimpleNamespace(num_kv_heads=3, head_dim=64))
     text = ("%copy.1 = f32[30,1,2240,3,64]{4,3,2,1,0} copy(%get-tuple-element.7)\n"
             "%copy.2 = f32[30,1,2240,3,64]{4,3,2,1,0} copy(%copy.1)\n"
             "%copy.3 = f32[30,1,2240,3,64]{4,3,2,1,0} copy(%wrapped_broadcast.1)\n"  # the zeros it starts from
-            "%copy.4 = f32[30,1,2240,9,64]{4,3,2,1,0} copy(%get-tuple-element.8)\n")  # not a cache of this model
-    assert cache_copies(model, SimpleNamespace(as_text=lambda: text)) == 2
+            "%copy.4 = f32[30,1,2240,9,64]{4,3,2,1,0} copy(%get-tuple-element.8)\n"  # not a cache of this model
+            "%copy.5 = f32[2,1,2240,3,64]{4,3,2,1,0} copy(%get-tuple-element.9)\n")  # a drafter's
+    assert cache_copies(text, 3, 64) == 3 and cache_copies(text, 3, 64, layers=30) == 2
     r = {"benchmark": "long_context", "model": "m", "rounds": 1, "new_tokens": 8, "chunk_steps": 2,
          "compiler_options": {"x": True}, "option_sets": ["defaults", "region"],
          "rows": [{"context": 128, "method": "greedy", "ms_per_token": {"defaults": 30.0, "region": 20.0},
