@@ -60,7 +60,7 @@ def groups(cfg: dict, batch: int, inner: int, interpret: bool | None):
     for length in cfg["cache_lengths"]:
         blocks = [("greedy step", 1, None)] if cfg["greedy_step"] else []
         for name, t, relation in blocks + [(f"lookahead {tuple(cfg['step'])}", step.size, step)]:
-            rest = (normal(batch, length, kv, d), normal(batch, length, kv, d), jnp.full((batch,), length, jnp.int32),
+            rest = (normal(batch, kv, length, d), normal(batch, kv, length, d), jnp.full((batch,), length, jnp.int32),
                     normal(batch, t, kv, d), normal(batch, t, kv, d))
             positions = length + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (batch, t))
             dense = jnp.ones((batch, 1, 1), bool) if relation is None else relation.dense()

@@ -71,9 +71,9 @@ def hlo_collectives(hlo: str) -> list[dict]:
 
 
 def cache_copies(hlo: str, kv_heads: int, head_dim: int, layers: int | None = None) -> int:
-    """Copies of a carried KV cache in a compiled program: float32 arrays of [layers, batch,
-    positions, KV heads, head size] copied from a loop's state (a tuple element) or from another
-    such copy; not the one-time copy of the zeros a cache starts from. `layers` None: any model's
+    """Copies of a carried KV cache in a compiled program: float32 arrays of `KVCache`'s [layers,
+    batch, KV heads, positions, head size] copied from a loop's state (a tuple element) or from
+    another such copy; not the one-time copy of the zeros a cache starts from. `layers` None: any model's
     cache (a target's and its drafter's)."""
     depth = r"\d+" if layers is None else str(layers)
-    return len(re.findall(rf"f32\[{depth},\d+,\d+,{kv_heads},{head_dim}\]\S* copy\(%(get-tuple-element|copy)", hlo))
+    return len(re.findall(rf"f32\[{depth},\d+,{kv_heads},\d+,{head_dim}\]\S* copy\(%(get-tuple-element|copy)", hlo))

@@ -1,5 +1,6 @@
 """What a decoding step costs as the context grows, with and without XLA:CPU's region analysis in
-copy insertion (`jaxspec.runtime.compile_cache.CPU_COMPILER_OPTIONS`, on by default on CPU).
+copy insertion (`jaxspec.runtime.compile_cache.CPU_COMPILER_OPTIONS`, on by default on CPU), or
+(`--against REV`) this checkout against another git revision of the code.
 
 Measured: milliseconds per generated token of the decoding loop alone, streamed in chunks of 16
 steps (`jaxspec.stream`), the first chunk and the prefill before it left out, for greedy decoding
@@ -7,9 +8,13 @@ and a drafted setting, at prompts of 128 to 2048 tokens of real text (the bench 
 and the HumanEval prompts, joined, tokenized and cut). The two option sets are two loads of the
 model side by side (each keeps its own compiled programs), interleaved round by round, the best
 round kept; every output is checked token for token against greedy's with XLA's defaults.
+With `--against REV` the two are this checkout and REV (a git worktree of it in a temporary
+folder, decoding in a child process that imports REV's jaxspec and benchmarks), both with the
+default options, and every output is checked against REV's greedy.
 
     python -m benchmarks.long_context
     python -m benchmarks.long_context --contexts 128,2048 --rounds 1 --methods greedy
+    python -m benchmarks.long_context --against 73f52c6 --name long_context_layout
 
 Writes benchmarks/results/long_context.{json,md}.
 """
@@ -17,13 +22,18 @@ Writes benchmarks/results/long_context.{json,md}.
 from __future__ import annotations
 
 import argparse
+import json
 import re
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 if __name__ == "__main__" and not __package__:  # run by path: the repository root on sys.path, as `-m` has it
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __name__ == "__main__" and sys.argv[1:2] == ["--decode-from"]:  # the child of --against: another revision's code
+    sys.path.insert(0, sys.argv[2])
 
 import jaxspec  # noqa: E402
 from benchmarks.harness import RESULTS, command_line, write_result  # noqa: E402
@@ -67,10 +77,67 @@ def decode_ms_per_token(model, prompt: list[int], method: str, options: dict) ->
     return 1e3 * seconds / tokens, stream.result.tokens
 
 
-def measure(model_name: str, contexts: list[int], methods: list[str], rounds: int) -> list[dict]:
+def decode_requests(model_name: str) -> None:
+    """The child of `--against`: decodes each request read from stdin (a JSON [context, method]) with
+    this process's jaxspec, answering a JSON line: ms per token, the tokens, the cache copies compiled."""
+    model = jaxspec.load(model_name)
+    for line in sys.stdin:
+        n, label = json.loads(line)
+        before = set(model.compiled)
+        method, options = METHODS[label]
+        ms, out = decode_ms_per_token(model, long_text_ids(model, n), method, options)
+        cfg = model.config
+        copies = sum(cache_copies(model.compiled[k].as_text(), cfg.num_kv_heads, cfg.head_dim)
+                     for k in set(model.compiled) - before)
+        print(json.dumps([ms, out, copies]), flush=True)
+
+
+class Revision:
+    """Another git revision decoding in a child process (`decode_requests`), from a worktree."""
+
+    def __init__(self, rev: str, model_name: str):
+        root = Path(__file__).resolve().parents[1]
+        self.sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=root, check=True, capture_output=True,
+                                  text=True).stdout.strip()
+        self.folder = tempfile.TemporaryDirectory(prefix=f"long_context_{self.sha}_")
+        self.tree = Path(self.folder.name) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", str(self.tree), self.sha], cwd=root, check=True,
+                       capture_output=True)
+        self.child = subprocess.Popen([sys.executable, __file__, "--decode-from", str(self.tree), model_name],
+                                      cwd=self.tree, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def decode(self, n: int, label: str) -> tuple[float, list[int], int]:
+        self.child.stdin.write(json.dumps([n, label]) + "\n")
+        self.child.stdin.flush()
+        line = self.child.stdout.readline()
+        if not line:
+            raise SystemExit(f"--against {self.sha}: its decoding process ended (see above)")
+        return tuple(json.loads(line))
+
+    def close(self) -> None:
+        self.child.stdin.close()
+        self.child.wait()
+        subprocess.run(["git", "worktree", "remove", "--force", str(self.tree)], cwd=Path(__file__).resolve().parents[1])
+        self.folder.cleanup()
+
+
+def measure(model_name: str, contexts: list[int], methods: list[str], rounds: int,
+            against: str | None = None) -> tuple[list[dict], list[str]]:
+    """The rows, and the two sets' names (the reference first)."""
+    other = Revision(against, model_name) if against else None
+    try:
+        return _measure(model_name, contexts, methods, rounds, other)
+    finally:
+        if other:
+            other.close()
+
+
+def _measure(model_name: str, contexts: list[int], methods: list[str], rounds: int,
+             other: Revision | None) -> tuple[list[dict], list[str]]:
+    sets = [f"revision {other.sha}", "this checkout"] if other else list(OPTION_SETS)
     saved = dict(compile_cache.CPU_COMPILER_OPTIONS)
-    models = {name: jaxspec.load(model_name) for name in OPTION_SETS}
-    prompts = {n: long_text_ids(models[OPTION_SETS[0]], n) for n in contexts}
+    models = {name: jaxspec.load(model_name) for name in sets[1 if other else 0:]}
+    prompts = {n: long_text_ids(models[sets[1]], n) for n in contexts}
     best: dict = {}
     tokens: dict = {}
     copies: dict = {}
@@ -78,11 +145,19 @@ def measure(model_name: str, contexts: list[int], methods: list[str], rounds: in
         for n in contexts:
             for label in methods:
                 method, options = METHODS[label]
-                # the two option sets in turn, first one then the other first (ABBA over rounds)
-                for name in (OPTION_SETS if r % 2 == 0 else OPTION_SETS[::-1]):
+                # the two sets in turn, first one then the other first (ABBA over rounds)
+                for name in (sets if r % 2 == 0 else sets[::-1]):
+                    if other and name == sets[0]:
+                        ms, out, copied = other.decode(n, label)
+                        tokens[n, label, name] = out
+                        if not r:
+                            copies[n, label, name] = copied
+                        else:
+                            best[n, label, name] = min(best.get((n, label, name), float("inf")), ms)
+                        continue
                     model = models[name]
                     compile_cache.CPU_COMPILER_OPTIONS.clear()
-                    if name != OPTION_SETS[0]:
+                    if other or name != OPTION_SETS[0]:
                         compile_cache.CPU_COMPILER_OPTIONS.update(saved)
                     before = set(model.compiled)
                     try:
@@ -100,13 +175,13 @@ def measure(model_name: str, contexts: list[int], methods: list[str], rounds: in
                         print(f"round {r} context {n} {label} [{name}]: {ms:.1f} ms/token", file=sys.stderr)
     rows = []
     for n in contexts:
-        reference = tokens[n, methods[0], OPTION_SETS[0]]
+        reference = tokens[n, methods[0], sets[0]]
         for label in methods:
-            ms = {name: round(best[n, label, name], 2) for name in OPTION_SETS}
+            ms = {name: round(best[n, label, name], 2) for name in sets}
             rows.append({"context": n, "method": label, "ms_per_token": ms,
-                         "cache_copies": {name: copies[n, label, name] for name in OPTION_SETS},
-                         "identical": all(tokens[n, label, name] == reference for name in OPTION_SETS)})
-    return rows
+                         "cache_copies": {name: copies[n, label, name] for name in sets},
+                         "identical": all(tokens[n, label, name] == reference for name in sets)})
+    return rows, sets
 
 
 def main(argv=None) -> int:
@@ -116,6 +191,7 @@ def main(argv=None) -> int:
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="real_bench settings (first: the reference)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--name", default="long_context")
+    p.add_argument("--against", metavar="REV", help="compare this checkout with git revision REV (default options)")
     args = p.parse_args(argv)
     try:
         contexts = [int(x) for x in args.contexts.split(",")]
@@ -124,14 +200,18 @@ def main(argv=None) -> int:
     methods = re.split(r",\s*(?![^()]*\))", args.methods)  # (commas inside a label's brackets stay)
     if unknown := [m for m in methods if m not in METHODS]:
         raise SystemExit(f"--methods: unknown {unknown}")
-    rows = measure(args.model, contexts, methods, args.rounds)
+    rows, sets = measure(args.model, contexts, methods, args.rounds, args.against)
     result = {"benchmark": "long_context", "title": f"A decoding step against the context ({args.model})",
               "model": args.model, "rounds": args.rounds, "new_tokens": NEW_TOKENS, "chunk_steps": CHUNK_STEPS,
-              "compiler_options": dict(compile_cache.CPU_COMPILER_OPTIONS), "option_sets": list(OPTION_SETS),
+              "compiler_options": dict(compile_cache.CPU_COMPILER_OPTIONS), "option_sets": sets,
+              **({"against": args.against} if args.against else {}),
               "command": command_line(__file__, argv), "rows": rows}
     write_result(result, RESULTS, args.name)
     return 0 if all(r["identical"] for r in rows) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:2] == ["--decode-from"]:
+        decode_requests(sys.argv[3])
+    else:
+        sys.exit(main())

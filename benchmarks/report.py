@@ -373,10 +373,12 @@ def cpu_options(r: dict) -> list[str]:
 
 def long_context(r: dict) -> list[str]:
     first, second = r["option_sets"]
+    compared = (f"Both with `{r['compiler_options']}`; {first} decoded in a child process from a worktree of it. "
+                f"Identical: every output equals {first}'s greedy." if r.get("against") else
+                f"{second}: `{r['compiler_options']}`. Identical: every output equals greedy's with XLA's defaults.")
     lines = [f"`{r['model']}`, {r['rounds']} interleaved rounds, the best of each: ms per generated token of the "
              f"decoding loop ({r['new_tokens']} new tokens streamed in chunks of {r['chunk_steps']} steps; the prefill "
-             f"and the first chunk left out). {second}: `{r['compiler_options']}`. Identical: every output equals "
-             "greedy's with XLA's defaults.", "",
+             f"and the first chunk left out). {compared}", "",
              f"| context (tokens) | setting | {first} (ms/token) | {second} (ms/token) | speed-up | cache copies "
              "in the programs | identical |",
              "|---:|---|---:|---:|---:|---:|---|"]
@@ -888,6 +890,12 @@ SECTIONS = [
             "Milliseconds per token of the decoding loop alone (streamed, the prefill and the first chunk left out) "
             "at prompts of 128-2048 tokens, with XLA:CPU's defaults and with region analysis in its copy insertion "
             "(`jaxspec.runtime.compile_cache.CPU_COMPILER_OPTIONS`), interleaved; the tokens must be the same.",
+            long_context),
+    Section("long_context_layout", "A decoding step against the context, the KV cache stored heads-major",
+            "python -m benchmarks.long_context --against 73f52c6 --name long_context_layout",
+            "The same measurement, this checkout (the KV cache stored [layers, b, kv, s, d], read by attention as it "
+            "is stored) against revision 73f52c6 (stored [layers, b, s, kv, d] and transposed by every layer's "
+            "attention each step), interleaved; the tokens must be the same.",
             long_context),
     Section("lookahead_bench", "Lookahead Decoding over a (W, N, G) grid on stories260K",
             "python -m benchmarks.lookahead_bench",

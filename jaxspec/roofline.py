@@ -269,9 +269,10 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
     # and value dots write the two score blocks (1 f32 access), a scale fusion reads and writes them
     # (2), a concatenate (2), the mask select (2), max + exp (reads twice, writes once: 3), the sum
     # (1), the normalise fusion reads them once (1); it writes the probabilities and the PV dots
-    # read them (2, at the value dtype). The cache is transposed to (b, kv, s, d) before the dots
-    # (read, write, read: 3 passes); the chunked head copies each chunk (dynamic-slice fusion).
-    "xla": Implementation("xla", 12, 2, 3, True, 4, "jaxspec's XLA reference attention (attention='xla')"),
+    # read them (2, at the value dtype). The dots read the heads-major cache as it is stored (1 pass;
+    # stored [b, s, kv, d] until 2026-12-05, it was transposed first: read, write, read, 3 passes);
+    # the chunked head copies each chunk (dynamic-slice fusion).
+    "xla": Implementation("xla", 12, 2, 1, True, 4, "jaxspec's XLA reference attention (attention='xla')"),
     # A flash-style kernel (jaxspec's Pallas kernels, FlashAttention): scores stay on chip, the cache
     # is read in place once, the head's chunks are read where they lie.
     "fused": Implementation("fused", 0, 0, 1, False, 2, "fused attention kernel (attention='pallas', flash)"),

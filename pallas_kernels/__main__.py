@@ -33,7 +33,7 @@ sds = jax.ShapeDtypeStruct
 def _decode_case(b, t, h, kv, d, s, dtype, window=None, tree: bool = False, softcap=None):
     """decode_attention with a dense mask, or with a token tree's relation (`TreeMask`: the
     DFS interval of each of the t tokens) computed in the kernel."""
-    args = [sds((b, t, h, d), dtype), sds((b, s, kv, d), dtype), sds((b, s, kv, d), dtype), sds((b,), jnp.int32),
+    args = [sds((b, t, h, d), dtype), sds((b, kv, s, d), dtype), sds((b, kv, s, d), dtype), sds((b,), jnp.int32),
             sds((b, t, kv, d), dtype), sds((b, t, kv, d), dtype)]
     args += [sds((b, t), jnp.int32)] * 2 if tree else [sds((b, t, t), jnp.bool_)]
     args.append(sds((b, t), jnp.int32))

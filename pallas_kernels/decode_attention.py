@@ -99,8 +99,8 @@ def _kernel(len_ref, lo_ref, q_ref, kc_ref, vc_ref, kn_ref, vn_ref, qpos_ref, kp
 
 def decode_attention(
     q: Float[Array, "b t h d"],
-    k_cache: Float[Array, "b s kv d"],
-    v_cache: Float[Array, "b s kv d"],
+    k_cache: Float[Array, "b kv s d"],
+    v_cache: Float[Array, "b kv s d"],
     cache_lengths: Int[Array, " b"],
     k_new: Float[Array, "b t kv d"],
     v_new: Float[Array, "b t kv d"],
@@ -129,7 +129,7 @@ def decode_attention(
     if block_s < 16 or block_s & (block_s - 1):
         raise ConfigError(f"block_s must be a power of two >= 16, got {block_s}")
     b, t, h, d = q.shape
-    s, kv = k_cache.shape[1], k_cache.shape[2]
+    kv, s = k_cache.shape[1], k_cache.shape[2]
     if h % kv:
         raise ConfigError(f"query heads ({h}) must be a multiple of KV heads ({kv})")
     g = h // kv
@@ -151,14 +151,13 @@ def decode_attention(
     if gpu:
         s_pad = next_pow2(s_pad)  # Triton block shapes are powers of two
 
-    def heads_major(x, length):  # [b, n, kv, d] -> [b, kv, length, d], zero padded
-        x = x.transpose(0, 2, 1, 3)
+    def padded(x, length):  # [b, kv, n, d] -> [b, kv, length, d], zero padded
         return jnp.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)))
 
     qg = q.reshape(b, t, kv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, d)
     qg = jnp.pad(qg, ((0, 0), (0, 0), (0, rows - g * t), (0, 0)))
-    kc, vc = heads_major(k_cache, s_pad), heads_major(v_cache.astype(k_cache.dtype), s_pad)
-    kn, vn = heads_major(k_new.astype(k_cache.dtype), keys), heads_major(v_new.astype(k_cache.dtype), keys)
+    kc, vc = padded(k_cache, s_pad), padded(v_cache.astype(k_cache.dtype), s_pad)  # the cache is heads-major
+    kn, vn = (padded(x.astype(k_cache.dtype).transpose(0, 2, 1, 3), keys) for x in (k_new, v_new))
     q_positions = q_positions.astype(jnp.int32)
     qpos = jnp.pad(jnp.tile(q_positions, (1, g)), ((0, 0), (0, rows - g * t)))[:, :, None]
     kpos = jnp.pad(q_positions, ((0, 0), (0, keys - t)))[:, None, :]

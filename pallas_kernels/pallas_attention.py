@@ -17,8 +17,8 @@ from pallas_kernels.pard_attention import pard_attention
 
 def pallas_attention(
     q: Float[Array, "b t h d"],
-    k_cache: Float[Array, "b s kv d"],
-    v_cache: Float[Array, "b s kv d"],
+    k_cache: Float[Array, "b kv s d"],
+    v_cache: Float[Array, "b kv s d"],
     cache_lengths: Int[Array, " b"],
     k_new: Float[Array, "b t kv d"],
     v_new: Float[Array, "b t kv d"],
@@ -28,7 +28,7 @@ def pallas_attention(
     softcap: float | None = None,
 ) -> Float[Array, "b t h d"]:
     """`jaxspec.models.attention.xla_attention`'s signature and results, with Pallas kernels."""
-    if isinstance(block_mask, PardMask) and k_cache.shape[1] == 0:
+    if isinstance(block_mask, PardMask) and k_cache.shape[2] == 0:
         return pard_attention(q, k_new, v_new, block_mask.block_ids, q_positions, sliding_window, softcap)
     return decode_attention(q, k_cache, v_cache, cache_lengths, k_new, v_new, block_mask, q_positions,
                             sliding_window, softcap)

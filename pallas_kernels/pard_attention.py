@@ -169,7 +169,7 @@ def pard_reference(
     from jaxspec.models.attention import xla_attention
 
     b, _, _, d = q.shape
-    empty = jnp.zeros((b, 0, k.shape[2], d), k.dtype)
+    empty = jnp.zeros((b, k.shape[2], 0, d), k.dtype)  # a heads-major cache of no positions
     return xla_attention(q, empty, empty, jnp.zeros((b,), jnp.int32), k, v, pard_mask(block_ids, positions),
                          positions, sliding_window=sliding_window, softcap=softcap)
 

@@ -174,11 +174,11 @@ def test_long_context_counts_a_loops_cache_copies_and_reports_each_option_set():
     table gives each option set's time, the speed-up and the copies, NO where tokens differed."""
     from benchmarks.hlo import cache_copies
 
-    text = ("%copy.1 = f32[30,1,2240,3,64]{4,3,2,1,0} copy(%get-tuple-element.7)\n"
-            "%copy.2 = f32[30,1,2240,3,64]{4,3,2,1,0} copy(%copy.1)\n"
-            "%copy.3 = f32[30,1,2240,3,64]{4,3,2,1,0} copy(%wrapped_broadcast.1)\n"  # the zeros it starts from
-            "%copy.4 = f32[30,1,2240,9,64]{4,3,2,1,0} copy(%get-tuple-element.8)\n"  # not a cache of this model
-            "%copy.5 = f32[2,1,2240,3,64]{4,3,2,1,0} copy(%get-tuple-element.9)\n")  # a drafter's
+    text = ("%copy.1 = f32[30,1,3,2240,64]{4,3,2,1,0} copy(%get-tuple-element.7)\n"
+            "%copy.2 = f32[30,1,3,2240,64]{4,3,2,1,0} copy(%copy.1)\n"
+            "%copy.3 = f32[30,1,3,2240,64]{4,3,2,1,0} copy(%wrapped_broadcast.1)\n"  # the zeros it starts from
+            "%copy.4 = f32[30,1,9,2240,64]{4,3,2,1,0} copy(%get-tuple-element.8)\n"  # not a cache of this model
+            "%copy.5 = f32[2,1,3,2240,64]{4,3,2,1,0} copy(%get-tuple-element.9)\n")  # a drafter's
     assert cache_copies(text, 3, 64) == 3 and cache_copies(text, 3, 64, layers=30) == 2
     r = {"benchmark": "long_context", "model": "m", "rounds": 1, "new_tokens": 8, "chunk_steps": 2,
          "compiler_options": {"x": True}, "option_sets": ["defaults", "region"],

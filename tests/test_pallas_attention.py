@@ -50,7 +50,7 @@ def _inputs(seed, b, t, h, kv, d, s, dtype, lengths, mask=None):
         mask = (rng.random((b, t, t)) < 0.4) | np.eye(t, dtype=bool)
     lengths = jnp.asarray(lengths, jnp.int32)
     positions = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
-    return dict(q=normal(b, t, h, d), k_cache=normal(b, s, kv, d), v_cache=normal(b, s, kv, d),
+    return dict(q=normal(b, t, h, d), k_cache=normal(b, kv, s, d), v_cache=normal(b, kv, s, d),
                 cache_lengths=lengths, k_new=normal(b, t, kv, d), v_new=normal(b, t, kv, d),
                 block_mask=jnp.asarray(np.broadcast_to(mask, (b, t, t))), q_positions=positions)
 
@@ -92,7 +92,7 @@ def test_kernel_computes_the_step_relation(wng):
     t, h, kv, d = layout.size, 8, 2, 128
     assert t <= d
     eye = jnp.broadcast_to(jnp.eye(t, d, dtype=jnp.float32)[None, :, None], (2, t, kv, d))
-    zeros = jnp.zeros((2, 16, kv, d), jnp.float32)
+    zeros = jnp.zeros((2, kv, 16, d), jnp.float32)
     out = _pallas(jnp.zeros((2, t, h, d), jnp.float32), zeros, zeros, jnp.zeros((2,), jnp.int32), eye, eye,
                   layout.tree.mask(2), jnp.zeros((2, t), jnp.int32), block_s=16, block_rows=32)
     seen = np.asarray(out)[..., :t] > 0  # [b, t, h, t]
@@ -185,14 +185,14 @@ def test_blocks_outside_the_cache_length_and_window_are_never_read():
     args = _inputs(3, 1, 4, 4, 2, 64, 96, jnp.float32, [length])
     clean = _xla(**args)
     poisoned = dict(args)
-    poisoned["k_cache"] = args["k_cache"].at[:, 48:].set(jnp.nan)
-    poisoned["v_cache"] = args["v_cache"].at[:, 48:].set(jnp.nan)
+    poisoned["k_cache"] = args["k_cache"].at[:, :, 48:].set(jnp.nan)
+    poisoned["v_cache"] = args["v_cache"].at[:, :, 48:].set(jnp.nan)
     np.testing.assert_allclose(np.asarray(_pallas(**poisoned, block_s=block_s)), np.asarray(clean),
                                atol=1e-5, rtol=1e-5)
     window = 10  # queries at 37..40 see keys > 27..30: blocks [0, 16) are skipped
     clean = _xla(**args, sliding_window=window)
-    poisoned["k_cache"] = poisoned["k_cache"].at[:, :16].set(jnp.nan)
-    poisoned["v_cache"] = poisoned["v_cache"].at[:, :16].set(jnp.nan)
+    poisoned["k_cache"] = poisoned["k_cache"].at[:, :, :16].set(jnp.nan)
+    poisoned["v_cache"] = poisoned["v_cache"].at[:, :, :16].set(jnp.nan)
     got = _pallas(**poisoned, sliding_window=window, block_s=block_s)
     np.testing.assert_allclose(np.asarray(got), np.asarray(clean), atol=1e-5, rtol=1e-5)
 

@@ -32,8 +32,8 @@ class AttentionFn(Protocol):
     def __call__(
         self,
         q: Float[Array, "b t h d"],
-        k_cache: Float[Array, "b s kv d"],
-        v_cache: Float[Array, "b s kv d"],
+        k_cache: Float[Array, "b kv s d"],
+        v_cache: Float[Array, "b kv s d"],
         cache_lengths: Int[Array, " b"],
         k_new: Float[Array, "b t kv d"],
         v_new: Float[Array, "b t kv d"],
@@ -46,8 +46,8 @@ class AttentionFn(Protocol):
 
 def xla_attention(
     q: Float[Array, "b t h d"],
-    k_cache: Float[Array, "b s kv d"],
-    v_cache: Float[Array, "b s kv d"],
+    k_cache: Float[Array, "b kv s d"],
+    v_cache: Float[Array, "b kv s d"],
     cache_lengths: Int[Array, " b"],
     k_new: Float[Array, "b t kv d"],
     v_new: Float[Array, "b t kv d"],
@@ -60,13 +60,12 @@ def xla_attention(
     `softcap`: scores become softcap * tanh(scores / softcap) before the softmax (Gemma 2)."""
     block_mask = dense_block_mask(block_mask, q_positions)
     b, t, h, d = q.shape
-    kv = k_cache.shape[2]
-    s = k_cache.shape[1]
+    kv, s = k_cache.shape[1], k_cache.shape[2]
     g = h // kv
     # Queries grouped per KV head as one [g*t, d] matrix: batched matmuls over (b, kv) that
     # CPU and GPU backends run far faster than a 5-D contraction.
     qg = q.reshape(b, t, kv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, d)
-    kc, vc = k_cache.transpose(0, 2, 1, 3), v_cache.transpose(0, 2, 1, 3)
+    kc, vc = k_cache, v_cache  # heads-major already (`KVCache`)
     kn, vn = k_new.transpose(0, 2, 1, 3), v_new.transpose(0, 2, 1, 3)
     scale = d ** -0.5
     # Two score blocks instead of concatenating K/V: the cache is never copied.

@@ -16,22 +16,26 @@ from jaxspec.models.quantize import module_dtype
 
 @struct.dataclass
 class KVCache:
-    """Committed keys/values of every layer; row b holds `lengths[b]` valid positions 0..len-1."""
+    """Committed keys/values of every layer; row b holds `lengths[b]` valid positions 0..len-1.
 
-    k: Float[Array, "layers b s kv d"]
-    v: Float[Array, "layers b s kv d"]
+    Heads-major (`[layers, b, kv, s, d]`): attention's batched matmuls run over (b, kv) with the
+    positions inside, so each layer's cache is read as it is stored. Stored `[.., s, kv, d]`, each
+    step transposed every layer's whole cache first (docs/performance.md, "KV cache layout")."""
+
+    k: Float[Array, "layers b kv s d"]
+    v: Float[Array, "layers b kv s d"]
     lengths: Int[Array, " b"]
 
     @classmethod
     def zeros(cls, num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int,
               dtype=jnp.float32) -> "KVCache":
-        shape = (num_layers, batch, max_len, num_kv_heads, head_dim)
+        shape = (num_layers, batch, num_kv_heads, max_len, head_dim)
         return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                    lengths=jnp.zeros((batch,), jnp.int32))
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
 
 def init_cache(model, batch: int, max_len: int) -> KVCache:
@@ -59,8 +63,10 @@ def commit(cache: KVCache, block: BlockKV, take: Int[Array, "b n"], count: Int[A
     j = jnp.arange(n)[None, :]
     dest = jnp.where(j < count[:, None], cache.lengths[:, None] + j, cache.max_len)  # OOB -> dropped
     rows = jnp.arange(batch)[:, None]
-    k_sel = block.k[:, rows, take]  # [layers, b, n, kv, d]
-    v_sel = block.v[:, rows, take]
-    k = cache.k.at[:, rows, dest].set(k_sel, mode="drop")
-    v = cache.v.at[:, rows, dest].set(v_sel, mode="drop")
+    # The indices (rows, dest) are split by the kv axis' slice, so NumPy's rule puts their axes
+    # first in the indexed view: [b, n, layers, kv, d], which the selected block rows are moved to.
+    k_sel = block.k[:, rows, take].transpose(1, 2, 0, 3, 4)
+    v_sel = block.v[:, rows, take].transpose(1, 2, 0, 3, 4)
+    k = cache.k.at[:, rows, :, dest].set(k_sel, mode="drop")
+    v = cache.v.at[:, rows, :, dest].set(v_sel, mode="drop")
     return KVCache(k=k, v=v, lengths=cache.lengths + count.astype(cache.lengths.dtype))

@@ -198,7 +198,7 @@ def _forward(module_graphdef, params, batch: int, cache_len: int, tokens: int, c
     `head`: a drafter's draft-vocabulary head rows, used instead of the model's full head."""
     # Built on the host and placed once: made with jnp, each array would compile a small program
     # of its own in every process.
-    kv = np.zeros((cfg.num_layers, batch, cache_len, cfg.num_kv_heads, cfg.head_dim), dtype)
+    kv = np.zeros((cfg.num_layers, batch, cfg.num_kv_heads, cache_len, cfg.head_dim), dtype)  # KVCache's layout
     lengths = np.full((batch,), cache_len // 2, np.int32)
     steps = np.arange(tokens, dtype=np.int32)
     cache, ids, positions, chain = jax.device_put((
