@@ -133,7 +133,7 @@ def _fake_costs(monkeypatch, per_token: float):
 
 def _timed(timed: dict):
     """A race whose (seconds, steps) per method are `timed`'s."""
-    return lambda model, prompt, n, settings, generation, generate: [timed[method] for method, _ in settings]
+    return lambda model, prompt, n, settings, generation, generate, warm=True: [timed[m] for m, _ in settings]
 
 
 def test_a_fast_candidate_is_chosen_only_once_timed_faster(pycode, monkeypatch):
@@ -147,6 +147,30 @@ def test_a_fast_candidate_is_chosen_only_once_timed_faster(pycode, monkeypatch):
     monkeypatch.setattr(auto, "_MEASURED", {})
     choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate)
     assert choice.method == "autoregressive" and "under 1.1x" in choice.reason
+
+
+def test_a_race_too_close_to_call_is_timed_once_more(pycode, monkeypatch):
+    _fake_costs(monkeypatch, 0.001)
+    races = []
+
+    def race(times: list[float]):  # the candidate's seconds in each timing; greedy's are always 2.0
+        def decode_seconds(model, prompt, n, settings, generation, generate, warm=True):
+            races.append(warm)
+            return [(times[len(races) - 1], 10), (2.0, 20)]
+        monkeypatch.setattr(auto, "decode_seconds", decode_seconds)
+        monkeypatch.setattr(auto, "_MEASURED", {})
+        races.clear()
+        return auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate)
+
+    choice = race([1.9, 1.6])  # 1.05x, within RETIME_BAND of MARGIN: timed again, 1.25x counts
+    assert races == [True, False]  # the second timing reuses the programs the first warmed
+    assert choice.method == "lookahead" and "measured 1.25x greedy" in choice.reason
+    choice = race([1.6, 2.2])  # 1.25x, still too close: the second, slower timing does not undo it
+    assert races == [True, False] and choice.method == "lookahead"
+    choice = race([1.4])  # 1.43x: clear, timed once
+    assert races == [True] and choice.method == "lookahead"
+    choice = race([2.0, 1.95])  # 1.00x, then 1.03x: greedy
+    assert races == [True, False] and choice.method == "autoregressive" and "measured 1.03x" in choice.reason
 
 
 def test_a_slow_forward_is_never_timed(pycode, monkeypatch):
