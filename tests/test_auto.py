@@ -220,7 +220,9 @@ def test_a_drafter_whose_settings_cannot_be_worth_timing_is_neither_loaded_nor_m
     monkeypatch.setattr(auto, "_default_drafter", lambda model: pytest.fail("loaded a drafter it cannot use"))
     monkeypatch.setattr(auto, "decode_seconds", lambda *a, **k: pytest.fail("timed a setting predicted slower"))
     choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate)
-    assert [sorted(t for _, t, _ in forwards) for forwards in timed] == [[1, auto.SMALL_SIZES[-1]]]
+    # the target's small forwards, then (c >= 1 leaves lookahead (4,3,4)'s S worth it) its 16-token block
+    # beside a fresh one-token yardstick; never a drafter's
+    assert [sorted(t for _, t, _ in forwards) for forwards in timed] == [[1, auto.SMALL_SIZES[-1]], [1, 16]]
     assert all(m is pycode for forwards in timed for m, _, _ in forwards)
     rows = {r["label"]: r for r in choice.candidates}
     assert rows["speculative (8)"]["bound"] and rows["speculative (8)"]["step_cost"] == 1.0
@@ -253,6 +255,29 @@ def test_the_block_a_race_would_time_is_measured_first(pycode, monkeypatch):
     rows = {r["label"]: r for r in choice.candidates}
     assert rows["speculative (4)"]["step_cost"] == pytest.approx(2.6 + 0.01, abs=1e-3)
     assert choice.method == "autoregressive" and f"no setting is predicted {auto.WORTH_TIMING:g}x faster" in choice.reason
+
+
+def test_a_block_the_line_prices_too_high_is_measured_and_raced(pycode, monkeypatch):
+    """A convex c (flat to a few tokens, then steep; SmolLM2 with blocks weights on this project's CPU
+    in one busy measurement: c(5) 1.3, c(32) 6.6): the line from c(1) to c(32) puts speculative (4)'s
+    5-token block at 1.72, and S 1.9 at 1.10x, under WORTH_TIMING. c is at least 1, where S would be
+    worth it, so the block's own forward is measured (1.3: 1.46x) and the setting raced."""
+    table = {k: v for k, v in auto.expectations("pycode-5M").items() if not k.startswith("speculative_")}
+    monkeypatch.setattr(auto, "expectations", lambda key, path=auto.CONFIG: dict(table, speculative_4=1.9))
+    monkeypatch.setattr(auto, "_MEASURED", {})
+    sizes = []
+
+    def forwards(batch, cache_len, forwards, repeats=3):
+        sizes.append(sorted(t for m, t, _ in forwards if m is pycode))
+        return [(1.0 if t == 1 else 1.3 if t <= 5 else 1.3 + 5.3 * (t - 5) / 27) if m is pycode else 1e-9
+                for m, t, _ in forwards]
+
+    monkeypatch.setattr(auto, "forwards_seconds", forwards)
+    monkeypatch.setattr(auto, "decode_seconds", _timed({"speculative": (1.0, 10), "autoregressive": (1.5, 15)}))
+    choice = auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate)
+    assert sizes == [[1, auto.SMALL_SIZES[-1]], [1, 5]]
+    assert {r["label"]: r["step_cost"] for r in choice.candidates}["speculative (4)"] == pytest.approx(1.3, abs=1e-3)
+    assert choice.method == "speculative" and "measured 1.50x greedy" in choice.reason
 
 
 def test_forwards_timed_at_different_moments_are_divided_by_their_own_yardstick(pycode, monkeypatch, tmp_path):
