@@ -149,7 +149,7 @@ def test_a_fast_candidate_is_chosen_only_once_timed_faster(pycode, monkeypatch):
     assert choice.method == "autoregressive" and "under 1.1x" in choice.reason
 
 
-def test_a_race_too_close_to_call_is_timed_once_more(pycode, monkeypatch):
+def test_a_race_for_greedy_or_too_close_to_call_is_timed_once_more(pycode, monkeypatch):
     _fake_costs(monkeypatch, 0.001)
     races = []
 
@@ -162,7 +162,7 @@ def test_a_race_too_close_to_call_is_timed_once_more(pycode, monkeypatch):
         races.clear()
         return auto.choose(pycode, [1, 5, 9], 1, 3, 16, generate=jaxspec.generate)
 
-    choice = race([1.9, 1.6])  # 1.05x, within RETIME_BAND of MARGIN: timed again, 1.25x counts
+    choice = race([1.9, 1.6])  # 1.05x, under MARGIN x RETIME_BAND: timed again, 1.25x counts
     assert races == [True, False]  # the second timing reuses the programs the first warmed
     assert choice.method == "lookahead" and "measured 1.25x greedy" in choice.reason
     choice = race([1.6, 2.2])  # 1.25x, still too close: the second, slower timing does not undo it
@@ -171,6 +171,8 @@ def test_a_race_too_close_to_call_is_timed_once_more(pycode, monkeypatch):
     assert races == [True] and choice.method == "lookahead"
     choice = race([2.0, 1.95])  # 1.00x, then 1.03x: greedy
     assert races == [True, False] and choice.method == "autoregressive" and "measured 1.03x" in choice.reason
+    choice = race([2.5, 1.0])  # 0.80x (a stall), then 2.00x: the faster timing decides
+    assert races == [True, False] and choice.method == "lookahead" and "measured 2.00x" in choice.reason
 
 
 def test_a_slow_forward_is_never_timed(pycode, monkeypatch):

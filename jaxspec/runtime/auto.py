@@ -27,7 +27,7 @@ predicted at least WORTH_TIMING x greedy, is then timed against greedy on the re
 (`decode_seconds`: both decoding loops, compiled once and kept on the model for the run that
 follows; the tokens are the same, so the time ratio is the speed-up). It is chosen only if that
 measured speed-up reaches MARGIN: `auto` never picks what it measures to be slower than greedy. A
-race that measures within RETIME_BAND of MARGIN is timed once more, each setting keeping its faster time.
+race that measures under MARGIN x RETIME_BAND is timed once more, each setting keeping its faster time.
 On a CPU lookahead's c is far above its S; speculative decoding with a shipped drafter
 (pycode-5M's at K = 4: S 3.03, c 2.0-2.4 by its own block's forwards, 3.1-3.4 timed on a
 32-token request, where S is lower too; SmolLM2-135M-Instruct's, whose head covers a draft
@@ -71,11 +71,12 @@ MARGIN = 1.1  # the measured speed-up a setting must reach to be chosen over gre
 # against auto's forwards, drafter included, of 1.39): MARGIN x 1.1, so a SmolLM2 setting that
 # decodes at MARGIN is raced. (It was 1.5, set from pycode-5M, until a SmolLM2 setting paid.)
 WORTH_TIMING = 1.2
-# A race that measures within this factor of MARGIN, either way, is timed once more (both settings,
-# interleaved, each keeping its faster time) before it decides: a 128-token race is a few seconds, and
-# on this project's CPU races of one setting on chats of one split measured 1.11x-2.16x
-# (`benchmarks/results/real_bench_region_auto_heldout.md`), while a choice stands for every later
-# request of its shape.
+# A race that measures under MARGIN x this factor (one that would choose greedy against the forwards'
+# prediction, or only just not) is timed once more (both settings, interleaved, each keeping its faster
+# time) before it decides: a 128-token race is a few seconds, a stall only ever slows a timing down,
+# and on this project's CPU single races of one setting on chats of one split measured 0.81x-2.16x, a
+# drafted step 1.41-1.94 greedy steps (`benchmarks/results/real_bench_region_auto_heldout.md`, stops
+# 55-56), while a choice stands for every later request of its shape.
 RETIME_BAND = 1.2
 # Measurements, per model (its checkpoint, dtype, attention and layout), backend and shape
 # bucket: every `Model` loaded from the same checkpoint in this process shares them.
@@ -472,7 +473,7 @@ def _choose(model, prompt, batch: int, prompt_len: int, max_new_tokens: int, loo
                     mine, greedy = decode_seconds(model, prompt, max_new_tokens, settings, generation,
                                                   generate=generate)
                     said.text = f": {greedy[0] / mine[0]:.2f}x greedy"
-                    if MARGIN / RETIME_BAND <= greedy[0] / mine[0] < MARGIN * RETIME_BAND:  # too close to call
+                    if greedy[0] / mine[0] < MARGIN * RETIME_BAND:  # greedy, or too close to call
                         again = decode_seconds(model, prompt, max_new_tokens, settings, generation,
                                                generate=generate, warm=False)
                         mine, greedy = min(mine, again[0]), min(greedy, again[1])
