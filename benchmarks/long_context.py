@@ -77,19 +77,26 @@ def decode_ms_per_token(model, prompt: list[int], method: str, options: dict) ->
     return 1e3 * seconds / tokens, stream.result.tokens
 
 
+def decode_counted(model, prompt: list[int], method: str, options: dict) -> tuple[float, list[int], int]:
+    """`decode_ms_per_token`, and the copies of a cache (a target's or a drafter's) held by the programs
+    it compiled (0 when it compiled none)."""
+    before = set(model.compiled)
+    ms, out = decode_ms_per_token(model, prompt, method, options)
+    cfg = model.config
+    copies = sum(cache_copies(model.compiled[k].as_text(), cfg.num_kv_heads, cfg.head_dim)
+                 for k in set(model.compiled) - before)
+    return ms, out, copies
+
+
 def decode_requests(model_name: str) -> None:
     """The child of `--against`: decodes each request read from stdin (a JSON [context, method]) with
-    this process's jaxspec, answering a JSON line: ms per token, the tokens, the cache copies compiled."""
+    this process's jaxspec (`decode_counted`), answering a JSON line: ms per token, tokens, copies."""
     model = jaxspec.load(model_name)
+    prompts: dict = {}
     for line in sys.stdin:
         n, label = json.loads(line)
-        before = set(model.compiled)
-        method, options = METHODS[label]
-        ms, out = decode_ms_per_token(model, long_text_ids(model, n), method, options)
-        cfg = model.config
-        copies = sum(cache_copies(model.compiled[k].as_text(), cfg.num_kv_heads, cfg.head_dim)
-                     for k in set(model.compiled) - before)
-        print(json.dumps([ms, out, copies]), flush=True)
+        prompt = prompts.setdefault(n, long_text_ids(model, n))
+        print(json.dumps(decode_counted(model, prompt, *METHODS[label])), flush=True)
 
 
 class Revision:
@@ -149,27 +156,18 @@ def _measure(model_name: str, contexts: list[int], methods: list[str], rounds: i
                 for name in (sets if r % 2 == 0 else sets[::-1]):
                     if other and name == sets[0]:
                         ms, out, copied = other.decode(n, label)
-                        tokens[n, label, name] = out
-                        if not r:
-                            copies[n, label, name] = copied
-                        else:
-                            best[n, label, name] = min(best.get((n, label, name), float("inf")), ms)
-                        continue
-                    model = models[name]
-                    compile_cache.CPU_COMPILER_OPTIONS.clear()
-                    if other or name != OPTION_SETS[0]:
-                        compile_cache.CPU_COMPILER_OPTIONS.update(saved)
-                    before = set(model.compiled)
-                    try:
-                        ms, out = decode_ms_per_token(model, prompts[n], method, options)
-                    finally:
+                    else:
                         compile_cache.CPU_COMPILER_OPTIONS.clear()
-                        compile_cache.CPU_COMPILER_OPTIONS.update(saved)
+                        if other or name != OPTION_SETS[0]:
+                            compile_cache.CPU_COMPILER_OPTIONS.update(saved)
+                        try:
+                            ms, out, copied = decode_counted(models[name], prompts[n], method, options)
+                        finally:
+                            compile_cache.CPU_COMPILER_OPTIONS.clear()
+                            compile_cache.CPU_COMPILER_OPTIONS.update(saved)
                     tokens[n, label, name] = out
-                    if not r:  # what was compiled: the copies of a cache (target's or drafter's) its programs hold
-                        cfg = model.config
-                        copies[n, label, name] = sum(cache_copies(model.compiled[k].as_text(), cfg.num_kv_heads,
-                                                                  cfg.head_dim) for k in set(model.compiled) - before)
+                    if not r:  # what was compiled: the copies of a cache its programs hold
+                        copies[n, label, name] = copied
                     else:
                         best[n, label, name] = min(best.get((n, label, name), float("inf")), ms)
                         print(f"round {r} context {n} {label} [{name}]: {ms:.1f} ms/token", file=sys.stderr)
