@@ -18,7 +18,55 @@ if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
 
 import jax  # noqa: E402  (after XLA_FLAGS)
+import numpy as np  # noqa: E402
 import pytest
+from jax._src import compiler as _jax_compiler  # noqa: E402
+
+# ... except for programs that carry a real model's weights (more than REAL_PROGRAM_BYTES of
+# arguments: SmolLM2's and Gemma 3's decode loops, not the tiny models'). Level 0 saves those
+# no compile time (SmolLM2's greedy loop: 6.2 s at level 0, 6.3 s at the default) and runs
+# them ~5x slower (3 chats x 64 tokens: 10.2 s against 1.8 s), so they compile at the default
+# level, through the compile options' overrides (which also key JAX's persistent cache).
+# Measured on 2026-12-06 with `-n 2 --dist loadfile`: test_smollm2 + test_gemma3 + test_serve
+# took 424 s at level 0 and 342 s at the default; four tiny-model files (test_speculative,
+# test_lookahead, test_pallas_attention, test_penalties_logprobs) took 175 s at level 0 and
+# 197 s at the default. The whole suite took 1167 s before this split and 1093 s after it.
+# Processes the tests start (workers, notebooks) keep level 0.
+REAL_PROGRAM_BYTES = 8 << 20
+
+
+def _argument_bytes(module) -> int:
+    """Bytes of the arguments of a lowered module's `main` function (0 if it has none)."""
+    from jax._src.lib.mlir import ir
+
+    with module.context:
+        for op in module.body.operations:
+            if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == "main":
+                total = 0
+                for arg in ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value).inputs:
+                    try:
+                        tensor = ir.RankedTensorType(arg)
+                    except ValueError:  # a token (callbacks)
+                        continue
+                    bits = max(getattr(tensor.element_type, "width", 32), 8)
+                    total += int(np.prod(tensor.shape, dtype=np.int64)) * bits // 8
+                return total
+    return 0
+
+
+def _compile_real_programs_at_the_default_level(compile_or_get_cached):
+    def compile_(backend, computation, devices, compile_options, *args, **kwargs):
+        if _argument_bytes(computation) > REAL_PROGRAM_BYTES:
+            compile_options.env_option_overrides = [*compile_options.env_option_overrides,
+                                                    ("xla_backend_optimization_level", "2")]
+        return compile_or_get_cached(backend, computation, devices, compile_options, *args, **kwargs)
+
+    return compile_
+
+
+if hasattr(_jax_compiler, "compile_or_get_cached"):  # JAX's private entry: a JAX without it compiles all at level 0
+    _jax_compiler.compile_or_get_cached = _compile_real_programs_at_the_default_level(
+        _jax_compiler.compile_or_get_cached)
 
 from jaxspec.runtime import compile_cache  # noqa: E402
 
