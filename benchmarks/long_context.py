@@ -95,7 +95,9 @@ def decode_requests(model_name: str) -> None:
     prompts: dict = {}
     for line in sys.stdin:
         n, label = json.loads(line)
-        prompt = prompts.setdefault(n, long_text_ids(model, n))
+        if n not in prompts:
+            prompts[n] = long_text_ids(model, n)
+        prompt = prompts[n]
         print(json.dumps(decode_counted(model, prompt, *METHODS[label])), flush=True)
 
 
