@@ -67,7 +67,7 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 
 def child(model_name: str, sizes: tuple[int, ...], dtype: str = "float32") -> dict:
     import jaxspec
-    from jaxspec.runtime import auto
+    from jaxspec.runtime import forward_timing
     from jaxspec.real_prompts import chat_prompts
 
     import jax
@@ -76,10 +76,10 @@ def child(model_name: str, sizes: tuple[int, ...], dtype: str = "float32") -> di
     from jaxspec.models.quantize import module_dtype
 
     model = jaxspec.load(model_name, dtype=dtype)
-    # auto's own forward programs, timed here round-robin for ROUNDS rounds (auto itself stops
-    # after 0.1 s of timing: too few rounds to compare option sets), the median kept
+    # the forward programs of `jaxspec.runtime.forward_timing`, timed here round-robin for ROUNDS
+    # rounds (its own timing stops after 0.1 s: too few rounds to compare option sets), the median kept
     dtype = module_dtype(model.module)
-    programs = [auto._forward(model.graphdef, model.params, 1, 512, t, model.config, dtype) for t in sizes]
+    programs = [forward_timing._forward(model.graphdef, model.params, 1, 512, t, model.config, dtype) for t in sizes]
     for program, args in programs:
         jax.block_until_ready(program(*args))
     times = [[] for _ in sizes]

@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 
 import jaxspec  # noqa: E402
 from benchmarks.harness import DecodeBench, Setting, chat_cases, main_decode, repo_relative  # noqa: E402
-from jaxspec.runtime.auto import forward_seconds  # noqa: E402
+from jaxspec.runtime.forward_timing import forward_seconds  # noqa: E402
 from jaxspec.checkpoint.method_defaults import FileDefaults  # noqa: E402
 from jaxspec.train.drafter_trainer import draft_vocabulary  # noqa: E402
 

@@ -26,7 +26,7 @@ from jaxspec.checkpoint.loading import Model
 from jaxspec.runtime.memory import MemoryEstimate
 from jaxspec.decoding.engine import finish
 from jaxspec.decoding.methods import advance, begin, decode
-from jaxspec.runtime.plan import plan_decode, prompt_bucket, resolve
+from jaxspec.runtime.plan import context_cache_len, plan_decode, prompt_bucket, resolve
 from jaxspec.models.meshes import lp_mesh, lp_params, replicate
 from jaxspec.decoding.sampling import MAX_LOGPROBS, SamplingParams, penalized
 from jaxspec.models.tensor_parallel import MODEL_AXIS, place_inputs
@@ -71,6 +71,9 @@ class Request:
     lp_devices: int
     memory: MemoryEstimate | None = None
     auto: Any = None  # `jaxspec.runtime.auto.Choice` when method="auto" or window="auto" chose the method
+    arguments: dict = dataclasses.field(default_factory=dict)  # `prepare`'s, as given (a setting to try is
+    # prepared from them in the background)
+    shape: tuple = ()  # the ledger's request shape (`_Learning`)
 
     @property
     def engine(self):
@@ -81,17 +84,45 @@ class Request:
                 compile_cache.graph_key(self.args[0]) if self.bound else None)
 
 
-def _choose(model: Model, prompt, rows: list[list[int]], max_new_tokens: int, method: str, method_options: dict,
-            generation: dict):
+@dataclasses.dataclass(frozen=True)
+class _Learning:
+    """What `auto`'s ledger of a request is keyed by (`jaxspec.runtime.auto.Ledger.of`), and the
+    shape its programs are compiled for: a setting compiled in the background for one request is
+    ready for the next of the same shape."""
+
+    batch: int
+    kind: str  # "generate" / "stream" (+ "+logits": penalties or logprobs)
+    sampled: bool
+    lookahead_only: bool
+    shape: tuple  # (prompt buffer, max_new_tokens, the generation arguments)
+
+    def ledger(self) -> dict:
+        return dict(kind=self.kind, sampled=self.sampled)
+
+    def ready(self, model: Model):
+        done = _background(model).ready
+        return lambda candidate: (candidate.label, self) in done
+
+
+def _background(model: Model):
+    from jaxspec.runtime.background import Background
+
+    if model.background is None:
+        model.background = Background()
+    return model.background
+
+
+def _choose(model: Model, learning: _Learning, method: str, method_options: dict):
     """`method="auto"` (no method options) or `"lookahead", window="auto"` (ngram and guesses
-    chosen too; the other lookahead options kept): the method and options `jaxspec.runtime.auto` picks."""
+    chosen too; the other lookahead options kept): the method and options `jaxspec.runtime.auto`'s
+    ledger picks, at once."""
     if method == "auto" and method_options:
         raise GenerationError(f"method 'auto' chooses the method and its options; it takes none, got "
                               f"{', '.join(sorted(method_options))}")
     if method == "lookahead" and {"ngram", "guesses"} & {k for k, v in method_options.items() if v is not None}:
         raise GenerationError("window='auto' chooses ngram and guesses too; do not pass them")
-    choice = auto.choose(model, prompt, len(rows), max(len(r) for r in rows), max_new_tokens,
-                         lookahead_only=method == "lookahead", generation=generation, generate=generate)
+    choice = auto.choose(model, learning.batch, lookahead_only=learning.lookahead_only, ready=learning.ready(model),
+                         **learning.ledger())
     options = {k: v for k, v in method_options.items() if k != "window"}
     return choice.method, {**options, **choice.options}, choice
 
@@ -128,11 +159,19 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
             stop_at_eos: bool = True, stop_ids: Sequence[int] = (), *, min_p: float = 0.0,
             repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-            logprobs: int | None = None, **method_options) -> Request:
+            logprobs: int | None = None, conversation: bool = False, _choice=None, **method_options) -> Request:
     """Check every argument and build the request (see `generate` for their meaning).
+    `conversation`: shapes of a conversation turn (`stream`): the cache one rung of
+    `context_cache_len` and the prompt padded to it less the reply's budget, so that every turn of
+    a chat runs the programs its first turn compiled.
 
     Integer arguments take Python, numpy or jax integers (0-d arrays too); numbers take floats
     as well; anything else is a GenerationError naming the type given and what is expected."""
+    arguments = dict(prompt=prompt, max_new_tokens=max_new_tokens, method=method, temperature=temperature,
+                     top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos, stop_ids=stop_ids, min_p=min_p,
+                     repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                     frequency_penalty=frequency_penalty, logprobs=logprobs, conversation=conversation,
+                     **method_options)
     if not isinstance(model, Model):
         raise GenerationError(f"model must be a loaded model (model = jaxspec.load(name or path)), "
                               f"got {describe(model)}")
@@ -154,16 +193,23 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     if logprobs is not None:
         logprobs = int_arg("logprobs", logprobs, f"None or an integer in [0, {MAX_LOGPROBS}] (the most likely "
                            "tokens reported per token)", lambda n: 0 <= n <= MAX_LOGPROBS)
-    choice = None
-    if method == "auto" or (method == "lookahead" and method_options.get("window") == "auto"):
-        _check_length(model, rows, max_new_tokens)  # before `auto` runs anything of that length
-        # (plain Python values: the choice is cached by them; arrays, even 0-d, are not hashable)
-        plain = lambda v: tuple(np.asarray(v).tolist()) if np.ndim(v) else np.asarray(v).item()  # noqa: E731
-        generation = {k: plain(v) if is_array(v) or isinstance(v, (list, tuple)) else v
-                      for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                       stop_at_eos=stop_at_eos, stop_ids=stop_ids, **knobs).items()}
-        method, method_options, choice = _choose(model, prompt, rows, max_new_tokens, method, method_options,
-                                                 generation)
+    # (plain Python values: the learning shape is a key; arrays, even 0-d, are not hashable)
+    plain = lambda v: tuple(np.asarray(v).tolist()) if np.ndim(v) else np.asarray(v).item()  # noqa: E731
+    generation = {k: plain(v) if is_array(v) or isinstance(v, (list, tuple)) else v
+                  for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p, stop_at_eos=stop_at_eos,
+                                   stop_ids=stop_ids, **knobs).items()}
+    longest = max(len(r) for r in rows)
+    logits = penalized(**{k: v for k, v in knobs.items() if k != "min_p"}) or logprobs is not None
+    buffer = context_cache_len(longest + max_new_tokens, 1 << 62) if conversation else prompt_bucket(longest)
+    learning = _Learning(batch=len(rows), kind=("stream" if conversation else "generate") + ("+logits" * logits),
+                         sampled=temperature != 0, lookahead_only=method == "lookahead",
+                         shape=(buffer, max_new_tokens, tuple(sorted(generation.items()))))
+    choice = _choice
+    if choice is not None:
+        method, method_options = choice.method, {**method_options, **choice.options}
+    elif method == "auto" or (method == "lookahead" and method_options.get("window") == "auto"):
+        _check_length(model, rows, max_new_tokens)
+        method, method_options, choice = _choose(model, learning, method, method_options)
     resolved = resolve(model, method, method_options)  # (an unknown method is refused before the rest)
     seed = int_arg("seed", seed, "an integer in [0, 2**32)", lambda n: 0 <= n < 2**32)
     stop_at_eos_flag = as_bool(stop_at_eos)
@@ -178,7 +224,6 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     stop_ids = tuple(int_arg("stop_ids", t, f"token ids in [0, {vocab})", lambda n: 0 <= n < vocab)
                      for t in stop_ids)
     _check_length(model, rows, max_new_tokens)
-    longest = max(len(r) for r in rows)
     # Bucketed shapes: nearby prompt lengths reuse one compiled program.
     p = prompt_bucket(longest)
     eos_ids = tuple(model.config.eos_token_ids) if stop_at_eos else ()
@@ -189,6 +234,9 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
                        max_new_tokens=max_new_tokens, eos_ids=tuple(dict.fromkeys(eos_ids + stop_ids)))
     name, options, engine, lp_devices = plan.name, plan.options, plan.engine, plan.lp_devices
     cache_len = _round_up(p + max_new_tokens + engine.max_commit, 64)
+    if conversation:
+        cache_len = context_cache_len(cache_len, _round_up(model.config.max_position_embeddings + engine.max_commit, 64))
+        p = cache_len - max_new_tokens
     prompts = np.zeros((len(rows), p), np.int32)
     for i, r in enumerate(rows):
         prompts[i, : len(r)] = r
@@ -215,10 +263,52 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     else:
         args = (graphdef, params, *inputs)
     request = Request(name=name, options=options, statics=statics, args=args, bound=plan.bound,
-                      batched=batched, lp_devices=lp_devices, auto=choice)
+                      batched=batched, lp_devices=lp_devices, auto=choice, arguments=arguments, shape=(learning,))
+    if choice is not None and choice.trying and not learning.lookahead_only and request.compile_key("advance" if conversation else "decode") \
+            not in model.compiled:
+        # A setting to try whose program is not the one compiled in the background (a shape at a
+        # cache rung's edge): greedy now, never a compile on the caller's time for a try.
+        fallback = dataclasses.replace(choice, method="autoregressive", options={}, trying=False,
+                                       reason=f"greedy: {choice.label} is not compiled for this request's shape yet")
+        return prepare(model, **{**arguments, "method": "autoregressive"}, _choice=fallback)
     # With the loop state's exact size (traced, not compiled): the estimate `generate` reports.
     request.memory = memory.guard_request(model, request, plan.description, begin)
     return request
+
+
+def _learn(model: Model, request: Request, out: "GenerateOutput") -> None:
+    """After a decode: its measurement into `auto`'s ledger (an auto call's, or plain greedy's: a
+    `--compare` run teaches greedy's rate for free), then, for an auto call, the next setting to
+    try compiled in the background (`jaxspec.runtime.background`) for the next request of this shape."""
+    (learning,) = request.shape
+    if request.auto is None and (request.name != "autoregressive" or learning.lookahead_only):
+        return
+    label = request.auto.label if request.auto is not None else "autoregressive"
+    steps = int(np.sum(out.steps))
+    tokens = sum(len(t) for t in (out.tokens if request.batched else [out.tokens]))
+    auto.record(model, learning.batch, label, steps, tokens, out.seconds, **learning.ledger())
+    if request.auto is None:
+        return
+    ready = learning.ready(model)
+    candidate = auto.to_try(model, learning.batch, lookahead_only=learning.lookahead_only, ready=ready,
+                            **learning.ledger())
+    if candidate is None:
+        return
+    arguments = {**request.arguments, "method": candidate.method, **candidate.options}
+    if not learning.lookahead_only:
+        arguments.pop("window", None)
+
+    def compile_it():  # and run once: on a CPU a program's first run costs several of its later ones
+        tried = prepare(model, **arguments)
+        if request.arguments.get("conversation"):
+            state, step_fn, _, _ = _stream_programs(model, tried, chunk_steps=1)
+            jax.block_until_ready(step_fn(*tried.args[:2], state, tried.args[5], jnp.int32(1)))
+        else:
+            program, _ = compile_cache.compiled_into(model.compiled, tried.compile_key("decode"), decode, tried.args,
+                                                     tried.statics)
+            jax.block_until_ready(program(*tried.args))
+
+    _background(model).submit((candidate.label, learning), compile_it)
 
 
 def _compiled_memory(model: Model, key: tuple, program) -> dict:
@@ -309,7 +399,9 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
     state, stats = program(*request.args)
     jax.block_until_ready(state.tokens)
     seconds = time.perf_counter() - t0
-    return _output(model, request, state, stats, seconds, compile_seconds, _compiled_memory(model, key, program))
+    out = _output(model, request, state, stats, seconds, compile_seconds, _compiled_memory(model, key, program))
+    _learn(model, request, out)
+    return out
 
 
 @dataclasses.dataclass
@@ -326,29 +418,13 @@ class Stream:
         self.model, self.request, self.chunk_steps = model, request, chunk_steps
         self.result: GenerateOutput | None = None
 
-    def _compiled(self, program: str, fn, args: tuple, statics: dict, **jit_options):
-        compiled, seconds = compile_cache.compiled_into(self.model.compiled, self.request.compile_key(program), fn,
-                                                        args, statics, **jit_options)
-        self._compile_seconds += seconds
-        return compiled
-
     def __iter__(self) -> Iterator[StreamChunk]:
         request, model = self.request, self.model
-        statics = request.statics
-        advance_statics = {k: statics[k] for k in ("engine", "eos_ids", "lp_devices", "tensor_parallel")}
         graphdef, params, sampling = request.args[0], request.args[1], request.args[5]
-        self._compile_seconds = 0.0
-        seconds = 0.0
         cold = not all(request.compile_key(p) in model.compiled for p in ("begin", "advance"))
         with progress.phase(f"compiling {request.name} (streamed)", when=cold):
-            begin_fn = self._compiled("begin", begin, request.args, statics)
-            t0 = time.perf_counter()  # (after compiling: `seconds` is decoding alone)
-            state = begin_fn(*request.args)
-            seconds += time.perf_counter() - t0
-            chunk = jnp.int32(self.chunk_steps)
-            # The state is donated: each chunk updates the cache and buffers in place.
-            step_fn = self._compiled("advance", advance, (graphdef, params, state, sampling, chunk), advance_statics,
-                                     donate_argnames=("state",))
+            state, step_fn, self._compile_seconds, seconds = _stream_programs(model, request, self.chunk_steps)
+        chunk = jnp.int32(self.chunk_steps)
         tokenizer = model.tokenizer
         sent, text = 0, ""
         while True:
@@ -372,6 +448,26 @@ class Stream:
         decoded, stats = finish(request.engine, state)
         self.result = _output(model, request, decoded, stats, seconds, self._compile_seconds,
                               _compiled_memory(model, request.compile_key("advance"), step_fn))
+        _learn(model, request, self.result)
+
+
+def _stream_programs(model: Model, request: Request, chunk_steps: int):
+    """A stream's two programs (`begin`, then `advance` from the state it returns), compiled into
+    `model.compiled` when missing; the state after `begin`, the `advance` program, the seconds
+    compiling took and the seconds `begin` ran."""
+    statics = request.statics
+    advance_statics = {k: statics[k] for k in ("engine", "eos_ids", "lp_devices", "tensor_parallel")}
+    graphdef, params, sampling = request.args[0], request.args[1], request.args[5]
+    begin_fn, compiling = compile_cache.compiled_into(model.compiled, request.compile_key("begin"), begin,
+                                                      request.args, statics)
+    t0 = time.perf_counter()  # (after compiling: decoding alone)
+    state = begin_fn(*request.args)
+    seconds = time.perf_counter() - t0
+    # The state is donated: each chunk updates the cache and buffers in place.
+    step_fn, more = compile_cache.compiled_into(model.compiled, request.compile_key("advance"), advance,
+                                                (graphdef, params, state, sampling, jnp.int32(chunk_steps)),
+                                                advance_statics, donate_argnames=("state",))
+    return state, step_fn, compiling + more, seconds
 
 
 def stream(model: Model, prompt, max_new_tokens: int = 128, method: str = "autoregressive",
@@ -384,7 +480,7 @@ def stream(model: Model, prompt, max_new_tokens: int = 128, method: str = "autor
     steps = int_arg("chunk_steps", chunk_steps, "an integer >= 1", lambda n: n >= 1)
     request = prepare(model, prompt, max_new_tokens, method, temperature, top_k, top_p, seed, stop_at_eos,
                       stop_ids, min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
-                      frequency_penalty=frequency_penalty, logprobs=logprobs, **method_options)
+                      frequency_penalty=frequency_penalty, logprobs=logprobs, conversation=True, **method_options)
     if request.batched:
         raise PromptError("stream takes one prompt; use generate for a batch")
     return Stream(model, request, steps)

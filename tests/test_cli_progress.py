@@ -70,17 +70,18 @@ def test_generate_says_each_phase_on_stderr(folder, capsys, monkeypatch):
     assert len(out.split()) == 3  # stdout: the tokens alone
 
 
-def test_generate_auto_says_what_it_measures(folder, tmp_path, capsys):
-    fresh = shutil.copytree(folder, tmp_path / "fresh")  # a model auto has not measured in this process
+def test_generate_auto_answers_at_once_and_says_why(folder, tmp_path, capsys):
+    """auto times nothing before it answers: loading, one compile, the answer, and why greedy."""
+    fresh = shutil.copytree(folder, tmp_path / "fresh")  # a model auto has learned nothing of in this process
     code, _, err = run_cli(["generate", "--model", str(fresh), "--prompt-ids", "1,5", "--max-new-tokens", "3"], capsys)
     assert code == 0, err
     labels = [m["label"] for m in phase_lines(err)]
-    assert labels[0] == f"loading {fresh}", labels
-    assert "auto: timing a forward of fresh (1, 32 tokens), batch 1" in labels, labels
-    assert re.search(r"^\[auto\] ", err, re.M), err  # and what it chose, after its measurements
-    # A second call of the same shape: auto's measurements are kept; nothing is measured again.
+    assert labels == [f"loading {fresh}", "compiling autoregressive"], labels
+    assert re.search(r"^\[auto\] greedy: nothing measured here yet$", err, re.M), err
+    # A second call of the same shape: greedy's first decode is learned, nothing is timed.
     code, _, err = run_cli(["generate", "--model", str(fresh), "--prompt-ids", "1,5", "--max-new-tokens", "3"], capsys)
-    assert code == 0 and "auto: timing" not in err, err
+    assert code == 0 and "auto: " not in err, err
+    assert re.search(r"^\[auto\] greedy: measured fastest here \(.*\[learned from 1 decodes\]$", err, re.M), err
 
 
 @pytest.mark.parametrize("flag", ["--quiet", "--json"])
@@ -144,15 +145,15 @@ def test_chat_first_turn_stats_exclude_compiling(chat_folder, capsys, monkeypatc
 
 
 def test_chat_stats_line_fits_80_columns_for_every_setting():
-    def output(method, options, tokens, compile_s, measured):
+    def output(method, options, tokens, compile_s, trying):
         return GenerateOutput(tokens=list(range(tokens)), steps=tokens // 3 + 1, compression=3.0, seconds=12.345,
                               tokens_per_second=tokens / 12.345, method=method, compile_seconds=compile_s,
-                              options=options, auto=None if measured is None else
-                              {"measure_seconds": measured, "reason": "x" * 300})
+                              options=options, auto=None if trying is None else
+                              {"trying": trying, "reason": "x" * 300})
 
     cases = [output("autoregressive", {}, 8, 0.0, None),
-             output("lookahead", {"window": 7}, 256, 123.4, 45.6),
-             output("speculative", {"draft_len": 4, "lookup_guesses": 3}, 1024, 1234.5, 456.7)]
+             output("lookahead", {"window": 7}, 256, 123.4, False),
+             output("speculative", {"draft_len": 4, "lookup_guesses": 3}, 1024, 1234.5, True)]
     for out in cases:
         for cut in (None, 1024):
             (line,) = stats_lines(None, out, [1], cut_at=cut)

@@ -314,3 +314,49 @@ def test_smollm2_chat_requests_equal_jaxspec_chat_alone():
         alone = jaxspec.chat(chat_model, [{"role": "user", "content": question}], max_new_tokens=budgets[i % 2])
         assert ext["token_ids"] == alone.output.tokens and text == alone.text
     assert np.mean([len(ext["token_ids"]) for _, ext in results]) > 5
+
+
+def test_a_request_that_needs_a_new_program_never_stalls_the_other_streams(model):
+    """A stream decodes; a request with logprobs, another method and penalties (a new slot group
+    each: programs never compiled) arrives: they wait in the queue while the worker compiles, and
+    the stream's chunks never stop for more than a second. Every answer equals `generate` alone."""
+    srv = make_server(model, MODEL_ID, method="autoregressive", slots=2, context=512, chunk_steps=1)
+    srv.scheduler.compiler.wait(300)  # the default group's tiers: a quiet start for the stream
+    with background(srv) as url:
+        srv.url = url
+        gaps, done = [], threading.Event()
+
+        def stream():
+            last = time.perf_counter()
+            response = client(srv).completions.create(model=MODEL_ID, prompt="def main():\n", max_tokens=400,
+                                                      temperature=0, stream=True, extra_body={"ignore_eos": True})
+            text = ""
+            for chunk in response:
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+                text += chunk.choices[0].text if chunk.choices else ""
+                if done.is_set() and len(gaps) > 20:
+                    response.close()
+                    break
+            return text
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            streaming = pool.submit(stream)
+            while len(gaps) < 5:
+                time.sleep(0.05)
+            started = len(gaps)
+            others = [pool.submit(lambda body=body: client(srv).completions.create(
+                model=MODEL_ID, prompt="import os\n", max_tokens=12, temperature=0, **body))
+                for body in ({"logprobs": 2}, {"extra_body": {"method": "lookahead"}}, {"frequency_penalty": 0.5})]
+            answers = [f.result(timeout=600) for f in others]
+            done.set()
+            streaming.result(timeout=600)
+        during = gaps[started:]
+        assert srv.scheduler.status()["stalls"] == 0
+        assert max(during) < 1.0, (max(during), len(during))
+        greedy = jaxspec.generate(model, "import os\n", max_new_tokens=12, stop_ids=srv.requests.eos_ids)
+        assert answers[0].choices[0].text == answers[1].choices[0].text == greedy.text
+        penalized = jaxspec.generate(model, "import os\n", max_new_tokens=12, frequency_penalty=0.5,
+                                     stop_ids=srv.requests.eos_ids)
+        assert answers[2].choices[0].text == penalized.text

@@ -320,15 +320,11 @@ def worker(compare: list[str], argv: list[str]) -> dict:
             report["relayout_error"] = ""
         except jaxspec.GenerationError as e:
             report["relayout_error"] = str(e)
-        # As a later process would: auto's choice from the measurements the CLI's run stored
-        # (process 0 reads them and tells process 1), nothing measured again.
+        # As a later process would: auto's ledger from the decode the CLI's run stored (process 0
+        # writes it), process 0's choice in both.
         from jaxspec.runtime import auto
 
-        def measured_again(*args, **kwargs):
-            raise AssertionError("auto measured again instead of reading its store")
-
-        auto._MEASURED.clear()
-        auto.forwards_seconds = auto.decode_seconds = measured_again
+        auto.Ledger.forget()
         again = jaxspec.generate(model, PROMPT, max_new_tokens=BUDGET, stop_at_eos=False, seed=SEED, method="auto")
         report["recalled"] = dict(auto=again.auto, tokens=again.tokens)
     return report
@@ -376,15 +372,17 @@ def test_two_processes_print_the_one_device_tokens(two_processes):
         assert cli["tokens"] == single["tokens"]
         assert cli["config"]["tensor_parallel"] == TP
     assert sorted(report["process"] for _, report in sharded) == list(range(PROCESSES))
-    # The CLI's default method, auto, measured c in both processes and took process 0's numbers
-    # in both: the same choice, the same reason, every candidate's c (the seconds spent differ).
-    choices = [{k: v for k, v in cli["auto"].items() if k != "measure_seconds"} for cli, _ in sharded]
-    assert choices[0]["candidates"] and choices[0] == choices[1] and choices[0]["recalled"] is None
-    # Measured again in each process's own later call? No: the stored numbers, the same choice.
+    # The CLI's default method, auto, answered at once with nothing stored: greedy in both
+    # processes (process 0's choice), nothing tried (a multi-process run tries nothing).
+    choices = [{k: cli["auto"][k] for k in ("method", "options", "trying")} for cli, _ in sharded]
+    assert choices[0] == choices[1] == {"method": "autoregressive", "options": {}, "trying": False}
+    assert all(cli["auto"]["reason"].startswith("greedy: nothing measured here yet") for cli, _ in sharded)
+    # A later call reads the ledger process 0 stored: the CLI's decode, learned.
     for (cli, report), choice in zip(sharded, choices):
         again = report["recalled"]
-        assert again["tokens"] == single["tokens"]  # (the worker made measuring again an error)
-        assert again["auto"]["recalled"] and again["auto"]["candidates"] == choice["candidates"]
+        assert again["tokens"] == single["tokens"]
+        assert {k: again["auto"][k] for k in choice} == choice
+    assert any("learned from 1 decodes" in report["recalled"]["auto"]["reason"] for _, report in sharded)
 
 
 def test_each_process_holds_about_its_share(two_processes):

@@ -107,6 +107,8 @@ class Model:
     mesh: Any = None
     # LP x TP: the parameters re-laid out on an (lp, model) mesh, by lp_devices (`jaxspec.models.meshes.lp_params`).
     lp_layouts: dict = dataclasses.field(default_factory=dict, repr=False)
+    # `jaxspec.runtime.background.Background`: programs `auto` compiles off the caller's thread (made at first use).
+    background: Any = dataclasses.field(default=None, repr=False)
 
     @classmethod
     def from_module(cls, module: Transformer, *, tokenizer=None, dtype="float32", source="<memory>") -> "Model":

@@ -31,6 +31,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def entry() -> None:
+    """The `jaxspec` command: `main`, then the process ends without waiting for what `auto`
+    compiles in the background (`jaxspec.runtime.background.exit_process`)."""
+    code = main()
+    from jaxspec.runtime.background import exit_process
+
+    exit_process(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from jaxspec.runtime import compile_cache

@@ -47,14 +47,14 @@ def _secs(seconds: float) -> str:
 
 def stats_lines(model, out, prompt_ids, greedy=None, cut_at: int | None = None) -> list[str]:
     """A reply's statistics in one line of at most STATS_WIDTH columns: tokens, the decoding's own
-    seconds and tokens/s (compiling and auto's measurements not counted: said apart), S; with
+    seconds and tokens/s (compiling not counted: said apart), S, whether `auto` was trying the setting; with
     `greedy`, a second line comparing the two (and a hint when the method is slower)."""
     setting = ("greedy" if out.method == "autoregressive" else out.method) + (
         f" K={out.options['draft_len']}" if "draft_len" in out.options else "") + (
         f" + lookup G={out.options['lookup_guesses']}" if out.options.get("lookup_guesses") else "") + (
         " routed" if out.options.get("lookup_route") else "") + (
         f" +{out.options['first_alternatives']} alt" if out.options.get("first_alternatives") else "")
-    n, measured, secs, rate = len(out.tokens), (out.auto or {}).get("measure_seconds") or 0.0, _secs(out.seconds), \
+    n, trying, secs, rate = len(out.tokens), (out.auto or {}).get("trying"), _secs(out.seconds), \
         f"{out.tokens_per_second:.1f}"
     compact = setting.replace(" + lookup ", "+lookup ")
     parts = {"rate": (f"[{setting}] {n} tokens in {secs} s: {rate} tokens/s",
@@ -64,8 +64,8 @@ def stats_lines(model, out, prompt_ids, greedy=None, cut_at: int | None = None) 
         parts["compile"] = (f"compiled in {out.compile_seconds:.1f} s", f"compile {out.compile_seconds:.1f} s",
                             f"compile {out.compile_seconds:.0f} s")
     parts["S"] = (f"S {out.compression:.2f} ({out.steps} steps)", f"S {out.compression:.2f}", "")
-    if measured:
-        parts["auto"] = (f"auto measured {measured:.1f} s", f"auto {measured:.1f} s", "")
+    if trying:  # a setting `auto` tries to learn its rate here (`jaxspec.runtime.auto`)
+        parts["auto"] = ("auto is trying it", "auto trying", "")
     if cut_at is not None:
         parts["cut"] = (f"cut at --max-new-tokens {cut_at}", "cut at the limit", "cut")
     # shorter wording first, then the least needed parts left out; tokens, tokens/s and compile stay

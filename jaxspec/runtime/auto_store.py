@@ -1,20 +1,15 @@
-"""`method="auto"`'s measurements on disk, so that a later process on this machine does not
-measure again.
+"""`method="auto"`'s ledgers on disk (`jaxspec.runtime.auto.Ledger`): what the decodes of earlier
+processes on this machine measured, so that a later process starts from it.
 
-Measuring c costs a few forward compiles (3-14 s on this project's CPU for the shipped models),
-and the CLI's default method is `auto`: without this store every `jaxspec generate` would pay
-it. Entries are keyed by the model (checkpoint, config, dtype, attention, layout), this machine
-(host name, CPU count, backend, device kind and count, processes, JAX version) and the shape
-bucket, and keep the date they were measured; the choice that uses one says so
-(`Choice.recalled`).
+Entries are keyed by the model (checkpoint, config, dtype, attention, layout), this machine
+(host name, CPU count, backend, device kind and count, processes, JAX version), the drafter's
+content, jaxspec's version and the request's shape, and keep the date they were stored; a
+choice that uses one says so (`Choice.recalled`).
 
 Where: the file named by JAXSPEC_AUTO_CACHE (`off` turns the store off), else
 `$XDG_CACHE_HOME/jaxspec/auto.json` (`~/.cache/...`). A file that cannot be read is reported
-(a warning) and replaced by the next write; writes are atomic (a temporary file renamed).
-
-In a multi-process run process 0 decides: it reads the store and tells the others (all then
-skip the measurement or all measure, since the forwards are collective programs), and only it
-writes.
+(a warning) and replaced by the next write; writes are atomic (a temporary file renamed). In a
+multi-process run only process 0 writes.
 """
 
 from __future__ import annotations
@@ -26,16 +21,15 @@ import os
 import socket
 import tempfile
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import jax
-import numpy as np
 
 ENV = "JAXSPEC_AUTO_CACHE"
+# 4: ledgers of decodes (`jaxspec.runtime.auto.Ledger`), no forward timings or races
 # 3: the KV cache stored heads-major (a forward's cost changed; 2's timings are of the old programs)
 # 2: a key holds forwards timed together (c divides them); 1 kept each model's apart
-VERSION = 3
+VERSION = 4
 
 
 def path() -> Path | None:
@@ -72,7 +66,7 @@ def _read(file: Path) -> dict:
         return {}
 
 
-def _write(file: Path, key: str, values: list[float]) -> None:
+def _write(file: Path, key: str, values) -> None:
     entries = _read(file)
     entries[key] = {"values": values,
                     "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -85,35 +79,20 @@ def _write(file: Path, key: str, values: list[float]) -> None:
         warnings.warn(f"jaxspec: could not write the auto measurement store {file} ({e})", stacklevel=3)
 
 
-def _from_process_0(found: list[float] | None, size: int) -> list[float] | None:
-    if jax.process_count() == 1:
-        return found
-    from jax.experimental import multihost_utils
-
-    row = np.zeros(size + 1, np.float32)
-    if found is not None:
-        row[0], row[1:] = 1, found
-    row = np.asarray(multihost_utils.broadcast_one_to_all(row))
-    return row[1:].tolist() if row[0] else None
-
-
-def recall(key: tuple, size: int, measure: Callable[[], list[float]]) -> tuple[list[float], str | None]:
-    """The `size` values stored under `key` by an earlier process, or `measure()`'s (then stored).
-    Second: None when measured now, else where and when they were measured."""
+def load(key: tuple) -> tuple[dict | None, str | None]:
+    """The value stored under `key` by an earlier process, and where and when it was stored
+    (None, None: nothing stored, or the store is off)."""
     file = path()
-    text = json.dumps(key, default=str)
-    found, when = None, "by process 0"
-    if file is not None and jax.process_index() == 0:
-        entry = _read(file).get(text)
-        try:  # an entry edited by hand into something else is measured again, and replaced
-            found = [float(v) for v in entry["values"]] if len(entry["values"]) == size else None
-            when = str(entry["measured"])
-        except (TypeError, KeyError, ValueError):
-            found = None
-    values = _from_process_0(found, size)
-    if values is not None:
-        return values, f"{file}, measured {when}"
-    values = [float(v) for v in measure()]
-    if file is not None and jax.process_index() == 0:
-        _write(file, text, values)
-    return values, None
+    if file is None:
+        return None, None
+    entry = _read(file).get(json.dumps(key, default=str))
+    if not isinstance(entry, dict) or not isinstance(entry.get("values"), dict):
+        return None, None
+    return entry["values"], f"{file}, stored {entry.get('measured')}"
+
+
+def save(key: tuple, value: dict) -> None:
+    """Store `value` (JSON) under `key`, replacing what was there (`load`)."""
+    file = path()
+    if file is not None:
+        _write(file, json.dumps(key, default=str), value)

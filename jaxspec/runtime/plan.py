@@ -26,6 +26,24 @@ def prompt_bucket(length: int) -> int:
     return bucket
 
 
+# The cache lengths of a conversation (`stream`, `chat`): 1024 x 2^k, the smallest that holds the
+# turn. Every turn of a chat reuses the programs its first turn compiled (the prompt is padded to
+# the cache length less the reply's budget, and prefilled in chunks: `jaxspec.decoding.prefill`)
+# until the conversation outgrows 1024 tokens, then 2048, ...: one compile per doubling. The first
+# rung is 1024, not the first turn's size: a rung of 512 would compile again on most second turns.
+CONTEXT_RUNGS_FROM = 1024
+
+
+def context_cache_len(needed: int, most: int) -> int:
+    """The cache length of a conversation turn that needs `needed` positions (prompt, reply budget
+    and one step's overshoot): the smallest rung (`CONTEXT_RUNGS_FROM` x 2^k) that holds it, at
+    most `most` (the model's positions and a step's overshoot, a multiple of 64) and at least `needed`."""
+    rung = CONTEXT_RUNGS_FROM
+    while rung < needed:
+        rung *= 2
+    return max(needed, min(rung, most))
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodePlan:
     """How a request decodes: the method (canonical name, options with the defaults filled in,

@@ -9,14 +9,9 @@ from __future__ import annotations
 
 from jaxspec import progress
 from jaxspec.runtime import auto
-from jaxspec.chat import chat_prompt, stop_ids
+from jaxspec.chat import stop_ids
 from jaxspec.errors import GenerationError
-from jaxspec.generate import generate
 from jaxspec.serving.requests import ServeSettings
-
-# The prompt `method="auto"` measures at start-up (a chat request where the model has a template).
-AUTO_PROBE = "Write a Python function that returns the n-th Fibonacci number, and explain it."
-
 
 def eos_ids(model) -> tuple[int, ...]:
     """What ends a reply: the model's EOS ids and its tokenizer's end-of-turn ids."""
@@ -25,17 +20,10 @@ def eos_ids(model) -> tuple[int, ...]:
     return tuple(dict.fromkeys(tuple(model.config.eos_token_ids) + stop_ids(model)))
 
 
-def resolve_auto(model, slots: int, context: int) -> tuple[str, dict, str]:
-    """`auto` for a server: the method and options `jaxspec.runtime.auto` measures fastest for `slots`
-    rows of a typical request; with the reason."""
-    if model.tokenizer is not None and model.tokenizer.chat_template is not None:
-        prompt = chat_prompt(model, [{"role": "user", "content": AUTO_PROBE}])
-    elif model.tokenizer is not None:
-        prompt = model.tokenizer.encode(AUTO_PROBE)
-    else:
-        prompt = [model.config.bos_token_id or 0]
-    new = min(128, context - len(prompt))
-    choice = auto.choose(model, [prompt] * slots, slots, len(prompt), new, generate=generate)
+def resolve_auto(model, slots: int, temperature: float) -> tuple[str, dict, str]:
+    """`auto` for a server: the method and options `jaxspec.runtime.auto`'s ledger of `slots`-row
+    serving holds fastest (greedy while it holds nothing), at once; with the reason."""
+    choice = auto.choose(model, slots, kind="serve", sampled=temperature != 0)
     return choice.method, dict(choice.options), choice.reason
 
 
@@ -77,7 +65,7 @@ def make_server(model, model_id: str, *, method: str = "auto", method_options: d
             raise GenerationError("method 'auto' chooses the method and its options; it takes none")
         with progress.phase(f"choosing the method for requests that name none (auto, {slots} slot"
                             f"{'s' * (slots != 1)})") as said:
-            method, options, reason = resolve_auto(model, slots, context)
+            method, options, reason = resolve_auto(model, slots, temperature)
             said.text = f": {method}"
     settings = ServeSettings(model_id=model_id, slots=slots, context=context, chunk_steps=chunk_steps, method=method,
                              method_options=tuple(sorted(options.items())), temperature=temperature,

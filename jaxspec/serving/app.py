@@ -163,7 +163,7 @@ class Server:
         is not 0) before the first request, so it does not wait for compilation."""
         plan = self.requests.plan(self.settings.method, dict(self.settings.method_options),
                                   self.settings.temperature == 0, False)
-        self.scheduler.group(plan).warm(buckets=(32, 48, 64))
+        self.scheduler.group(plan, wait=True)
 
     # ----------------------------------------------------------------------------- routes
     async def health(self, request: Request) -> JSONResponse:

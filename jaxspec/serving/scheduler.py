@@ -7,6 +7,11 @@ the host, and a job that is finished, stopped or cancelled (its client went away
 slot at once. Jobs that decode with different engines (method, greedy or sampled, stop at EOS
 or not) live in different slot groups, each one compiled program; idle groups make room for
 new ones when there are more than `max_groups`.
+
+Nothing compiles on the scheduler's thread while it serves: a new group is built, and the
+programs a job needs are compiled, by a background worker (`jaxspec.runtime.background`) while
+that job waits in the queue and the others go on streaming; a chunk runs the smallest compiled
+program that covers its rows (`SlotGroup.advance`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxspec.decoding.sampling import SamplingParams
+from jaxspec.runtime.background import Background
 from jaxspec.runtime.plan import DecodePlan
 from jaxspec.serving.slots import SlotGroup
 
@@ -122,6 +128,9 @@ class Scheduler:
         self.detokenizers: dict[tuple, Detokenizer] = {}
         self.counters = collections.Counter()
         self.thread = threading.Thread(target=self._run, name="jaxspec-scheduler", daemon=True)
+        self.compiler = Background(on_done=self._wake)  # groups and programs, off this thread
+        self.building: dict[tuple, SlotGroup | None] = {}  # plan key -> the group once built (None: building)
+        self._woken = False
 
     # ----------------------------------------------------------------------------- client side
     def start(self) -> None:
@@ -137,7 +146,11 @@ class Scheduler:
 
     def cancel(self, job: Job) -> None:
         job.cancelled = True
+        self._wake()
+
+    def _wake(self) -> None:
         with self.cond:
+            self._woken = True
             self.cond.notify()
 
     def stop(self, timeout: float | None = None) -> None:
@@ -151,26 +164,49 @@ class Scheduler:
         with self.cond:
             busy = sum(j is not None for jobs in self.jobs.values() for j in jobs)
             return {"waiting": len(self.waiting), "running": busy, "slots": self.slots, "groups": len(self.groups),
-                    **self.counters}
+                    "compiling": int(self.compiler.busy()),
+                    "stalls": sum(g.stalls for g in self.groups.values()), **self.counters}
 
-    def group(self, plan: DecodePlan) -> SlotGroup | None:
-        """The plan's slot group, built on first use; idle groups beyond `max_groups` go. None
-        while `max_groups` groups are all busy (the job waits)."""
+    def group(self, plan: DecodePlan, wait: bool = False) -> SlotGroup | None:
+        """The plan's slot group; idle groups beyond `max_groups` go. A group not built yet is
+        built by the background worker (`wait`: here, now; `Server.warm` builds the default
+        group's so), and None is returned meanwhile, as while `max_groups` groups are all busy:
+        the job waits."""
+        if plan.key in self.building and self.building[plan.key] is not None:  # built: in service from now
+            self._add(plan, self.building.pop(plan.key))
         if plan.key in self.groups:
             self.groups.move_to_end(plan.key)
             return self.groups[plan.key]
+        if plan.key in self.building:
+            return None
         idle = [k for k, jobs in self.jobs.items() if all(j is None for j in jobs)]
-        while len(self.groups) >= self.max_groups and idle:
+        while len(self.groups) + len(self.building) >= self.max_groups and idle:
             key = idle.pop(0)
             del self.groups[key], self.jobs[key], self.detokenizers[key]
-        if len(self.groups) >= self.max_groups:
+        if len(self.groups) + len(self.building) >= self.max_groups:
             return None
-        # (its programs compile on first use; `Server.warm` compiles the default group's at start-up)
-        group = SlotGroup(self.model, plan.engine, plan.graphdef, plan.params, slots=self.slots,
-                          context=self.context, eos_ids=plan.eos_ids, chunk_steps=self.chunk_steps)
+
+        def build() -> SlotGroup:
+            group = SlotGroup(self.model, plan.engine, plan.graphdef, plan.params, slots=self.slots,
+                              context=self.context, eos_ids=plan.eos_ids, chunk_steps=self.chunk_steps,
+                              compiler=self.compiler)
+            group.warm(tiers=1)  # the rest queued behind it
+            return group
+
+        if wait:
+            self._add(plan, build())
+            return self.groups[plan.key]
+        self.building[plan.key] = None
+
+        def build_off_thread() -> None:
+            self.building[plan.key] = build()
+
+        self.compiler.submit(("group", plan.key), build_off_thread)
+        return None
+
+    def _add(self, plan: DecodePlan, group: SlotGroup) -> None:
         self.groups[plan.key], self.jobs[plan.key] = group, [None] * self.slots
         self.detokenizers[plan.key] = Detokenizer(self.model.tokenizer, plan.eos_ids)
-        return group
 
     # ----------------------------------------------------------------------------- scheduler thread
     def _run(self) -> None:
@@ -181,9 +217,15 @@ class Scheduler:
                 if self.stopping and not self.waiting and not self._busy():
                     return
                 waiting = list(self.waiting)
-            self._admit(waiting)
-            for key in [k for k in self.groups if any(j is not None for j in self.jobs[k])]:
+                self._woken = False
+            admitted = self._admit(waiting)
+            busy = [k for k in self.groups if any(j is not None for j in self.jobs[k])]
+            for key in busy:
                 self._guarded(key, lambda g=self.groups[key], k=key: self._advance(k, g))
+            if not admitted and not busy:  # jobs wait for programs compiling: until one is done
+                with self.cond:
+                    if not self._woken:
+                        self.cond.wait(1.0)
 
     def _busy(self) -> bool:
         return any(j is not None for jobs in self.jobs.values() for j in jobs)
@@ -201,11 +243,17 @@ class Scheduler:
             self.groups.pop(key, None)
             self.counters["failed"] += 1
 
-    def _admit(self, waiting: list[Job]) -> None:
+    def _admit(self, waiting: list[Job]) -> int:
+        """Put waiting jobs whose programs are ready into free slots; how many took one."""
+        taken = 0
         for job in waiting:
             admitted = dropped = job.cancelled  # dropped: cancelled before it had a slot
             if not job.cancelled:
+                failed = self.compiler.failed.get(("group", job.plan.key))
                 try:
+                    if failed is not None:
+                        self.building.pop(job.plan.key, None)
+                        raise RuntimeError(failed)
                     group = self.group(job.plan)
                 except Exception as e:  # noqa: BLE001
                     traceback.print_exc(file=sys.stderr)
@@ -214,16 +262,18 @@ class Scheduler:
                     group = None
                 if group is not None and not admitted:
                     jobs = self.jobs[job.plan.key]
-                    if None in jobs:
+                    if None in jobs and group.admits(jobs.index(None), len(job.prompt), job.limit):
                         slot = jobs.index(None)
                         jobs[slot] = job
                         admitted = True
+                        taken += 1
                         self._guarded(job.plan.key, lambda: self._insert(group, slot, job))
             if admitted:
                 with self.cond:
                     self.waiting.remove(job)
                 if dropped:  # (a job cancelled once in its slot is counted where its slot is freed)
                     self.counters["cancelled"] += 1
+        return taken
 
     def _insert(self, group: SlotGroup, slot: int, job: Job) -> None:
         job.admitted_at = time.perf_counter()

@@ -11,9 +11,9 @@ for that request alone (batch 1), so every row computes what the request compute
 
 Four programs, none recompiled while serving:
 
-* `start` (one per prompt bucket): prefill + first token + sources' state of one request
-  (`jaxspec.decoding.methods.begin`, batch 1), with buffers sized by the prompt (the n-gram pool's copy
-  of the text) padded to the slots' shapes;
+* `start` (one for every prompt: the prompt is padded to the context and prefilled in chunks,
+  `jaxspec.decoding.prefill`, at a cost that follows its length): prefill + first token +
+  sources' state of one request (`jaxspec.decoding.methods.begin`, batch 1);
 * `insert`: writes that state into one slot's row (the slots' state is donated: in place);
 * `advance`: the engine's `advance` (the loop `generate` and `stream` run): up to `chunk_steps`
   steps, until every busy slot is done. A row stops at
@@ -22,6 +22,12 @@ Four programs, none recompiled while serving:
   is compiled per tier of rows (1, 2, 4, ... slots) and steps the first rows only; the
   scheduler keeps the busy slots first (`move`), so one request in flight costs one row;
 * `move`: copies a slot's row into a free slot.
+
+With a `Background` worker (`jaxspec.runtime.background`; the server's), no program compiles on
+the caller's thread once the group is built: `admits` says whether a request's programs are
+ready (and queues what is missing), and `advance` runs the smallest compiled `advance` that
+covers the busy rows and their cache (a larger tier or length computes the same rows), queuing
+the exact one for later chunks. Without one, programs compile where they are first needed.
 """
 
 from __future__ import annotations
@@ -129,7 +135,7 @@ class SlotGroup:
     end-of-sequence ids. Not thread-safe: one scheduler thread drives it."""
 
     def __init__(self, model, engine: Engine, graphdef, params, *, slots: int, context: int,
-                 eos_ids: tuple[int, ...], chunk_steps: int):
+                 eos_ids: tuple[int, ...], chunk_steps: int, compiler=None):
         self.model, self.engine, self.graphdef, self.params = model, engine, graphdef, params
         self.slots, self.context, self.eos_ids, self.chunk_steps = slots, context, eos_ids, chunk_steps
         # A request's prompt + output fit in `context` positions; the output buffer holds up to
@@ -137,6 +143,8 @@ class SlotGroup:
         self.max_new_tokens = context
         self.cache_len = -(-(context + engine.max_commit) // 64) * 64
         self.compile_seconds = 0.0
+        self.compiler = compiler  # a `Background` that compiles off the scheduler's thread, or None
+        self.stalls = 0  # chunks that had to compile on the caller's thread (no covering program yet)
         # Programs live in the model's one program table (`Model.compiled`, as generate's), keyed
         # by what decides them: a group made again for the same plan finds them there.
         self._key = ("slots", engine, eos_ids, slots, context, chunk_steps,
@@ -155,8 +163,8 @@ class SlotGroup:
         else:
             self.axes = _differing_axis(self.row_shapes, self._shapes(2, self.cache_len))
         self.used = np.zeros(slots, np.int32)  # cache positions each slot's request may reach by the next read
-        empty = self._start_program(prompt_bucket(1))(*self._start_args(np.zeros(prompt_bucket(1), np.int32), 1, 0,
-                                                                           self._sampling0))
+        self.bucket = prompt_bucket(self.context)  # every prompt's buffer (`start`)
+        empty = self._start_program()(*self._start_args(np.zeros(self.bucket, np.int32), 1, 0, self._sampling0))
 
         def tile(x, axis):
             if self.per_row:
@@ -165,12 +173,16 @@ class SlotGroup:
 
         state = jax.tree.map(tile, empty, self.axes)
         self.state = state.replace(decode=state.decode.replace(done=jnp.ones_like(state.decode.done)))
+        # What the programs are lowered from (the state itself is donated chunk after chunk: another
+        # thread must not read it).
+        self.state_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                                         self.state)
         self.limit = np.zeros(slots, np.int32)
         self.prompt_len = np.zeros(slots, np.int32)
         self.sampling = {k: np.full(slots, v) for k, v in _fields(self._sampling0)}  # (free slots: neutral)
 
     def _shapes(self, batch: int, cache_len: int):
-        """The loop state's shapes for `batch` rows at the widest prompt bucket."""
+        """The loop state's shapes for `batch` rows at the prompt buffer."""
         bucket = prompt_bucket(self.context)
         args = (self.graphdef, self.params, jax.ShapeDtypeStruct((batch, bucket), jnp.int32),
                 jax.ShapeDtypeStruct((batch,), jnp.int32), jax.random.key(0), self._sampling0)
@@ -192,39 +204,90 @@ class SlotGroup:
         self.compile_seconds += seconds
         return program
 
-    def _start_program(self, bucket: int):
-        args = self._start_args(np.zeros(bucket, np.int32), 1, 0, self._sampling0)
+    def compiled(self, *key) -> bool:
+        return (*self._key, *key) in self.model.compiled
+
+    def _start_program(self):
+        args = self._start_args(np.zeros(self.bucket, np.int32), 1, 0, self._sampling0)
         # (the slot shapes are a pytree, not hashable: bound, not static)
         fn = functools.partial(_start, shapes=self.row_shapes)
-        return self._compile(("start", bucket), fn, args, self._begin_statics())
+        return self._compile(("start",), fn, args, self._begin_statics())
 
-    def warm(self, buckets: tuple[int, ...] = (), lengths: int = 1) -> None:
-        """Compile before the first request: the prefills of `buckets`, insert, move, and
-        advance for every tier of rows over the first `lengths` cache lengths (longer ones
-        compile when a request first reaches them)."""
-        for b in buckets:
-            self._start_program(b)
-        self._insert_program(self.row_shapes)  # (shapes stand for the arrays when lowering)
+    def warm(self, tiers: int | None = None) -> None:
+        """Compile before the first request: insert, move and `advance` of the first `tiers`
+        tiers of rows (None: all) over the smallest cache length and over the whole cache
+        (`start` compiled with the group).
+        With a `Background` worker, the other tiers, and each tier over the whole cache, are queued
+        to compile next: a chunk then always finds a covering program."""
+        self._insert_program()
         self._move_program()
-        for rows in self.tiers:
-            for length in self.lengths[:lengths]:
+        for rows in self.tiers[:tiers]:
+            for length in (self.lengths[0], self.cache_len):  # a short request's, and one that covers any
                 self._advance_program(rows, length)
+        if self.compiler is not None:
+            for length in (self.lengths[0], self.cache_len):
+                for rows in self.tiers:
+                    self._queue(rows, length)
+
+    def _queue(self, rows: int, length: int) -> None:
+        if not self.compiled("advance", rows, length):
+            self.compiler.submit((self._key, "advance", rows, length), lambda: self._advance_program(rows, length))
 
     # (the slot axes are a pytree, not hashable: bound with partial, not static)
-    def _insert_program(self, one: EngineState):
+    def _insert_program(self):
         fn = functools.partial(_insert, axes=self.axes, per_row=self.per_row)
-        return self._compile(("insert",), fn, (self.state, one, jnp.int32(0)), {}, donate_argnums=(0,))
+        # (shapes stand for the arrays when lowering)
+        return self._compile(("insert",), fn, (self.state_shapes, self.row_shapes, jnp.int32(0)), {},
+                             donate_argnums=(0,))
 
     def _advance_program(self, rows: int, length: int):
         statics = dict(engine=self.engine, eos_ids=self.eos_ids, chunk_steps=self.chunk_steps, rows=rows,
                        length=length)
-        args = (self.graphdef, self.params, self.state, self._sampling_arrays(rows), jnp.asarray(self.limit[:rows]))
+        args = (self.graphdef, self.params, self.state_shapes, self._sampling_arrays(rows),
+                jax.ShapeDtypeStruct((rows,), jnp.int32))
         fn = functools.partial(_advance, axes=self.axes, length_axes=self.length_axes, per_row=self.per_row)
         return self._compile(("advance", rows, length), fn, args, statics, donate_argnums=(2,))
 
     def _move_program(self):
         fn = functools.partial(_move, axes=self.axes)
-        return self._compile(("move",), fn, (self.state, jnp.int32(0), jnp.int32(0)), {}, donate_argnums=(0,))
+        return self._compile(("move",), fn, (self.state_shapes, jnp.int32(0), jnp.int32(0)), {}, donate_argnums=(0,))
+
+    def _covering(self, rows: int, reach: int) -> tuple[int, int]:
+        """The (tier, length) a chunk of the first `rows` rows reaching `reach` cache positions
+        runs: the exact one when compiled (or with no worker: compiled now), else the smallest
+        compiled that covers it, the exact one queued. Nothing compiled covers it: compiled now (a
+        stall, counted)."""
+        tier = next(t for t in self.tiers if t >= rows)
+        length = next(n for n in self.lengths if n >= min(reach, self.cache_len))
+        if self.compiler is None or self.compiled("advance", tier, length):
+            return tier, length
+        self._queue(tier, length)
+        covering = [(t * n, t, n) for t in self.tiers for n in self.lengths
+                    if t >= tier and n >= length and self.compiled("advance", t, n)]
+        if covering:
+            return min(covering)[1:]
+        self.stalls += 1
+        return tier, length
+
+    def admits(self, slot: int, prompt_len: int, limit: int) -> bool:
+        """Whether a request of `prompt_len` tokens and at most `limit` new ones put in `slot`
+        finds a compiled `advance` for every chunk until it and the busy rows are done (one of
+        their tier or more, over the cache they may reach at the end); always, without a worker.
+        What is missing is queued."""
+        if self.compiler is None:
+            return True
+        busy = np.flatnonzero(self.limit > 0)
+        rows = max(int(busy[-1]) + 1 if busy.size else 0, slot + 1)
+        ends = [self._reach(int(self.prompt_len[i]), int(self.limit[i])) for i in busy]
+        reach = max([*ends, self._reach(prompt_len, limit)])
+        tier = next(t for t in self.tiers if t >= rows)
+        length = next(n for n in self.lengths if n >= min(reach, self.cache_len))
+        ready = any(self.compiled("advance", t, n) for t in self.tiers for n in self.lengths if t >= tier and n >= length)
+        if not ready and (self._key, "advance", tier, length) in self.compiler.failed:
+            return True  # compiled where it runs, and its error reported there (`Scheduler._guarded`)
+        if not ready:
+            self._queue(tier, length)
+        return ready
 
     @property
     def tiers(self) -> list[int]:
@@ -252,11 +315,10 @@ class SlotGroup:
         `advance` until EOS or `limit` new tokens."""
         if not 0 < limit <= self.max_new_tokens or len(prompt) + limit > self.context:
             raise ValueError(f"prompt ({len(prompt)}) + limit ({limit}) does not fit the slot's {self.context}")
-        bucket = prompt_bucket(len(prompt))
-        padded = np.zeros(bucket, np.int32)
+        padded = np.zeros(self.bucket, np.int32)
         padded[:len(prompt)] = prompt
-        one = self._start_program(bucket)(*self._start_args(padded, len(prompt), seed, sampling))
-        self.state = self._insert_program(one)(self.state, one, jnp.int32(slot))
+        one = self._start_program()(*self._start_args(padded, len(prompt), seed, sampling))
+        self.state = self._insert_program()(self.state, one, jnp.int32(slot))
         self.limit[slot] = limit
         self.prompt_len[slot] = len(prompt)
         self.used[slot] = self._reach(len(prompt), 1)
@@ -284,9 +346,8 @@ class SlotGroup:
         slot); each slot's row afterwards (one host sync)."""
         busy = self.limit > 0
         last = int(np.flatnonzero(busy)[-1]) + 1 if busy.any() else 1
-        rows = next(t for t in self.tiers if t >= last)
         reach = int(self.used[busy].max()) if busy.any() else 1
-        length = next(n for n in self.lengths if n >= min(reach, self.cache_len))
+        rows, length = self._covering(last, reach)
         program = self._advance_program(rows, length)
         self.state = program(self.graphdef, self.params, self.state, self._sampling_arrays(rows),
                              jnp.asarray(self.limit[:rows]))

@@ -44,7 +44,8 @@ from jaxtyping import Array, Bool, Float, Int
 from jaxspec.decoding.sources.base import Branch, Outcome, Start, Step
 from jaxspec.decoding.tree import ROOT, BranchLayout, chain
 from jaxspec.models.kv_cache import KVCache, commit, init_cache
-from jaxspec.models.model import Transformer, causal_mask
+from jaxspec.decoding.prefill import forward_chunks
+from jaxspec.models.model import Transformer
 from jaxspec.decoding.sampling import target_probs, warp_logits
 
 
@@ -191,23 +192,20 @@ class PardDrafter:
         token (the target has its hidden state)."""
         drafter, projection, _ = weights
         spec, prompts, lengths, hidden = self.spec, start.prompts, start.prompt_lengths, start.hidden
-        batch, p = prompts.shape
+        batch = prompts.shape[0]
         rows = jnp.arange(batch)
         pending_len = start.emit_len
-        positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (batch, p))
         # Token t is paired with the target's state at t-1; token 0 with zeros.
         shifted = jnp.concatenate([jnp.zeros_like(hidden[:, :1]), hidden[:, :-1]], axis=1)
-        cache = init_cache(drafter, batch, start.cache_len)
-        out = drafter(prompts, positions, causal_mask(lengths, p), cache, embed_offset=self._offset(projection, shifted),
-                      head="none")
-        take = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (batch, p))
         last = lengths - 1
+        # In chunks, as the target's prefill: its cost follows the prompt, not the prompt's buffer.
+        _, cache, _ = forward_chunks(drafter, prompts, lengths if spec.bonus_in_context else last,
+                                     init_cache(drafter, batch, start.cache_len),
+                                     embed_offset=self._offset(projection, shifted))
         pending = jnp.zeros((batch, pending_len), jnp.int32)
         if spec.bonus_in_context:
-            cache = commit(cache, out.block_kv, take, lengths)
             first_feature, pending = hidden[rows, last], pending.at[:, 0].set(start.first)
         else:
-            cache = commit(cache, out.block_kv, take, last)
             first_feature, pending = shifted[rows, last], pending.at[:, 0].set(prompts[rows, last])
         features = jnp.zeros((batch, pending_len, hidden.shape[-1]), jnp.float32).at[:, 0].set(first_feature)
         k = spec.draft_len
