@@ -26,7 +26,8 @@ from jaxspec.checkpoint.loading import Model
 from jaxspec.runtime.memory import MemoryEstimate
 from jaxspec.decoding.engine import finish
 from jaxspec.decoding.methods import advance, begin, decode
-from jaxspec.runtime.plan import context_cache_len, plan_decode, prompt_bucket, resolve
+from jaxspec.runtime.plan import (AUTO_RUNGS_FROM, CONVERSATION_RUNGS_FROM, context_cache_len, plan_decode,
+                                  prompt_bucket, resolve)
 from jaxspec.models.meshes import lp_mesh, lp_params, replicate
 from jaxspec.decoding.sampling import MAX_LOGPROBS, SamplingParams, penalized
 from jaxspec.models.tensor_parallel import MODEL_AXIS, place_inputs
@@ -163,7 +164,8 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     """Check every argument and build the request (see `generate` for their meaning).
     `conversation`: shapes of a conversation turn (`stream`): the cache one rung of
     `context_cache_len` and the prompt padded to it less the reply's budget, so that every turn of
-    a chat runs the programs its first turn compiled.
+    a chat runs the programs its first turn compiled. `method="auto"` (and `window="auto"`) uses
+    rungs too (smaller ones): what it compiles in the background serves later prompts of any length.
 
     Integer arguments take Python, numpy or jax integers (0-d arrays too); numbers take floats
     as well; anything else is a GenerationError naming the type given and what is expected."""
@@ -200,7 +202,9 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
                                    stop_ids=stop_ids, **knobs).items()}
     longest = max(len(r) for r in rows)
     logits = penalized(**{k: v for k, v in knobs.items() if k != "min_p"}) or logprobs is not None
-    buffer = context_cache_len(longest + max_new_tokens, 1 << 62) if conversation else prompt_bucket(longest)
+    choosing = _choice is not None or method == "auto" or (method == "lookahead" and method_options.get("window") == "auto")
+    rungs = CONVERSATION_RUNGS_FROM if conversation else AUTO_RUNGS_FROM if choosing else None
+    buffer = prompt_bucket(longest) if rungs is None else context_cache_len(longest + max_new_tokens, 1 << 62, rungs)
     learning = _Learning(batch=len(rows), kind=("stream" if conversation else "generate") + ("+logits" * logits),
                          sampled=temperature != 0, lookahead_only=method == "lookahead",
                          shape=(buffer, max_new_tokens, tuple(sorted(generation.items()))))
@@ -234,8 +238,9 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
                        max_new_tokens=max_new_tokens, eos_ids=tuple(dict.fromkeys(eos_ids + stop_ids)))
     name, options, engine, lp_devices = plan.name, plan.options, plan.engine, plan.lp_devices
     cache_len = _round_up(p + max_new_tokens + engine.max_commit, 64)
-    if conversation:
-        cache_len = context_cache_len(cache_len, _round_up(model.config.max_position_embeddings + engine.max_commit, 64))
+    if rungs is not None:
+        cache_len = context_cache_len(cache_len, _round_up(model.config.max_position_embeddings + engine.max_commit, 64),
+                                      rungs)
         p = cache_len - max_new_tokens
     prompts = np.zeros((len(rows), p), np.int32)
     for i, r in enumerate(rows):
@@ -294,12 +299,12 @@ def _learn(model: Model, request: Request, out: "GenerateOutput") -> None:
                             **learning.ledger())
     if candidate is None:
         return
-    arguments = {**request.arguments, "method": candidate.method, **candidate.options}
-    if not learning.lookahead_only:
-        arguments.pop("window", None)
+    arguments = {k: v for k, v in request.arguments.items() if k != "window" or learning.lookahead_only}
+    # (as a choice of auto's: the request's shapes are auto's cache rungs, as the later request's)
+    as_chosen = auto.Choice(method=candidate.method, options=dict(candidate.options), reason="", candidates=())
 
     def compile_it():  # and run once: on a CPU a program's first run costs several of its later ones
-        tried = prepare(model, **arguments)
+        tried = prepare(model, **arguments, _choice=as_chosen)
         if request.arguments.get("conversation"):
             state, step_fn, _, _ = _stream_programs(model, tried, chunk_steps=1)
             jax.block_until_ready(step_fn(*tried.args[:2], state, tried.args[5], jnp.int32(1)))

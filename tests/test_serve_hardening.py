@@ -193,6 +193,7 @@ def test_a_new_method_setting_past_max_plans_is_refused_before_compiling(server)
 def test_a_job_cancelled_during_its_insert_is_counted_once(server, model):
     plan = next(iter(server.requests._plans.values()))
     scheduler = Scheduler(model, slots=2, context=128, chunk_steps=3)
+    scheduler.group(plan, wait=True)  # (built here: `_admit` would have the worker build it, the job waiting)
     job = Job(prompt=[1, 2, 3], limit=4, seed=0, sampling=SamplingParams.create(0.0, 0, 1.0), plan=plan,
               deliver=lambda ev: None)
     insert = scheduler._insert

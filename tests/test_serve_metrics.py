@@ -195,7 +195,16 @@ def test_metrics_count_what_was_sent_and_what_the_answers_say(server):
     assert delta(before, after, "jaxspec:scheduler_jobs_total", event="completed") == 9
 
 
-def test_metrics_show_a_request_in_its_slot_and_a_stream_the_client_left(server):
+def test_metrics_show_a_request_in_its_slot_and_a_stream_the_client_left(server, monkeypatch):
+    from jaxspec.serving.slots import SlotGroup
+
+    advance = SlotGroup.advance
+
+    def slowly(group):  # (110 tokens of pycode-5M decode in ~0.1 s: a scrape must find them in their slot)
+        time.sleep(0.05)
+        return advance(group)
+
+    monkeypatch.setattr(SlotGroup, "advance", slowly)
     before = scrape(server)
     body = {"model": MODEL_ID, "prompt": PROMPTS[0], "max_tokens": 110, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", server.url + "/completions", json=body, timeout=120) as r:

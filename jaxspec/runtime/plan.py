@@ -26,19 +26,22 @@ def prompt_bucket(length: int) -> int:
     return bucket
 
 
-# The cache lengths of a conversation (`stream`, `chat`): 1024 x 2^k, the smallest that holds the
-# turn. Every turn of a chat reuses the programs its first turn compiled (the prompt is padded to
-# the cache length less the reply's budget, and prefilled in chunks: `jaxspec.decoding.prefill`)
-# until the conversation outgrows 1024 tokens, then 2048, ...: one compile per doubling. The first
-# rung is 1024, not the first turn's size: a rung of 512 would compile again on most second turns.
-CONTEXT_RUNGS_FROM = 1024
+# Cache rungs: a request's cache is the smallest rung (FIRST x 2^k) that holds it and its prompt is
+# padded to the rung less the reply's budget and prefilled in chunks (`jaxspec.decoding.prefill`),
+# so that requests of any prompt length up to the rung run one program. A conversation (`stream`,
+# `chat`) starts at 1024: every turn reuses the programs its first turn compiled until the
+# conversation outgrows 1024 tokens (a rung of 512 would compile again on most second turns).
+# `method="auto"`'s `generate` starts at 256: the settings it compiles in the background serve the
+# next requests whatever their prompt, at most twice the cache they need.
+CONVERSATION_RUNGS_FROM = 1024
+AUTO_RUNGS_FROM = 256
 
 
-def context_cache_len(needed: int, most: int) -> int:
-    """The cache length of a conversation turn that needs `needed` positions (prompt, reply budget
-    and one step's overshoot): the smallest rung (`CONTEXT_RUNGS_FROM` x 2^k) that holds it, at
-    most `most` (the model's positions and a step's overshoot, a multiple of 64) and at least `needed`."""
-    rung = CONTEXT_RUNGS_FROM
+def context_cache_len(needed: int, most: int, first: int = CONVERSATION_RUNGS_FROM) -> int:
+    """The cache length of a request that needs `needed` positions (prompt, reply budget and one
+    step's overshoot): the smallest rung (`first` x 2^k) that holds it, at most `most` (the model's
+    positions and a step's overshoot, a multiple of 64) and at least `needed`."""
+    rung = first
     while rung < needed:
         rung *= 2
     return max(needed, min(rung, most))
