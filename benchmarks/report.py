@@ -731,6 +731,27 @@ def auto_bench(r: dict) -> list[str]:
     return lines + body
 
 
+def cold_start(r: dict) -> list[str]:
+    """Per scenario, each revision's cold and stored waits (seconds from the process's start)."""
+    lines = [f"{r['model']}; each command a new process, \"cold\": empty compile cache and `auto` store, \"stored\": "
+             "what the cold run left. chat: first text of the first reply after the process started, then of each "
+             f"later reply after its question (questions: {'; '.join(r['questions'])}). generate: "
+             f"`--max-new-tokens {r['new_tokens']} --no-compare`, to its output and its exit. serve (8 slots): ready, "
+             "then one streamed chat request's first text and end.", "",
+             "| scenario | revision | state | waits (s) |", "|---|---|---|---|"]
+    for row in r["runs"]:
+        if row["scenario"] == "chat":
+            after = ", ".join(f"{x:.1f}" for x in row["first_text_after_question"][1:])
+            waits = f"first reply {row['first_text_after_start']:.1f} after start; next replies {after} after asking"
+        elif row["scenario"] == "generate":
+            waits = f"output {row['output_after_start']:.1f}, exit {row['exit_after_start']:.1f} after start"
+        else:
+            waits = (f"ready {row['ready_after_start']:.1f} after start; first text "
+                     f"{row['first_text_after_request']:.2f}, end {row['request_seconds']:.2f} after the request")
+        lines.append(f"| {row['scenario']} | {row['revision']} | {row['state']} | {waits} |")
+    return lines
+
+
 SECTIONS = [
     Section("code_bench", "Default model on held-out code: every lossless method, the PARD-2 drafter at K = 4..16",
             "python -m benchmarks.code_bench --draft-len 4 8 12 16",
@@ -937,6 +958,12 @@ SECTIONS = [
             "pycode-5M, stories260K and SmolLM2-135M-Instruct decoded with `auto` and with each candidate it "
             "weighs, interleaved: what it chose, its speed against the best fixed setting, what measuring cost.",
             auto_bench),
+    Section("cold_start", "Time to the first token: chat, generate and serve, cold and stored",
+            "python -m benchmarks.cold_start --against 864d08c",
+            "What a user waits for from a fresh process: SmolLM2-135M-Instruct's chat (three questions), one "
+            "generation and the server's start and first request, with empty caches and again with what that "
+            "left, against the revision before `auto` decided while decoding.", cold_start,
+            variants=("cold_start_smoke",)),
     Section("serve_bench", "jaxspec serve: concurrent clients against one request at a time",
             "python -m benchmarks.serve_bench",
             "The OpenAI-compatible server (docs/serving.md) under N concurrent streaming clients: throughput, time "
