@@ -128,6 +128,18 @@ def _choose(model: Model, learning: _Learning, method: str, method_options: dict
     return choice.method, {**options, **choice.options}, choice
 
 
+def _hashable(value):
+    """A generation argument as a key part (arrays, even 0-d, are not hashable); one not checked yet
+    and not plain (its own error comes later) by its repr."""
+    try:
+        if is_array(value) or isinstance(value, (list, tuple)):
+            return tuple(np.asarray(value).tolist()) if np.ndim(value) else np.asarray(value).item()
+        hash(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
 def _check_length(model: Model, rows: list[list[int]], max_new_tokens: int) -> None:
     longest = max(len(r) for r in rows)
     limit = model.config.max_position_embeddings
@@ -195,11 +207,8 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     if logprobs is not None:
         logprobs = int_arg("logprobs", logprobs, f"None or an integer in [0, {MAX_LOGPROBS}] (the most likely "
                            "tokens reported per token)", lambda n: 0 <= n <= MAX_LOGPROBS)
-    # (plain Python values: the learning shape is a key; arrays, even 0-d, are not hashable)
-    plain = lambda v: tuple(np.asarray(v).tolist()) if np.ndim(v) else np.asarray(v).item()  # noqa: E731
-    generation = {k: plain(v) if is_array(v) or isinstance(v, (list, tuple)) else v
-                  for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p, stop_at_eos=stop_at_eos,
-                                   stop_ids=stop_ids, **knobs).items()}
+    generation = {k: _hashable(v) for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p,
+                                                   stop_at_eos=stop_at_eos, stop_ids=stop_ids, **knobs).items()}
     longest = max(len(r) for r in rows)
     logits = penalized(**{k: v for k, v in knobs.items() if k != "min_p"}) or logprobs is not None
     choosing = _choice is not None or method == "auto" or (method == "lookahead" and method_options.get("window") == "auto")

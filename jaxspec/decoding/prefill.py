@@ -32,12 +32,14 @@ def concat_features(hidden_states: tuple, batch: int, length: int) -> Float[Arra
 
 def forward_chunks(model: Transformer, tokens: Int[Array, "b p"], count: Int[Array, " b"], cache: KVCache, *,
                    hidden_layers: tuple[int, ...] = (), embed_offset: Float[Array, "b p d"] | None = None,
-                   chunk: int = PREFILL_CHUNK) -> tuple[Float[Array, "b p d"], KVCache, Float[Array, "b p f"]]:
+                   chunk: int | None = None) -> tuple[Float[Array, "b p d"], KVCache, Float[Array, "b p f"]]:
     """Commit each row's first `count` tokens (right-padded `tokens`, positions from 0) to an
-    empty `cache`, `chunk` tokens a forward; return the final states of every token, the cache,
-    and the hidden states at `hidden_layers` (`concat_features`). Positions past a row's count
-    are padding: their states are garbage and never committed."""
+    empty `cache`, `chunk` tokens (default PREFILL_CHUNK, read when traced) a forward; return the
+    final states of every token, the cache, and the hidden states at `hidden_layers`
+    (`concat_features`). Positions past a row's count are padding: their states are garbage and
+    never committed."""
     batch, p = tokens.shape
+    chunk = chunk or PREFILL_CHUNK
 
     def forward(ids, start, offset, cache):
         t = ids.shape[1]

@@ -266,10 +266,11 @@ def _contenders(options: list[Candidate], lookahead_only: bool) -> list[Candidat
 
 
 def choose(model, batch: int, *, kind: str = "generate", sampled: bool = False, lookahead_only: bool = False,
-           ready=lambda candidate: False) -> Choice:
+           ready=lambda candidate: False, tries: bool = True) -> Choice:
     """The setting for this request, from the ledger alone (see the module docstring): never
     waits, never times. `ready(candidate)`: whether that setting's program for this request is
-    compiled (only such a contender is tried)."""
+    compiled (only such a contender is tried); `tries`: whether the caller compiles contenders
+    to try at all (`to_try`)."""
     options = candidates(model, lookahead_only)
     ledger = Ledger.of(model, batch, kind, sampled)
     greedy = ledger.tally(options[0].label)
@@ -290,7 +291,7 @@ def choose(model, batch: int, *, kind: str = "generate", sampled: bool = False, 
     where = f" [learned from {decodes} decodes{', ' + ledger.recalled if ledger.recalled else ''}]" if decodes else ""
     untried = [c for c in contenders if ledger.tally(c.label).runs < EXPLORE_RUNS]
     trying = None
-    if jax.process_count() == 1 and untried and (greedy.runs or lookahead_only):
+    if jax.process_count() == 1 and tries and untried and (greedy.runs or lookahead_only):
         trying = next((c for c in untried if ready(c)), None)
     if trying is not None:
         t = ledger.tally(trying.label)
@@ -319,7 +320,7 @@ def choose(model, batch: int, *, kind: str = "generate", sampled: bool = False, 
     else:
         pick = options[0]
         reason = "greedy: nothing measured here yet" if not greedy.runs else "greedy"
-    if pick is not trying and untried and jax.process_count() == 1 and not lookahead_only:
+    if pick is not trying and untried and tries and jax.process_count() == 1 and not lookahead_only:
         reason += f"; {untried[0].label} is compiling in the background, to be tried"
     pick = options[int(agreed([float(options.index(pick))])[0])]  # process 0's choice, in every process
     return Choice(method=pick.method, options=dict(pick.options), reason=reason + where, candidates=tuple(rows),

@@ -22,8 +22,10 @@ def eos_ids(model) -> tuple[int, ...]:
 
 def resolve_auto(model, slots: int, temperature: float) -> tuple[str, dict, str]:
     """`auto` for a server: the method and options `jaxspec.runtime.auto`'s ledger of `slots`-row
-    serving holds fastest (greedy while it holds nothing), at once; with the reason."""
-    choice = auto.choose(model, slots, kind="serve", sampled=temperature != 0)
+    serving holds fastest (greedy while it holds nothing), at once; with the reason. (The slots do
+    not feed that ledger yet, nor try settings: a server's `auto` is greedy unless a ledger stored
+    for this device says otherwise.)"""
+    choice = auto.choose(model, slots, kind="serve", sampled=temperature != 0, tries=False)
     return choice.method, dict(choice.options), choice.reason
 
 
