@@ -105,9 +105,12 @@ def decode(r: dict) -> list[str]:
         if "drafter_branch_wins" in s:
             lines += ["", f"{name}: the drafter branch gave the emitted run, strictly longer than every other "
                           f"branch, in {s['drafter_branch_wins']} of {s['target_steps']} steps."]
-        if "auto_choices" in s:
+        if "auto_choices" in s and "auto_measure_seconds" in s:  # (results of the auto that raced, until 2026-12-06)
             lines += ["", f"{name} chose {', '.join(s['auto_choices'])}; its measurements took "
                           f"{s['auto_measure_seconds']} s in all (once per request shape)."]
+        elif "auto_choices" in s:
+            lines += ["", f"{name} ran {', '.join(s['auto_choices'])} in the timed round ({s['auto_tries']} of its "
+                          "decodes were tries of a setting it was learning)."]
     return lines
 
 
@@ -726,7 +729,7 @@ def auto_bench(r: dict) -> list[str]:
         best = max((n for n in summary if n != "auto"), key=lambda n: summary[n]["tokens_per_second"])
         lines.append(f"| {m['model']} | {', '.join(summary['auto']['auto_choices'])} | "
                      f"{summary['auto']['tokens_per_second'] / summary[best]['tokens_per_second']:.3f} | {best} | "
-                     f"{m['auto_first_call_seconds']:.1f} ({m['auto_measure_seconds']:.1f}) |")
+                     f"{m['auto_first_call_seconds']:.1f} ({m.get('auto_measure_seconds', 0.0):.1f}) |")
         body += ["", f"**{m['model']}**: " + decode(m)[0], "", *decode(m)[2:]]
     return lines + body
 
