@@ -850,6 +850,18 @@ SECTIONS = [
             'XDG_CACHE_HOME=EMPTY_DIR python -m benchmarks.real_bench --name real_bench_region_auto --split heldout '
             '--rounds 1 --no-peer --fresh --dtype blocks --methods greedy,auto',
             "The same, on prompts nothing was fitted on.", decode),
+    Section("real_bench_auto_learns_heldout", "auto that learns while decoding, on held-out chat prompts",
+            'XDG_CACHE_HOME=EMPTY_DIR JAXSPEC_AUTO_CACHE=EMPTY_DIR/auto.json python -m benchmarks.real_bench --name '
+            'real_bench_auto_learns --split heldout --rounds 2 --no-peer --fresh --dtype blocks --methods greedy,auto',
+            "`method=\"auto\"` as of 2026-12-06: nothing measured before an answer; greedy first, the two best "
+            "contenders compiled in the background and tried on later chats, then the faster as measured. Two "
+            "rounds over the 24 chats, nothing stored before the run: its learning is inside the first round.",
+            decode),
+    Section("real_bench_auto_races_heldout", "The auto that raced before answering (864d08c), the same command",
+            'XDG_CACHE_HOME=EMPTY_DIR python -m benchmarks.real_bench --name real_bench_auto_races --split heldout '
+            '--rounds 2 --no-peer --fresh --dtype blocks --methods greedy,auto  # in a worktree of 864d08c',
+            "Today's `auto` before the change, for the comparison the issue asks for: forwards timed and a race "
+            "against greedy per prompt shape before answering (their time outside the decode seconds).", decode),
     Section("real_bench_gemma3", "Gemma 3 270M (base) on the same prompts' text: 262k vocabulary, sliding window",
             'python -m benchmarks.real_bench --model gemma3-270m --name real_bench_gemma3 --no-peer --methods '
             '"greedy,lookahead (15,5,15),lookahead (7,4,7),prompt lookup (N=4,G=8),jacobi (W=8)"',

@@ -46,6 +46,10 @@ from jaxspec.decoding.sampling import SamplingParams
 from jaxspec.runtime.plan import prompt_bucket
 
 
+# The largest slot state a group keeps a copy of, to run its programs once before they serve.
+SCRATCH_BYTES = 256 << 20
+
+
 def _pad_to(x, like: jax.ShapeDtypeStruct):
     """`x` zero-padded at the end of each axis to `like`'s shape (buffers sized by the prompt:
     nothing reads past their valid length, so the padding is never seen)."""
@@ -177,6 +181,12 @@ class SlotGroup:
         # thread must not read it).
         self.state_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                                          self.state)
+        # A state to run each new program once on, off the scheduler's thread (on a CPU a program's first
+        # run costs several of its later ones): every row live, so a chunk steps them all. Only where it is
+        # small (a copy of the slots' caches is kept for it).
+        size = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.state))
+        self._scratch = None if compiler is None or size > SCRATCH_BYTES else (
+            state.replace(decode=state.decode.replace(done=jnp.zeros_like(state.decode.done))), empty)
         self.limit = np.zeros(slots, np.int32)
         self.prompt_len = np.zeros(slots, np.int32)
         self.sampling = {k: np.full(slots, v) for k, v in _fields(self._sampling0)}  # (free slots: neutral)
@@ -219,11 +229,11 @@ class SlotGroup:
         (`start` compiled with the group).
         With a `Background` worker, the other tiers, and each tier over the whole cache, are queued
         to compile next: a chunk then always finds a covering program."""
-        self._insert_program()
-        self._move_program()
+        self._first_run(self._insert_program(), "insert")
+        self._first_run(self._move_program(), "move")
         for rows in self.tiers[:tiers]:
             for length in (self.lengths[0], self.cache_len):  # a short request's, and one that covers any
-                self._advance_program(rows, length)
+                self._first_run(self._advance_program(rows, length), "advance", rows)
         if self.compiler is not None:
             for length in (self.lengths[0], self.cache_len):
                 for rows in self.tiers:
@@ -231,7 +241,21 @@ class SlotGroup:
 
     def _queue(self, rows: int, length: int) -> None:
         if not self.compiled("advance", rows, length):
-            self.compiler.submit((self._key, "advance", rows, length), lambda: self._advance_program(rows, length))
+            self.compiler.submit((self._key, "advance", rows, length),
+                                 lambda: self._first_run(self._advance_program(rows, length), "advance", rows))
+
+    def _first_run(self, program, kind: str, rows: int = 0) -> None:
+        """Run a new program once on the scratch state (see `__init__`), when the group keeps one."""
+        if self._scratch is None:
+            return
+        state, row = (jax.tree.map(jnp.copy, x) for x in self._scratch)  # (copies: the programs donate)
+        if kind == "insert":
+            out = program(state, row, jnp.int32(0))
+        elif kind == "move":
+            out = program(state, jnp.int32(0), jnp.int32(0))
+        else:
+            out = program(self.graphdef, self.params, state, self._sampling_arrays(rows), jnp.ones(rows, jnp.int32))
+        jax.block_until_ready(out)
 
     # (the slot axes are a pytree, not hashable: bound with partial, not static)
     def _insert_program(self):
