@@ -130,7 +130,7 @@ def fresh(monkeypatch):
     monkeypatch.setattr(auto.Ledger, "_OPEN", {})
 
 
-def _learned(model, rates: dict, runs: int = 2, **shape):
+def _learned(model, rates: dict, runs: int = auto.EXPLORE_RUNS, **shape):
     """Decodes of 100 tokens in 50 steps at the given tokens/s, `runs` per setting, into the ledger."""
     for label, rate in rates.items():
         for _ in range(runs):
@@ -148,15 +148,24 @@ def test_with_nothing_measured_auto_answers_greedy_at_once(pycode, fresh):
 
 def test_the_fastest_measured_setting_is_chosen_only_by_the_margin(pycode, fresh, monkeypatch):
     _learned(pycode, {"autoregressive": 100.0, "speculative (4)": 120.0})
-    choice = auto.choose(pycode, 1)
+    choice = auto.choose(pycode, 1, tries=False)  # (the ledger's pick alone: no revisit of the runner-up)
     assert (choice.method, choice.options, choice.trying) == ("speculative", {"draft_len": 4}, False)
     assert "measured 1.20x greedy here" in choice.reason
     rows = {r["label"]: r for r in choice.candidates}
     assert rows["speculative (4)"]["speedup"] == 1.2 and rows["speculative (4)"]["S"] == 2.0
-    assert rows["speculative (4)"]["runs"] == 2 and "runs" not in rows["lookahead (4,3,4)"]
+    assert rows["speculative (4)"]["runs"] == auto.EXPLORE_RUNS and "runs" not in rows["lookahead (4,3,4)"]
+    # once every contender is judged, one decode in REVISIT runs the runner-up (here greedy) again
+    others = [c.label for c in auto._contenders(auto.candidates(pycode), False) if c.label != "speculative (4)"]
+    _learned(pycode, dict.fromkeys(others, 60.0))
+    while sum(r.get("runs", 0) for r in auto.choose(pycode, 1, tries=False).candidates) % auto.REVISIT:
+        _learned(pycode, {"autoregressive": 100.0}, runs=1)
+    again = auto.choose(pycode, 1)
+    assert again.trying and again.method == "autoregressive" and "run again (one decode in 8)" in again.reason
+    _learned(pycode, {"autoregressive": 100.0}, runs=1)
+    assert not auto.choose(pycode, 1).trying  # (the other decodes: the ledger's pick)
     monkeypatch.setattr(auto.Ledger, "_OPEN", {})
     _learned(pycode, {"autoregressive": 100.0, "speculative (4)": 103.0})  # under MARGIN (1.05)
-    choice = auto.choose(pycode, 1)
+    choice = auto.choose(pycode, 1, tries=False)
     assert choice.method == "autoregressive" and "measured 1.03x greedy here, under 1.05x" in choice.reason
     # another shape (batch 2, or sampled) has its own ledger
     assert auto.choose(pycode, 2).reason.startswith("greedy: nothing measured")
@@ -173,7 +182,7 @@ def test_a_contender_is_tried_only_once_its_program_is_ready(pycode, fresh):
     waiting = auto.choose(pycode, 1, ready=lambda c: False)
     assert waiting.method == "autoregressive" and "compiling in the background" in waiting.reason
     trying = auto.choose(pycode, 1, ready=lambda c: c.label == first.label)
-    assert trying.trying and trying.label == first.label and "trying it (1 of 2)" in trying.reason
+    assert trying.trying and trying.label == first.label and f"trying it (1 of {auto.EXPLORE_RUNS})" in trying.reason
     assert auto.to_try(pycode, 1, ready=lambda c: c.label == first.label).label != first.label  # the next one
     _learned(pycode, {first.label: 50.0}, runs=auto.EXPLORE_RUNS)  # measured slower: judged, not tried again
     judged = auto.choose(pycode, 1, ready=lambda c: c.label == first.label)
@@ -186,9 +195,9 @@ def test_what_was_learned_outlives_the_process_and_a_new_drafter_starts_over(pyc
     _learned(pycode, {"autoregressive": 100.0, "speculative (4)": 150.0})
     assert store.exists()
     auto.Ledger.forget()  # as a later process
-    again = auto.choose(pycode, 1)
+    again = auto.choose(pycode, 1, tries=False)
     assert again.method == "speculative" and again.recalled.startswith(f"{store}, stored 20")
-    assert f"learned from 4 decodes, {store}" in again.reason
+    assert f"learned from {2 * auto.EXPLORE_RUNS} decodes, {store}" in again.reason
     auto.Ledger.forget()
     monkeypatch.setattr(auto, "drafter_identity", lambda model: "another drafter's bytes")
     assert auto.choose(pycode, 1).reason.startswith("greedy: nothing measured here yet")
@@ -199,21 +208,25 @@ def test_what_was_learned_outlives_the_process_and_a_new_drafter_starts_over(pyc
 
 
 def test_generate_auto_learns_while_decoding_and_keeps_greedy_tokens(pycode, fresh):
-    """greedy, then (its program compiled in the background meanwhile) the contender, tried on
-    later requests, then the faster: greedy's tokens every time."""
+    """greedy, then (compiled in the background meanwhile) the contenders, their tries alternating
+    over later requests, then the fastest as measured, and one decode in REVISIT the runner-up
+    again: greedy's tokens every time."""
     model = jaxspec.load("pycode-5M")  # its own background worker and programs
     prompt = [1, 5, 9, 20, 7]
     greedy = jaxspec.generate(model, prompt, max_new_tokens=12)
     seen = []
-    for _ in range(2 + auto.EXPLORE_RUNS * auto.CONTENDERS):
+    for _ in range(2 + auto.EXPLORE_RUNS * auto.CONTENDERS + auto.REVISIT):
         out = jaxspec.generate(model, prompt, max_new_tokens=12, method="auto")
         assert out.tokens == greedy.tokens and out.auto["method"] == out.method
-        seen.append((out.auto["label"], out.auto["trying"]))
+        seen.append((out.auto["label"], out.auto["trying"], out.auto["reason"]))
         assert model.background.wait(300) and not model.background.failed
-    tried = [m for m, trying in seen if trying]
-    assert len(tried) == auto.EXPLORE_RUNS * auto.CONTENDERS, seen
-    assert not seen[-1][1]  # every contender judged: the last request runs the fastest measured
-    assert out.compile_seconds == 0  # ... with a program compiled already
+    tries = [label for label, trying, reason in seen if trying and "trying it" in reason]
+    contenders = sorted(set(tries))
+    assert len(contenders) == auto.CONTENDERS and all(tries.count(c) == auto.EXPLORE_RUNS for c in contenders)
+    assert tries[:2] == [tries[0], tries[1]] and tries[0] != tries[1]  # alternating, once both were ready
+    judged = seen[len(seen) - auto.REVISIT:]  # every contender judged: the pick, and one revisit in REVISIT
+    assert sum("run again" in reason for _, _, reason in judged) == 1, judged
+    assert len({label for label, trying, _ in judged if not trying}) == 1
     window = jaxspec.generate(model, prompt, max_new_tokens=12, method="lookahead", window="auto")
     assert window.method == "lookahead" and window.tokens == greedy.tokens
     assert (window.options["window"], window.options["ngram"], window.options["guesses"]) in auto.LOOKAHEAD_GRID

@@ -354,6 +354,8 @@ def test_a_request_that_needs_a_new_program_never_stalls_the_other_streams(model
             streaming.result(timeout=600)
         during = gaps[started:]
         assert srv.scheduler.status()["stalls"] == 0
+        metrics = httpx.get(url.removesuffix("/v1") + "/metrics").text
+        assert "jaxspec:scheduler_stalls_total 0.0" in metrics and "jaxspec:programs_compiling " in metrics
         assert max(during) < 1.0, (max(during), len(during))
         greedy = jaxspec.generate(model, "import os\n", max_new_tokens=12, stop_ids=srv.requests.eos_ids)
         assert answers[0].choices[0].text == answers[1].choices[0].text == greedy.text

@@ -13,6 +13,9 @@ compiling excluded), and picks
   been measured and once the caller reports its program compiled (`ready`): the caller
   compiles it in the background (`jaxspec.generate`'s worker) while it decodes with what it
   has, so trying never waits for a compile. A try is a real answer, lossless like every other.
+  The contenders' tries alternate; once all are judged, one decode in REVISIT runs the best
+  other measured setting again (the ledger keeps learning: acceptance differs from request to
+  request, and two settings' tries fall on different ones).
 
 `record` adds each decode's measurement. The ledger is kept per (device, model, drafter
 content, jaxspec version, batch, request kind), in memory and on disk (`auto_store`), so the
@@ -47,8 +50,14 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "auto.toml"  # jaxspe
 # The measured rate a setting must reach, over greedy's, to be chosen instead: two sums of decodes
 # of different requests, whose acceptance differs from request to request.
 MARGIN = 1.05
-# Decodes of a contender before the ledger judges it (one request's acceptance is a noisy sample).
-EXPLORE_RUNS = 2
+# Decodes of a contender before the ledger judges it: one request's acceptance is a noisy sample, and
+# the tries of two contenders fall on different requests (two each were not enough: on SmolLM2's
+# held-out chats a K = 1 setting's two tries measured faster than K = 3 routed's two, on other chats,
+# and the ledger kept the slower).
+EXPLORE_RUNS = 4
+# Once every contender is judged, one decode in REVISIT runs the best measured setting other than the
+# ledger's pick again, so that a setting judged on a few requests is not written off for good.
+REVISIT = 8
 # Contenders tried per ledger: each try may be a slower answer; the best two by the prior.
 CONTENDERS = 2
 # Lookahead settings `auto` considers (W, N, G): from a narrow to the paper's 7B window.
@@ -292,7 +301,9 @@ def choose(model, batch: int, *, kind: str = "generate", sampled: bool = False, 
     untried = [c for c in contenders if ledger.tally(c.label).runs < EXPLORE_RUNS]
     trying = None
     if jax.process_count() == 1 and tries and untried and (greedy.runs or lookahead_only):
-        trying = next((c for c in untried if ready(c)), None)
+        # the ready one tried least first: the tries of the contenders alternate over the requests
+        ready_ones = [c for c in untried if ready(c)]
+        trying = min(ready_ones, key=lambda c: ledger.tally(c.label).runs) if ready_ones else None
     if trying is not None:
         t = ledger.tally(trying.label)
         pick, reason = trying, (f"{trying.label}: trying it ({t.runs + 1} of {EXPLORE_RUNS}) to learn its rate on "
@@ -322,6 +333,14 @@ def choose(model, batch: int, *, kind: str = "generate", sampled: bool = False, 
         reason = "greedy: nothing measured here yet" if not greedy.runs else "greedy"
     if pick is not trying and untried and tries and jax.process_count() == 1 and not lookahead_only:
         reason += f"; {untried[0].label} is compiling in the background, to be tried"
+    others = sorted((c for c in measured if c is not pick), key=lambda c: -ledger.tally(c.label).rate)
+    revisit = (trying is None and not untried and others and tries and jax.process_count() == 1
+               and decodes % REVISIT == 0 and (others[0] is options[0] or ready(others[0])))
+    if revisit:
+        trying = others[0]
+        reason = (f"{trying.label}: run again (one decode in {REVISIT}) to keep its rate current; the ledger's pick "
+                  f"is {pick.label}")
+        pick = trying
     pick = options[int(agreed([float(options.index(pick))])[0])]  # process 0's choice, in every process
     return Choice(method=pick.method, options=dict(pick.options), reason=reason + where, candidates=tuple(rows),
                   trying=pick is trying, recalled=ledger.recalled)

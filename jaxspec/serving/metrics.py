@@ -66,7 +66,9 @@ class _SchedulerCollector:
                    s["slots"] * s["groups"]),
                   ("slots_per_group", "decode slots of one slot group (--slots / --max-num-seqs)", s["slots"]),
                   ("slot_groups", "slot groups built (one per method setting in use, at most --max-groups)",
-                   s["groups"]))
+                   s["groups"]),
+                  ("programs_compiling", "1 while the background worker builds a group or compiles a program "
+                   "(the requests that need it wait; the others go on)", s["compiling"]))
         for name, doc, value in gauges:
             yield GaugeMetricFamily(PREFIX + name, doc, value=value)
         events = CounterMetricFamily(PREFIX + "scheduler_jobs", "the scheduler's jobs (one per choice) by event: "
@@ -75,6 +77,9 @@ class _SchedulerCollector:
         for event in ("submitted", "admitted", "completed", "cancelled", "failed"):
             events.add_metric([event], s.get(event, 0))
         yield events
+        yield CounterMetricFamily(PREFIX + "scheduler_stalls", "decode chunks that compiled their program on the "
+                                  "scheduler's thread (no compiled program covered them yet: 0 by construction)",
+                                  value=s["stalls"])
 
 
 class Metrics:
