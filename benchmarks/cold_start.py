@@ -142,6 +142,14 @@ def serve(tree: Path, env: dict, model: str, timeout: float, new_tokens: int) ->
             "request_seconds": round(done, 2), "exit_code": code, "stderr": out.text("err")[-4000:]}
 
 
+def portable(text: str) -> str:
+    """A child's output without this machine's paths: the checkout as `.`, the virtualenv as `$VENV`,
+    the temporary folders (caches, worktrees) as `$TMP`."""
+    for path, name in ((sys.prefix, "$VENV"), (str(ROOT), "."), (tempfile.gettempdir(), "$TMP")):
+        text = text.replace(path, name)
+    return text
+
+
 def worktree(rev: str) -> tuple[Path, str]:
     sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, check=True, capture_output=True,
                          text=True).stdout.strip()
@@ -182,6 +190,7 @@ def main(argv=None) -> int:
                         row = generate(tree, env, args.model, args.timeout, args.new_tokens)
                     else:
                         row = serve(tree, env, args.model, args.timeout, args.new_tokens)
+                    row = {k: portable(v) if isinstance(v, str) else v for k, v in row.items()}
                     runs.append({"scenario": scenario, "state": state, "revision": label, **row})
                     print(json.dumps({k: v for k, v in runs[-1].items() if k not in ("stderr", "replies")}),
                           file=sys.stderr, flush=True)
