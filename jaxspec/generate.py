@@ -300,7 +300,10 @@ def _learn(model: Model, request: Request, out: "GenerateOutput") -> None:
     label = request.auto.label if request.auto is not None else "autoregressive"
     steps = int(np.sum(out.steps))
     tokens = sum(len(t) for t in (out.tokens if request.batched else [out.tokens]))
-    auto.record(model, learning.batch, label, steps, tokens, out.seconds, **learning.ledger())
+    # (a plain greedy call is learned in memory only: research code's loops of calls write no file;
+    # the next auto call stores it)
+    auto.record(model, learning.batch, label, steps, tokens, out.seconds, save=request.auto is not None,
+                **learning.ledger())
     if request.auto is None:
         return
     ready = learning.ready(model)

@@ -246,12 +246,13 @@ class Ledger:
                 cls._OPEN[name] = cls(key, tallies, where)
             return cls._OPEN[name]
 
-    def add(self, label: str, steps: int, tokens: int, seconds: float) -> None:
+    def add(self, label: str, steps: int, tokens: int, seconds: float, save: bool = True) -> None:
+        """One decode more; written to the store now (`save`), or with the next decode that is."""
         with self._LOCK:
             t = self.tallies.setdefault(label, Tally())
             t.runs, t.steps, t.tokens, t.seconds = t.runs + 1, t.steps + steps, t.tokens + tokens, t.seconds + seconds
             rows = {k: [v.runs, v.steps, v.tokens, v.seconds] for k, v in self.tallies.items()}
-        if jax.process_index() == 0:
+        if save and jax.process_index() == 0:
             auto_store.save(self.key, rows)
 
     def tally(self, label: str) -> Tally:
@@ -360,10 +361,11 @@ def to_try(model, batch: int, *, kind: str = "generate", sampled: bool = False, 
 
 
 def record(model, batch: int, label: str, steps: int, tokens: int, seconds: float, *, kind: str = "generate",
-           sampled: bool = False) -> None:
-    """Add one decode's measurement (compiling excluded) to the ledger of its request's shape."""
+           sampled: bool = False, save: bool = True) -> None:
+    """Add one decode's measurement (compiling excluded) to the ledger of its request's shape;
+    `save`: write the ledger to the store now (else with the next decode that does)."""
     if seconds > 0 and steps > 0:
-        Ledger.of(model, batch, kind, sampled).add(label, steps, tokens, seconds)
+        Ledger.of(model, batch, kind, sampled).add(label, steps, tokens, seconds, save)
 
 
 def agreed(values: list[float]) -> list[float]:
