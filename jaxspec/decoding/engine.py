@@ -49,6 +49,9 @@ class Engine:
     # choice, and per generated token its log-probability and the `logprobs` most likely (-1: none).
     penalties: bool = False
     logprobs: int = -1
+    # Target hidden-state layers a step returns besides its sources' (a plain step over a drafted
+    # engine's state: the drafter's features, which it reads when it drafts again).
+    feature_layers: tuple[int, ...] = ()
 
     @property
     def reads_logits(self) -> bool:
@@ -72,10 +75,22 @@ class Engine:
 
     @property
     def hidden_layers(self) -> tuple[int, ...]:
-        layers: list[int] = []
+        layers: list[int] = list(self.feature_layers)
         for source in self.sources:
             layers += [i for i in source.hidden_layers if i not in layers]
         return tuple(layers)
+
+    @property
+    def steps_plain(self) -> bool:
+        """Whether `plain_step` can run over this engine's state: greedy (penalties aside: their
+        rows are stepped one by one), drafted, every source able to `observe` a step it did not draft."""
+        return (not self.verifier.sampled and not self.penalties and bool(self.sources)
+                and all(hasattr(s, "observe") for s in self.sources))
+
+    @property
+    def plain(self) -> "Engine":
+        """The engine of a plain step: no draft, greedy, this engine's logprobs, its sources' features."""
+        return Engine(logprobs=self.logprobs, feature_layers=self.hidden_layers)
 
     @property
     def needs_runs(self) -> bool:
@@ -267,6 +282,31 @@ def step(engine: Engine, model: Transformer, weights: tuple, block, state: Engin
     return EngineState(decode=decode, sources=tuple(states), block=carry, accept_histogram=histogram)
 
 
+def plain_step(engine: Engine, model: Transformer, weights: tuple, block, state: EngineState,
+               sampling: SamplingParams, eos_ids: tuple[int, ...]) -> EngineState:
+    """One step of `engine`'s state with no draft: the target's next token alone (a forward of
+    the last token), as greedy decoding takes it; every source then `observe`s that token, so
+    its state stays what it would be had it drafted (a drafter's cache keeps exactly the target's
+    committed tokens). `engine.steps_plain` says whether it can. Where a step costs more than
+    its drafts are worth (a full batch on a compute-bound device) a caller runs this instead of
+    `step`, chunk by chunk, over the same state: switching never compiles and never loses state."""
+    decode = state.decode
+    active = ~decode.done
+    last = decode.last_token
+    batch = last.shape[0]
+    rng, verify_key = jax.random.split(decode.rng)
+    chosen, cache, carry = block.step(engine.plain, model, last[:, None], decode, jnp.ones((batch, 1), bool), None,
+                                      verify_key, sampling, state.block)
+    decode, kept = append(decode.replace(cache=cache, rng=rng), chosen.emitted, active.astype(jnp.int32), eos_ids,
+                          chosen.logprobs)
+    decode = decode.replace(steps=decode.steps + active)
+    outcome = Outcome(last=last, emitted=chosen.emitted, n_acc=chosen.n_acc, kept=kept, active=active,
+                      path_preds=chosen.path_preds, path_hidden=chosen.path_hidden, ngrams=())
+    states = tuple(source.observe(s, outcome, w) for source, s, w in zip(engine.sources, state.sources, weights))
+    histogram = state.accept_histogram.at[jnp.arange(batch), kept].add(active.astype(jnp.int32))
+    return EngineState(decode=decode, sources=states, block=carry, accept_histogram=histogram)
+
+
 def begin(engine: Engine, block, graphdef, params, prompts: Int[Array, "b p"], prompt_lengths: Int[Array, " b"], rng,
           sampling: SamplingParams, *, max_new_tokens: int, cache_len: int, eos_ids: tuple[int, ...]) -> EngineState:
     """The state before the first step (prefill, first token, sources' states): `advance` runs from it."""
@@ -285,7 +325,7 @@ begin_jit = jax.jit(begin, static_argnums=(0, 1), static_argnames=("max_new_toke
 
 def advance(engine: Engine, block, graphdef, params, state: EngineState, sampling: SamplingParams,
             steps: Int[Array, ""], *, eos_ids: tuple[int, ...], row_limit: Int[Array, " b"] | None = None,
-            per_row: bool = False) -> EngineState:
+            per_row: bool = False, plain: bool = False) -> EngineState:
     """At most `steps` more steps of every row not yet done, in one `lax.while_loop`: the whole
     generation (`run`), a stream's chunk and a server's chunk are all this.
 
@@ -293,11 +333,16 @@ def advance(engine: Engine, block, graphdef, params, state: EngineState, samplin
     `row_limit` (optional, [b]): a row is done once it has generated that many tokens (a server
     slot's own max_tokens); 0 marks a free row, done before the first step, so its updates are
     masked. `per_row`: `state` and `sampling` are single-row states stacked on a leading axis
-    (each row with its own random key and knobs), stepped under `jax.vmap`."""
+    (each row with its own random key and knobs), stepped under `jax.vmap`. `plain`: every step
+    a `plain_step` (no draft) over the engine's state."""
+    if plain and not engine.steps_plain:
+        raise ValueError("this engine cannot step without its drafts (plain_step): greedy and drafted, "
+                         "every source with `observe`")
     model, weights = engine.load(graphdef, params)
+    step_fn = plain_step if plain else step
 
     def one_step(s: EngineState, knobs: SamplingParams, limit) -> EngineState:
-        s = step(engine, model, weights, block, s, knobs, eos_ids)
+        s = step_fn(engine, model, weights, block, s, knobs, eos_ids)
         if limit is None:
             return s
         return s.replace(decode=s.decode.replace(done=s.decode.done | (s.decode.num_generated >= limit)))

@@ -159,17 +159,19 @@ def begin(graphdef, params, prompts, prompt_lengths, rng, sampling, *, engine: E
 
 
 def advance(graphdef, params, state: EngineState, sampling, steps, *, engine: Engine, eos_ids: tuple[int, ...],
-            lp_devices: int = 1, tensor_parallel: int = 1, row_limit=None, per_row: bool = False) -> EngineState:
+            lp_devices: int = 1, tensor_parallel: int = 1, row_limit=None, per_row: bool = False,
+            plain: bool = False) -> EngineState:
     """At most `steps` (a traced scalar) more steps of the rows not done: `stream` and the
     server's slots run one compiled `advance` chunk after chunk, `engine_lib.finish` gives the
-    statistics. `row_limit` / `per_row`: the server's slots (see `engine_lib.advance`)."""
+    statistics. `row_limit` / `per_row`: the server's slots; `plain`: steps without drafts over
+    the same state (see `engine_lib.advance`)."""
     if lp_devices > 1:
-        if row_limit is not None or per_row:
+        if row_limit is not None or per_row or plain:
             raise GenerationError("lookahead parallelism steps a batch whose rows share one step count")
         return lookahead_parallel.advance_sharded(engine, graphdef, params, state, sampling, steps, eos_ids=eos_ids,
                                                   lp_devices=lp_devices, tensor_parallel=tensor_parallel)
     return engine_lib.advance(engine, engine_lib.LocalBlock(), graphdef, params, state, sampling, steps,
-                              eos_ids=eos_ids, row_limit=row_limit, per_row=per_row)
+                              eos_ids=eos_ids, row_limit=row_limit, per_row=per_row, plain=plain)
 
 
 # ----------------------------------------------------------------------------- research entry points

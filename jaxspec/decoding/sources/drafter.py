@@ -220,25 +220,54 @@ class PardDrafter:
                           features=features, bonus_feature=hidden[rows, last], stats=stats,
                           alternatives=jnp.zeros((batch, self.alternatives), jnp.int32))
 
+    def _forward(self, draft: DraftState, active: Bool[Array, " b"], weights, masks: int):
+        """One drafter forward over `[pending run, masks x m]`: its output, the rows to read, and
+        the state with the pending run committed (active rows)."""
+        drafter, projection, _ = weights
+        spec = self.spec
+        batch, pending_len = draft.pending.shape
+        relation, offsets, read = drafter_block(draft.pending_count, pending_len, masks, spec.bonus_in_context)
+        tokens = jnp.concatenate([draft.pending, jnp.full((batch, masks), spec.mask_token_id, jnp.int32)], axis=1)
+        # Every mask gets the feature of the block's last real token (the training convention).
+        last_feature = jnp.take_along_axis(draft.features, (draft.pending_count - 1)[:, None, None], axis=1)
+        features = jnp.concatenate([draft.features, jnp.repeat(last_feature, masks, axis=1)], axis=1)
+        out = drafter(tokens, draft.cache.lengths[:, None] + offsets, relation, draft.cache,
+                      embed_offset=self._offset(projection, features), head="none")
+        take = jnp.broadcast_to(jnp.arange(pending_len, dtype=jnp.int32), (batch, pending_len))
+        cache = commit(draft.cache, out.block_kv, take, jnp.where(active, draft.pending_count, 0))
+        return out, read, draft.replace(cache=cache)
+
     def draft_logits(self, draft: DraftState, step: Step, weights) -> tuple[Float[Array, "b k v"], DraftState]:
         """One drafter forward: the float32 logits of the K draft rows (over the draft vocabulary
         when the drafter has one: column i is `weights[2]["ids"][i]`), and the state with the
         pending run committed."""
-        drafter, projection, head = weights
-        spec = self.spec
+        out, read, draft = self._forward(draft, step.active, weights, self.spec.num_masks)
+        return self._draft_logits(weights[0], out, read, weights[2]), draft
+
+    def observe(self, draft: DraftState, outcome: Outcome, weights) -> DraftState:
+        """A step it did not draft (`engine.plain_step`: one token, no drafts): the token joins the
+        pending run, which is committed first where it is full (one forward over it, no masks, only
+        when a row needs it). The cache keeps exactly the target's committed tokens and the next
+        draft reads every token since: as if it had drafted all along."""
         batch, pending_len = draft.pending.shape
-        m = spec.num_masks
-        relation, offsets, read = drafter_block(draft.pending_count, pending_len, m, spec.bonus_in_context)
-        tokens = jnp.concatenate([draft.pending, jnp.full((batch, m), spec.mask_token_id, jnp.int32)], axis=1)
-        # Every mask gets the feature of the block's last real token (the training convention).
-        last_feature = jnp.take_along_axis(draft.features, (draft.pending_count - 1)[:, None, None], axis=1)
-        features = jnp.concatenate([draft.features, jnp.repeat(last_feature, m, axis=1)], axis=1)
-        out = drafter(tokens, draft.cache.lengths[:, None] + offsets, relation, draft.cache,
-                      embed_offset=self._offset(projection, features), head="none")
-        logits = self._draft_logits(drafter, out, read, head)
-        take = jnp.broadcast_to(jnp.arange(pending_len, dtype=jnp.int32), (batch, pending_len))
-        cache = commit(draft.cache, out.block_kv, take, jnp.where(step.active, draft.pending_count, 0))
-        return logits, draft.replace(cache=cache)
+        active, rows = outcome.active, jnp.arange(batch)
+
+        def flush(d: DraftState) -> DraftState:
+            d = self._forward(d, active, weights, 0)[2]
+            return d.replace(pending_count=jnp.where(active, 0, d.pending_count))
+
+        draft = jax.lax.cond(jnp.any(active & (draft.pending_count >= pending_len)), flush, lambda d: d, draft)
+        if self.spec.bonus_in_context:  # the new token, paired with its predecessor's state
+            token, feature = outcome.emitted[:, 0], outcome.path_hidden[:, 0]
+        else:  # the step's root (the last bonus), paired with the state before it
+            token, feature = outcome.last, draft.bonus_feature
+        at = jnp.where(active, draft.pending_count, pending_len)  # (inactive rows: dropped)
+        return draft.replace(pending=draft.pending.at[rows, at].set(token, mode="drop"),
+                             features=draft.features.at[rows, at].set(feature.astype(draft.features.dtype),
+                                                                      mode="drop"),
+                             pending_count=draft.pending_count + active,
+                             bonus_feature=jnp.where(active[:, None], outcome.path_hidden[:, 0],
+                                                     draft.bonus_feature).astype(draft.bonus_feature.dtype))
 
     def propose(self, draft: DraftState, step: Step, weights):
         """K drafts (and q when sampled) from one drafter forward; the pending run is committed."""

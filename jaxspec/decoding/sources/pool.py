@@ -99,3 +99,7 @@ class NGramCandidates:
                       jnp.concatenate([g.values for g in seen] + [values], 1),
                       jnp.concatenate([g.valid for g in seen] + [valid], 1))
         return PoolState(pool=pool, history=history, history_len=history_len), ()
+
+    def observe(self, state: PoolState, outcome: Outcome, weights) -> PoolState:
+        """A step it did not draft (`engine.plain_step`): the text and the pool grow as after any step."""
+        return self.update(state, outcome)[0]

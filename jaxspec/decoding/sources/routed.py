@@ -120,6 +120,11 @@ class RoutedChain:
         counted = state.from_lookup & outcome.active
         return state.replace(pool=pool, draft=draft, lookup_steps=state.lookup_steps + counted), ()
 
+    def observe(self, state: RoutedState, outcome: Outcome, weights) -> RoutedState:
+        """A step it did not draft (`engine.plain_step`): the pool and the drafter take its token."""
+        return state.replace(pool=self.pool.observe(state.pool, outcome, None),
+                             draft=self.drafter.observe(state.draft, outcome, weights))
+
     def finish(self, state: RoutedState) -> dict:
         """The drafter's statistics over every verified chain, and how many were lookup's."""
         return {**self.drafter.finish(state.draft), "lookup_steps": state.lookup_steps}
