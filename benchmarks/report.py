@@ -673,7 +673,8 @@ def device_suite(r: dict) -> list[str]:
     return lines
 
 
-LABELS = {"autoregressive": "greedy", "prompt-lookup": "prompt lookup"}
+LABELS = {"autoregressive": "greedy", "prompt-lookup": "prompt lookup", "default": "auto (the default)",
+          "fixed": "auto's setting, always drafted"}
 
 
 def serve_bench(r: dict) -> list[str]:
@@ -684,16 +685,31 @@ def serve_bench(r: dict) -> list[str]:
              "(decode time only). TTFT: time to the first text; TPOT: time per output token after it. \"wrong\": "
              "responses whose tokens differ from generate alone.", "",
              "| method | clients | req/s | out tok/s | x one at a time | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
-             "| S | lost | wrong |", "|---|---|---:|---:|---:|---|---|---:|---:|---:|"]
+             "| S | plain steps | lost | wrong |", "|---|---|---:|---:|---:|---|---|---:|---:|---:|---:|"]
     for m, base in r["one_at_a_time"].items():
         lines.append(f"| {(label := LABELS.get(m, m))} | generate, one at a time | {base['requests_per_second']:.2f} | "
-                     f"{base['output_tokens_per_second']:.1f} | 1.00 | | | | | |")
+                     f"{base['output_tokens_per_second']:.1f} | 1.00 | | | | | | |")
         for row in [x for x in r["runs"] if x["method"] == m]:
             ratio = row["output_tokens_per_second"] / base["output_tokens_per_second"]
             lines.append(f"| {label} | {row['clients']} | {row['requests_per_second']:.2f} | "
                          f"{row['output_tokens_per_second']:.1f} | {ratio:.2f} | {row['ttft_p50_ms']:.0f} / "
                          f"{row['ttft_p99_ms']:.0f} | {row['tpot_p50_ms']:.1f} / {row['tpot_p99_ms']:.1f} | "
-                         f"{row['compression']:.2f} | {row['lost']} | {row['wrong']} |")
+                         f"{row['compression']:.2f} | {row.get('plain_step_share', 0):.0%} | {row['lost']} | "
+                         f"{row['wrong']} |")
+    if r.get("speedup_over_greedy"):
+        methods = list(r["one_at_a_time"])
+        lines += ["", "Output tokens/s over greedy's in the same server, per number of clients (runs interleaved):", "",
+                  "| clients | " + " | ".join(LABELS.get(m, m) for m in methods) + " |",
+                  "|---|" + "---:|" * len(methods)]
+        for n, row in r["speedup_over_greedy"].items():
+            lines.append(f"| {n} | " + " | ".join(f"{row.get(m, float('nan')):.2f}" for m in methods) + " |")
+    if r.get("auto"):
+        lines += ["", f"`auto`: {r['auto'].removeprefix('jaxspec: ')}" + (
+            f"; fixed: {r['fixed']['method']} {r['fixed']['options']}" if r.get("fixed") else "")]
+    if r.get("step_modes"):
+        modes = r["step_modes"]
+        lines += ["", "Chunks of the default's slots by mode (the whole run, warm-up included): " + ", ".join(
+            f"{m} {v['chunks']} chunks, {v['tokens']} tokens" for m, v in modes.items()) + "."]
     s = r.get("soak")
     if s:
         lines += ["", f"Soak: {s['requests']} requests from {s['clients']} clients in {s['seconds']} s: {s['good']} "
@@ -984,6 +1000,13 @@ SECTIONS = [
             "The OpenAI-compatible server (docs/serving.md) under N concurrent streaming clients: throughput, time "
             "to first token and per-token latency, every response checked against `jaxspec.generate` alone; then "
             "a soak with disconnects and bad requests mixed in.", serve_bench, variants=("serve_bench_smoke",)),
+    Section("serve_bench_smollm2", "jaxspec serve on SmolLM2: greedy, a drafted setting, and auto's step modes",
+            "python -m benchmarks.serve_bench --model smollm2-135m-instruct --slots 8 --context 1024 --concurrency "
+            "1,2,4,8 --methods greedy,fixed,default --requests 16 --budgets 64,128 --soak 0 --name serve_bench_smollm2",
+            "Held-out chats on /chat/completions, 8 slots, 1-8 closed-loop clients: greedy, the drafted setting "
+            "`auto` chose (always drafted), and the default (`--method auto`: that setting, each chunk drafted or "
+            "plain as the slots measured faster for the rows busy). Every answer checked against greedy alone.",
+            serve_bench),
     Section("tp_bench", "Tensor parallelism and LP x TP: per-device weights and per-step communication",
             "python -m benchmarks.parallel_bench tp",
             "TP 1/2/4/8, TP 4 with the vocabulary replicated, LP 4 and LP 2 x TP 4 on 8 forced CPU devices: "

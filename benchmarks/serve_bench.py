@@ -10,6 +10,13 @@ every bad one must get a 4xx, and afterwards the server must be idle and still a
 
     python -m benchmarks.serve_bench                    # pycode-5M, 32 requests, soak 500
     python -m benchmarks.serve_bench --smoke            # seconds: the machinery only
+    python -m benchmarks.serve_bench --model smollm2-135m-instruct --slots 8 --context 1024 \
+        --concurrency 1,2,4,8 --methods greedy,fixed,default --requests 16 --soak 0 --name serve_bench_smollm2
+
+A chat model is sent held-out chats (`jaxspec.real_prompts`, split heldout) on /chat/completions.
+Method `default` sends no method: the server runs `--method auto` (a drafted setting whose slots
+pick drafted or plain steps per chunk, `jaxspec.serving.step_modes`); its answers must equal
+greedy's. Method `fixed` names the drafted setting `auto` chose, always drafted.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -35,23 +43,40 @@ from benchmarks.harness import RESULTS, command_line, interleaved, write_result 
 from benchmarks.harness.cases import code_prompts  # noqa: E402
 
 
-def build_requests(model_name: str, count: int, budgets: tuple[int, ...], seed: int = 0) -> list[dict]:
-    """Mixed requests: held-out code prompts for the default model (chat questions for a chat
-    model), each with a budget drawn from `budgets`."""
+def build_requests(model, count: int, budgets: tuple[int, ...], seed: int = 0) -> list[dict]:
+    """Mixed requests: held-out code prompts for a plain model, held-out chats (MT-Bench and
+    HumanEval, shuffled) for a chat model, each with a budget drawn from `budgets`."""
     rng = random.Random(seed)
-    if model_name == "pycode-5M":
-        texts = [p["text"] for p in code_prompts(count)]
-    else:
-        from jaxspec.real_prompts import bench_prompts
+    if model.tokenizer is None or model.tokenizer.chat_template is None:
+        return [{"prompt": p["text"], "max_tokens": rng.choice(budgets)} for p in code_prompts(count)]
+    from jaxspec.real_prompts import chat_prompts
 
-        texts = [p["messages"][-1]["content"] for p in bench_prompts()][:count]
-    return [{"prompt": t, "max_tokens": rng.choice(budgets)} for t in texts]
+    chats = chat_prompts("heldout")
+    return [{"messages": c["messages"], "max_tokens": rng.choice(budgets)}
+            for c in rng.sample(chats, min(count, len(chats)))]
+
+
+def _prompt(model, request: dict):
+    if "messages" in request:
+        from jaxspec.chat import chat_prompt
+
+        return chat_prompt(model, request["messages"])
+    return request["prompt"]
+
+
+def _body(request: dict, method: str, fixed: tuple[str, dict]) -> dict:
+    """A request's body for `method`: `default` names none, `fixed` names the setting `auto` chose."""
+    if method == "default":
+        return dict(request)
+    if method == "fixed":
+        return {**request, "method": fixed[0], "method_options": fixed[1]}
+    return {**request, "method": method}
 
 
 def one_at_a_time(model, requests: list[dict], method: str, stop_ids: tuple[int, ...]) -> tuple[list, dict]:
     """Each request decoded alone (the first two once before, untimed: the common shapes compile there):
     the tokens per request, and the baseline's decode time and rates."""
-    run = lambda r: jaxspec.generate(model, r["prompt"], max_new_tokens=r["max_tokens"],  # noqa: E731
+    run = lambda r: jaxspec.generate(model, _prompt(model, r), max_new_tokens=r["max_tokens"],  # noqa: E731
                                      method=method, stop_ids=stop_ids)
     [run(r) for r in requests[:2]]
     outs = [run(r) for r in requests]
@@ -61,21 +86,26 @@ def one_at_a_time(model, requests: list[dict], method: str, stop_ids: tuple[int,
                                       "output_tokens_per_second": round(n / seconds, 2)}
 
 
-def start_server(model_name: str, slots: int, context: int, chunk_steps: int) -> tuple[subprocess.Popen, str]:
+def start_server(model_name: str, slots: int, context: int, chunk_steps: int, method: str = "greedy"
+                 ) -> tuple[subprocess.Popen, str, list[str]]:
     proc = subprocess.Popen([sys.executable, "-m", "jaxspec", "serve", "--model", model_name, "--port", "0",
                              "--slots", str(slots), "--context", str(context), "--chunk-steps", str(chunk_steps),
-                             "--method", "greedy"], stderr=subprocess.PIPE, text=True)
+                             "--method", method], stderr=subprocess.PIPE, text=True)
+    said = []
     for line in proc.stderr:
         print(line, end="", file=sys.stderr)
+        said.append(line.rstrip())
         if " serving " in line:
-            return proc, line.split(" at ")[1].split()[0]
+            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # (never block it)
+            return proc, line.split(" at ")[1].split()[0], said
     raise SystemExit(f"the server did not start (exit {proc.wait()})")
 
 
 async def stream_one(client: httpx.AsyncClient, url: str, body: dict, hang_up_after: float | None = None) -> dict:
     """One streamed completion: timings, token ids, or how it ended."""
     t0, first, final = time.perf_counter(), None, None
-    async with client.stream("POST", url + "/completions", json={**body, "stream": True}) as r:
+    route = "/chat/completions" if "messages" in body else "/completions"
+    async with client.stream("POST", url + route, json={**body, "stream": True}) as r:
         if r.status_code != 200:
             await r.aread()
             return {"status": r.status_code, "error": r.json().get("error", {})}
@@ -85,7 +115,8 @@ async def stream_one(client: httpx.AsyncClient, url: str, body: dict, hang_up_af
             chunk = json.loads(line[6:])
             if "error" in chunk:
                 return {"status": 500, "error": chunk["error"]}
-            if first is None and chunk["choices"] and chunk["choices"][0]["text"]:
+            choice = chunk["choices"][0] if chunk["choices"] else {}
+            if first is None and (choice.get("text") or (choice.get("delta") or {}).get("content")):
                 first = time.perf_counter()
             if hang_up_after is not None and time.perf_counter() - t0 >= hang_up_after:
                 return {"status": 200, "hung_up": True}
@@ -95,17 +126,19 @@ async def stream_one(client: httpx.AsyncClient, url: str, body: dict, hang_up_af
     ids = final["jaxspec"]["token_ids"]
     first = first or end
     return {"status": 200, "token_ids": ids, "ttft": first - t0, "seconds": end - t0,
-            "tpot": (end - first) / max(len(ids) - 1, 1), "steps": final["jaxspec"]["steps"]}
+            "tpot": (end - first) / max(len(ids) - 1, 1), "steps": final["jaxspec"]["steps"],
+            "plain_steps": final["jaxspec"].get("plain_steps", 0)}
 
 
-async def closed_loop(url: str, model_id: str, requests: list[dict], refs: list, method: str, clients: int) -> dict:
+async def closed_loop(url: str, model_id: str, requests: list[dict], refs: list, method: str, clients: int,
+                      fixed: tuple[str, dict] = ("", {})) -> dict:
     """Every request streamed by `clients` closed-loop clients: the run's rates, latencies and checks."""
     queue, results = list(enumerate(requests)), [None] * len(requests)
 
     async def worker(client):
         while queue:
             i, r = queue.pop(0)
-            results[i] = await stream_one(client, url, {"model": model_id, **r, "temperature": 0, "method": method})
+            results[i] = await stream_one(client, url, {"model": model_id, **_body(r, method, fixed), "temperature": 0})
 
     t0 = time.perf_counter()
     async with httpx.AsyncClient(timeout=600) as client:
@@ -120,7 +153,8 @@ async def closed_loop(url: str, model_id: str, requests: list[dict], refs: list,
             "output_tokens_per_second": round(tokens / wall, 2),
             **{f"{key}_p{q}_ms": round(1e3 * pct(key, q), digits) for key, digits in (("ttft", 1), ("tpot", 2))
                for q in (50, 99)},
-            "compression": round(tokens / max(sum(r["steps"] for r in ok), 1), 3)}
+            "compression": round(tokens / max(sum(r["steps"] for r in ok), 1), 3),
+            "plain_step_share": round(sum(r["plain_steps"] for r in ok) / max(sum(r["steps"] for r in ok), 1), 3)}
 
 
 BAD_BODIES = [b"{oops", b'{"model": 3}', {"model": "nope", "prompt": "x"}, {"prompt": "x"},
@@ -130,7 +164,7 @@ BAD_BODIES = [b"{oops", b'{"model": 3}', {"model": "nope", "prompt": "x"}, {"pro
 
 
 async def soak(url: str, model_id: str, requests: list[dict], refs: dict, methods: list[str], total: int,
-               clients: int, seed: int = 1) -> dict:
+               clients: int, seed: int = 1, fixed: tuple[str, dict] = ("", {})) -> dict:
     rng = random.Random(seed)
     plan = [("bad" if u < 0.1 else "disconnect" if u < 0.2 else "good", rng.randrange(len(requests)),
              rng.choice(methods), rng.random()) for u in (rng.random() for _ in range(total))]
@@ -149,7 +183,7 @@ async def soak(url: str, model_id: str, requests: list[dict], refs: dict, method
                                          headers={"Content-Type": "application/json"})
                 counts["bad_4xx"] += 400 <= resp.status_code < 500 and "error" in resp.json()
                 continue
-            body = {"model": model_id, **requests[i], "temperature": 0, "method": method}
+            body = {"model": model_id, **_body(requests[i], method, fixed), "temperature": 0}
             try:
                 out = await stream_one(client, url, body, hang_up_after=u * 0.5 if kind == "disconnect" else None)
             except httpx.HTTPError as e:
@@ -165,7 +199,7 @@ async def soak(url: str, model_id: str, requests: list[dict], refs: dict, method
         wall = time.perf_counter() - t0
         await asyncio.sleep(1.0)  # hung-up requests are freed at the next chunk
         health = (await client.get(url.removesuffix("/v1") + "/health")).json()
-        body = {"model": model_id, **requests[0], "temperature": 0, "method": methods[0]}
+        body = {"model": model_id, **_body(requests[0], methods[0], fixed), "temperature": 0}
         after = await stream_one(client, url, body)
     counts["other"] = counts["other"][:5]
     return {"requests": total, "clients": clients, "seconds": round(wall, 2), **counts, "health_after": health,
@@ -175,7 +209,9 @@ async def soak(url: str, model_id: str, requests: list[dict], refs: dict, method
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="pycode-5M")
-    p.add_argument("--methods", default="autoregressive,lookahead,speculative")
+    p.add_argument("--methods", default=None, help="comma-separated; `default` (none named: the server's "
+                   "auto) and `fixed` (the drafted setting auto chose) besides method names "
+                   "(default: autoregressive,lookahead,speculative)")
     p.add_argument("--concurrency", default="1,4,16,32")
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--budgets", default="32,64,128", help="max_tokens values the requests draw from")
@@ -189,46 +225,77 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.smoke:
         args.requests, args.concurrency, args.soak, args.budgets = 4, "1,4", 40, "16,24"
-        args.methods = "autoregressive,lookahead"
+        args.methods = args.methods or "autoregressive,lookahead"
     name = args.name or ("serve_bench_smoke" if args.smoke else "serve_bench")
-    methods = args.methods.split(",")
+    methods = (args.methods or "autoregressive,lookahead,speculative").split(",")
     concurrency = [int(c) for c in args.concurrency.split(",")]
 
     model = jaxspec.load(args.model)
+    from jaxspec.runtime import auto
     from jaxspec.serving import eos_ids
 
-    requests = build_requests(args.model, args.requests, tuple(int(b) for b in args.budgets.split(",")))
+    requests = build_requests(model, args.requests, tuple(int(b) for b in args.budgets.split(",")))
+    # `fixed`: the drafted setting `auto` chooses for the server (the same ledgers the server reads)
+    choice, _ = auto.serve_choice(model, args.slots, sampled=False)
+    fixed = (choice.method, dict(choice.options))
     refs, base = {}, {}
     for m in methods:
-        refs[m], base[m] = one_at_a_time(model, requests, m, eos_ids(model))
+        method = {"default": "greedy", "fixed": fixed[0]}.get(m, m)
+        if m == "fixed":  # (its options: generate's `auto`-free call with them)
+            run = [jaxspec.generate(model, _prompt(model, r), max_new_tokens=r["max_tokens"], method=fixed[0],
+                                    stop_ids=eos_ids(model), **fixed[1]) for r in requests]
+            refs[m] = [o.tokens for o in run]
+            seconds, n = sum(o.seconds for o in run), sum(len(o.tokens) for o in run)
+            base[m] = {"seconds": round(seconds, 3), "output_tokens": n,
+                       "requests_per_second": round(len(requests) / seconds, 3),
+                       "output_tokens_per_second": round(n / seconds, 2)}
+        else:
+            refs[m], base[m] = one_at_a_time(model, requests, method, eos_ids(model))
         print(f"{m}: one at a time {base[m]['output_tokens_per_second']} tok/s", file=sys.stderr)
-    proc, url = start_server(args.model, args.slots, args.context, args.chunk_steps)
-    loop = lambda m, n, some=requests: asyncio.run(closed_loop(url, args.model, some, refs[m], m, n))  # noqa: E731
+    # (lossless alone: a difference here is a near-tie at float rounding, counted, not hidden)
+    alone_differs = sum(a != b for a, b in zip(refs.get("fixed", []), refs.get("greedy", [])))
+    proc, url, said = start_server(args.model, args.slots, args.context, args.chunk_steps,
+                                   "auto" if "default" in methods else "greedy")
+    loop = lambda m, n, some=requests: asyncio.run(  # noqa: E731
+        closed_loop(url, args.model, some, refs[m][:len(some)], m, n, fixed))
     runs = []
+    health = lambda: httpx.get(url.removesuffix("/v1") + "/health", timeout=60).json()  # noqa: E731
     try:
-        # Warm-up, untimed: every method's group, prefill buckets and the (rows, cache length)
-        # tiers each concurrency reaches compile here, not inside a timed run; outputs checked.
+        # Warm-up, untimed: every method's group and the (rows, cache length) tiers each concurrency
+        # reaches compile here (in the server's background), not inside a timed run; outputs checked.
         for m in methods:
-            warm = loop(m, args.slots)
             for n in concurrency:
-                loop(m, n, requests[:2 * n])
-            print(f"warm-up {m}: {warm['completed']} done, {warm['wrong']} wrong", file=sys.stderr)
+                warm = loop(m, n, requests[:n])
+                print(f"warm-up {m} N={n}: {warm['completed']} done, {warm['wrong']} wrong", file=sys.stderr)
+        while health()["compiling"]:  # the background worker's programs: not during a timed run
+            time.sleep(2)
         for k, n in enumerate(concurrency):
             for m in interleaved(methods, k):  # no method always first
                 runs.append({"method": m, "clients": n, **loop(m, n)})
                 print(f"{m} N={n}: {runs[-1]['output_tokens_per_second']} tok/s, wrong {runs[-1]['wrong']}, "
-                      f"lost {runs[-1]['lost']}", file=sys.stderr)
-        soak_result = asyncio.run(soak(url, args.model, requests, refs, methods, args.soak, 16)) if args.soak else None
+                      f"lost {runs[-1]['lost']}, plain steps {runs[-1]['plain_step_share']}", file=sys.stderr)
+        modes = health().get("step_modes")
+        soak_result = asyncio.run(soak(url, args.model, requests, refs, methods, args.soak, 16,
+                                               fixed=fixed)) if args.soak else None
         if soak_result:
             print(f"soak: {json.dumps({k: v for k, v in soak_result.items() if k != 'health_after'})}",
                   file=sys.stderr)
     finally:
         proc.send_signal(signal.SIGTERM)
         exit_code = proc.wait(120)
+    speedups = {}
+    for n in concurrency:
+        rate = {r["method"]: r["output_tokens_per_second"] for r in runs if r["clients"] == n}
+        greedy = rate.get("greedy") or rate.get("autoregressive")
+        if greedy:
+            speedups[str(n)] = {m: round(v / greedy, 3) for m, v in rate.items()}
+    auto_line = next((line for line in said if "--method auto chose" in line), None)
     result = {"benchmark": "serve_bench", "title": "jaxspec serve under load", "command": command_line(__file__, argv),
               "model": args.model, "slots": args.slots, "context": args.context, "chunk_steps": args.chunk_steps,
-              "requests": requests, "one_at_a_time": base, "runs": runs, "soak": soak_result,
-              "server_exit_code": exit_code}
+              "requests": requests, "one_at_a_time": base, "runs": runs, "speedup_over_greedy": speedups,
+              "fixed": {"method": fixed[0], "options": fixed[1]}, "fixed_alone_differs_from_greedy": alone_differs,
+              "auto": auto_line, "step_modes": modes,
+              "soak": soak_result, "server_exit_code": exit_code}
     write_result(result, args.out, name)
     return 0
 

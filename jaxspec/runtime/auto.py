@@ -251,8 +251,14 @@ class Ledger:
         with self._LOCK:
             t = self.tallies.setdefault(label, Tally())
             t.runs, t.steps, t.tokens, t.seconds = t.runs + 1, t.steps + steps, t.tokens + tokens, t.seconds + seconds
+        if save:
+            self.save()
+
+    def save(self) -> None:
+        """Write the ledger to the store (process 0 of a multi-process run)."""
+        with self._LOCK:
             rows = {k: [v.runs, v.steps, v.tokens, v.seconds] for k, v in self.tallies.items()}
-        if save and jax.process_index() == 0:
+        if jax.process_index() == 0:
             auto_store.save(self.key, rows)
 
     def tally(self, label: str) -> Tally:
@@ -345,6 +351,44 @@ def choose(model, batch: int, *, kind: str = "generate", sampled: bool = False, 
     pick = options[int(agreed([float(options.index(pick))])[0])]  # process 0's choice, in every process
     return Choice(method=pick.method, options=dict(pick.options), reason=reason + where, candidates=tuple(rows),
                   trying=pick is trying, recalled=ledger.recalled)
+
+
+# Methods whose engines step plain over their state (`Engine.steps_plain`): a server's slots run
+# them drafted or plain, chunk by chunk (`jaxspec.serving.step_modes`).
+STEPS_PLAIN = ("speculative", "prompt-lookup")
+
+
+def serve_choice(model, slots: int, sampled: bool) -> tuple[Choice, bool]:
+    """`auto` for a server's requests that name no method, and whether its slots choose per chunk
+    between drafted and plain steps. Greedy requests: the drafted setting this device's ledgers
+    measured fastest alone (`generate` and `stream`, batch 1), else the contender `configs/auto.toml`
+    ranks first, run in step modes: plain steps cost greedy's, so where drafts do not pay (many busy
+    rows) the slots learn it chunk by chunk; no contender: greedy. Sampled requests: what the
+    serving ledger holds (greedy while it holds nothing): modes are greedy's alone."""
+    if sampled:
+        return choose(model, slots, kind="serve", sampled=True, tries=False), False
+    options = candidates(model)
+    drafted = [c for c in _contenders(options, False) if c.method in STEPS_PLAIN]
+    if not drafted:
+        return choose(model, slots, kind="serve", tries=False), False
+    measured = []
+    for kind in ("generate", "stream"):
+        ledger, greedy = Ledger.of(model, 1, kind, False), None
+        greedy = ledger.tally(options[0].label)
+        for c in options:
+            t = ledger.tally(c.label)
+            if c.method in STEPS_PLAIN and t.runs >= EXPLORE_RUNS and greedy.rate > 0:
+                measured.append((t.rate / greedy.rate, c))
+    if measured:
+        speedup, pick = max(measured, key=lambda m: m[0])
+        why = f"measured {speedup:.2f}x greedy alone here"
+    else:
+        pick = drafted[0]
+        why = f"expected S {pick.expected_s:.2f} ({jax.default_backend()} prior: nothing measured alone here yet)"
+    reason = (f"{pick.label}, {why}; each chunk drafted or plain (greedy's cost), whichever the slots measure "
+              "faster for the rows busy")
+    pick = options[int(agreed([float(options.index(pick))])[0])]
+    return Choice(method=pick.method, options=dict(pick.options), reason=reason, candidates=()), True
 
 
 def to_try(model, batch: int, *, kind: str = "generate", sampled: bool = False, lookahead_only: bool = False,

@@ -60,11 +60,20 @@ class DecodePlan:
     params: Any
     eos_ids: tuple[int, ...] = ()
     description: str = ""  # how a memory refusal names it: method, integer options, batch and budget
+    # a server's slots step drafted or plain per chunk (`jaxspec.serving.step_modes`): the server's `auto`
+    step_modes: bool = False
 
     @property
     def key(self) -> tuple:
         """What decides the compiled programs (weights are arguments, not constants)."""
-        return (self.engine, self.eos_ids)
+        return (self.engine, self.eos_ids, self.step_modes)
+
+    @property
+    def label(self) -> str:
+        """The method and its plain options (numbers, switches; not a drafter's folder)."""
+        settings = ", ".join(f"{k}={v}" for k, v in self.options.as_dict().items()
+                             if isinstance(v, (int, float, bool)) and v is not None)
+        return f"{self.name} ({settings})" if settings else self.name
 
     @property
     def bound(self) -> bool:

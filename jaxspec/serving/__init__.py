@@ -20,13 +20,12 @@ def eos_ids(model) -> tuple[int, ...]:
     return tuple(dict.fromkeys(tuple(model.config.eos_token_ids) + stop_ids(model)))
 
 
-def resolve_auto(model, slots: int, temperature: float) -> tuple[str, dict, str]:
-    """`auto` for a server: the method and options `jaxspec.runtime.auto`'s ledger of `slots`-row
-    serving holds fastest (greedy while it holds nothing), at once; with the reason. (The slots do
-    not feed that ledger yet, nor try settings: a server's `auto` is greedy unless a ledger stored
-    for this device says otherwise.)"""
-    choice = auto.choose(model, slots, kind="serve", sampled=temperature != 0, tries=False)
-    return choice.method, dict(choice.options), choice.reason
+def resolve_auto(model, slots: int, temperature: float) -> tuple[str, dict, str, bool]:
+    """`auto` for a server (`jaxspec.runtime.auto.serve_choice`), at once: the method and options of
+    requests that name none, the reason, and whether their slots choose drafted or plain steps
+    chunk by chunk (`jaxspec.serving.step_modes`)."""
+    choice, modes = auto.serve_choice(model, slots, sampled=temperature != 0)
+    return choice.method, dict(choice.options), choice.reason, modes
 
 
 def make_server(model, model_id: str, *, method: str = "auto", method_options: dict | None = None, slots: int = 8,
@@ -61,18 +60,18 @@ def make_server(model, model_id: str, *, method: str = "auto", method_options: d
             raise GenerationError(f"--drafter-dir {folder}: not a folder")
         drafters[path.resolve().name] = str(path.resolve())
     options = dict(method_options or {})
-    reason = None
+    reason, modes = None, False
     if method == "auto":
         if options:
             raise GenerationError("method 'auto' chooses the method and its options; it takes none")
         with progress.phase(f"choosing the method for requests that name none (auto, {slots} slot"
                             f"{'s' * (slots != 1)})") as said:
-            method, options, reason = resolve_auto(model, slots, temperature)
+            method, options, reason, modes = resolve_auto(model, slots, temperature)
             said.text = f": {method}"
     settings = ServeSettings(model_id=model_id, slots=slots, context=context, chunk_steps=chunk_steps, method=method,
                              method_options=tuple(sorted(options.items())), temperature=temperature,
                              max_groups=max_groups, max_plans=max_plans, drafters=tuple(sorted(drafters.items())),
-                             special_tokens=special_tokens)
+                             special_tokens=special_tokens, step_modes=modes)
     server = Server(model, settings, eos_ids(model), limits, log_requests=log_requests, seed=seed)
     server.auto_reason = reason
     if warm:

@@ -161,8 +161,9 @@ class Server:
     def warm(self) -> None:
         """Build the default plan's slot group (greedy, or sampled when the default temperature
         is not 0) before the first request, so it does not wait for compilation."""
-        plan = self.requests.plan(self.settings.method, dict(self.settings.method_options),
-                                  self.settings.temperature == 0, False)
+        greedy = self.settings.temperature == 0
+        plan = self.requests.plan(self.settings.method, dict(self.settings.method_options), greedy, False,
+                                  step_modes=greedy and self.settings.step_modes)
         self.scheduler.group(plan, wait=True)
 
     # ----------------------------------------------------------------------------- routes
@@ -317,7 +318,9 @@ class Server:
                 "compression": finish.stats["compression"],
                 "time_to_first_token": round(finish.stats["time_to_first_token"], 6),
                 "seconds": round(finish.stats["seconds"], 6),
-                "accept_histogram": finish.stats.get("accept_histogram", [])}
+                "accept_histogram": finish.stats.get("accept_histogram", []),
+                # steps without drafts (the server's auto: chunks its slots ran plain)
+                "plain_steps": finish.stats.get("plain_steps", 0), "step_modes": parsed.plan.step_modes}
 
     def _usage(self, parsed: Parsed, finishes: list[Finish]) -> dict:
         n = sum(len(f.token_ids) for f in finishes)

@@ -77,6 +77,20 @@ class _SchedulerCollector:
         for event in ("submitted", "admitted", "completed", "cancelled", "failed"):
             events.add_metric([event], s.get(event, 0))
         yield events
+        chunks = CounterMetricFamily(PREFIX + "step_mode_chunks", "decode chunks of slot groups that pick drafted "
+                                     "or plain steps per chunk (the server's auto), by the mode they ran",
+                                     labels=["mode"])
+        tokens = CounterMetricFamily(PREFIX + "step_mode_tokens", "output tokens of those chunks, by mode",
+                                     labels=["mode"])
+        current = GaugeMetricFamily(PREFIX + "step_mode_current", "groups whose last chunk ran this mode",
+                                    labels=["mode"])
+        for mode, row in s["step_modes"].items():
+            chunks.add_metric([mode], row["chunks"])
+            tokens.add_metric([mode], row["tokens"])
+            current.add_metric([mode], row["current"])
+        yield chunks
+        yield tokens
+        yield current
         yield CounterMetricFamily(PREFIX + "scheduler_stalls", "decode chunks that compiled their program on the "
                                   "scheduler's thread (no compiled program covered them yet: 0 by construction)",
                                   value=s["stalls"])
@@ -155,21 +169,23 @@ class Metrics:
                 self.tpot.labels(endpoint).observe(max(end - first, 0.0) / (len(finish.token_ids) - 1))
             if job.admitted_at is not None:
                 self.queue.labels(endpoint).observe(max(job.admitted_at - job.created, 0.0))
-            self._decoding(plan, finish.stats.get("accept_histogram") or [])
+            self._decoding(plan, finish.stats.get("accept_histogram") or [], finish.stats.get("plain_steps", 0))
 
-    def _decoding(self, plan, histogram: list[int]) -> None:
-        """One choice's decoding work, from the engine's accept histogram (steps that emitted k tokens)."""
+    def _decoding(self, plan, histogram: list[int], plain_steps: int = 0) -> None:
+        """One choice's decoding work, from the engine's accept histogram (steps that emitted k tokens);
+        `plain_steps` of them verified no draft (a group's plain chunks: `jaxspec.serving.step_modes`)."""
         method = plan.name
         with self._lock:
             if plan.key not in self._drafts:
                 self._drafts[plan.key] = draft_positions(plan.engine)
             per_step = self._drafts[plan.key]
             steps = sum(histogram)
+            drafted = max(steps - plain_steps, 0)
             accepted = sum(max(k - 1, 0) * n for k, n in enumerate(histogram))
             self.steps.labels(method).inc(steps)
             if per_step:
-                self.drafts.labels(method).inc(steps)
-                self.draft_tokens.labels(method).inc(steps * per_step)
+                self.drafts.labels(method).inc(drafted)
+                self.draft_tokens.labels(method).inc(drafted * per_step)
                 self.accepted.labels(method).inc(accepted)
                 for position in range(max(len(histogram) - 2, 0)):
                     self.accepted_per_pos.labels(method, str(position)).inc(sum(histogram[position + 2:]))

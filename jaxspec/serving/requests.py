@@ -87,6 +87,9 @@ class ServeSettings:
     max_plans: int = 8  # distinct (method, options, greedy, ignore_eos) the server compiles in its life
     drafters: tuple = ()  # ((name, folder), ...): drafter folders the operator offers besides the shipped ones
     special_tokens: bool = False  # chat content may spell special tokens (off: such content is refused)
+    # `auto` chose a drafted method whose slots pick drafted or plain steps per chunk (greedy requests
+    # that name no method; `jaxspec.serving.step_modes`)
+    step_modes: bool = False
 
 
 @dataclasses.dataclass
@@ -195,13 +198,13 @@ class Requests:
         self._plans: dict[tuple, DecodePlan] = {}
 
     def plan(self, method: str, options: dict, greedy: bool, ignore_eos: bool, penalties: bool = False,
-             logprobs: bool = False) -> DecodePlan:
+             logprobs: bool = False, step_modes: bool = False) -> DecodePlan:
         """The decoding plan (engine, weights), checked against the memory guard once per plan.
 
         At most `max_plans` distinct plans are ever made (each is a program compiled on the
         scheduler thread, which stalls the running streams while it compiles): past that a new
         one is refused before anything is resolved, loaded or compiled."""
-        key = (method, tuple(sorted(options.items())), greedy, ignore_eos, penalties, logprobs)
+        key = (method, tuple(sorted(options.items())), greedy, ignore_eos, penalties, logprobs, step_modes)
         if key not in self._plans and len(self._plans) >= self.settings.max_plans:
             raise ApiError(400, f"this server decodes with at most {self.settings.max_plans} method settings "
                            "(method, method_options, greedy or sampled, ignore_eos, penalties on or off, "
@@ -215,6 +218,8 @@ class Requests:
                                logprobs=MAX_LOGPROBS if logprobs else -1, batch=s.slots, prompt_len=s.context,
                                max_new_tokens=s.context, eos_ids=() if ignore_eos else self.eos_ids,
                                where=" (the server's slots x context)")
+            if step_modes and plan.engine.steps_plain:
+                plan = dataclasses.replace(plan, step_modes=True)
             if plan.lp_devices > 1:
                 raise GenerationError("lp_devices: jaxspec serve decodes on one device (no lookahead parallelism)")
             self._plans[key] = plan
@@ -312,12 +317,14 @@ class Requests:
             method_options = {**method_options, "drafter": self._drafter(method_options["drafter"])}
         if method == "auto" and method_options:
             raise bad("method 'auto' takes no method_options (it is the server's measured choice)", "method_options")
-        if method is None or method == "auto":
+        default = method is None or method == "auto"
+        if default:
             method = s.method
             method_options = {**dict(s.method_options), **method_options}
         try:
             penalties = penalized(**{k: v for k, v in knobs.items() if k != "min_p"})
-            plan = self.plan(method, method_options, temperature == 0, ignore_eos, penalties, logprobs is not None)
+            plan = self.plan(method, method_options, temperature == 0, ignore_eos, penalties, logprobs is not None,
+                             step_modes=default and s.step_modes)
             sampling = SamplingParams.create(temperature, top_k, top_p, **knobs)
         except MemoryLimitError as e:
             raise bad(f"not enough memory for this method on this server: {e}", "method",

@@ -11,7 +11,8 @@ new ones when there are more than `max_groups`.
 Nothing compiles on the scheduler's thread while it serves: a new group is built, and the
 programs a job needs are compiled, by a background worker (`jaxspec.runtime.background`) while
 that job waits in the queue and the others go on streaming; a chunk runs the smallest compiled
-program that covers its rows (`SlotGroup.advance`).
+program that covers its rows (`SlotGroup.advance`). The group of a plan with `step_modes` (the
+server's `auto`) picks drafted or plain steps per chunk (`jaxspec.serving.step_modes`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from jaxspec.decoding.sampling import SamplingParams
 from jaxspec.runtime.background import Background
 from jaxspec.runtime.plan import DecodePlan
 from jaxspec.serving.slots import SlotGroup
+from jaxspec.serving.step_modes import MODES, StepModes
 
 
 @dataclasses.dataclass
@@ -159,13 +161,22 @@ class Scheduler:
             self.stopping = True
             self.cond.notify()
         self.thread.join(timeout)
+        for group in list(self.groups.values()):
+            if group.modes is not None:  # what the chunks taught, for the next server
+                group.modes.save()
 
     def status(self) -> dict:
         with self.cond:
             busy = sum(j is not None for jobs in self.jobs.values() for j in jobs)
+            modes = [g.modes.as_dict() for g in self.groups.values() if g.modes is not None]
             return {"waiting": len(self.waiting), "running": busy, "slots": self.slots, "groups": len(self.groups),
                     "compiling": int(self.compiler.busy()),
-                    "stalls": sum(g.stalls for g in self.groups.values()), **self.counters}
+                    "stalls": sum(g.stalls for g in self.groups.values()),
+                    # drafted or plain chunks (groups with step modes): chunks and tokens per mode, the last one's
+                    "step_modes": {m: {"chunks": sum(x["chunks"][m] for x in modes),
+                                       "tokens": sum(x["tokens"][m] for x in modes),
+                                       "current": sum(x["current"] == m for x in modes)} for m in MODES},
+                    **self.counters}
 
     def group(self, plan: DecodePlan, wait: bool = False) -> SlotGroup | None:
         """The plan's slot group; idle groups beyond `max_groups` go. A group not built yet is
@@ -189,7 +200,8 @@ class Scheduler:
         def build() -> SlotGroup:
             group = SlotGroup(self.model, plan.engine, plan.graphdef, plan.params, slots=self.slots,
                               context=self.context, eos_ids=plan.eos_ids, chunk_steps=self.chunk_steps,
-                              compiler=self.compiler)
+                              compiler=self.compiler,
+                              modes=StepModes(self.model, plan.label) if plan.step_modes else None)
             group.warm(tiers=1)  # the rest queued behind it
             return group
 
@@ -321,7 +333,8 @@ class Scheduler:
                          "time_to_first_token": (job.first_token_at or time.perf_counter()) - job.created,
                          # the engine's: decoding steps (after the prefill) that emitted k tokens
                          "accept_histogram": [] if view.accept_histogram is None
-                         else [int(x) for x in view.accept_histogram]}
+                         else [int(x) for x in view.accept_histogram],
+                         "plain_steps": view.plain_steps}  # of the decoding steps, those without drafts
                 if len(text) > job.sent_text or len(ids) > job.sent_tokens:
                     job.deliver(Delta(text[job.sent_text:], ids[job.sent_tokens:],
                                       _logprobs(view, job.sent_tokens, len(ids))))

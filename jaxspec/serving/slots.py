@@ -23,6 +23,11 @@ Four programs, none recompiled while serving:
   scheduler keeps the busy slots first (`move`), so one request in flight costs one row;
 * `move`: copies a slot's row into a free slot.
 
+A group given `StepModes` (`jaxspec.serving.step_modes`: the server's `auto`, an engine that drafts
+and `Engine.steps_plain`) has `advance` twice per tier and length: drafted steps and plain steps
+over the same state. Before each chunk it picks the mode measured faster for the busy rows' tier,
+and measures the chunk.
+
 With a `Background` worker (`jaxspec.runtime.background`; the server's), no program compiles on
 the caller's thread once the group is built: `admits` says whether a request's programs are
 ready (and queues what is missing), and `advance` runs the smallest compiled `advance` that
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +50,7 @@ from jaxspec.decoding.engine import Engine, EngineState
 from jaxspec.decoding.methods import advance, begin
 from jaxspec.decoding.sampling import SamplingParams
 from jaxspec.runtime.plan import prompt_bucket
+from jaxspec.serving.step_modes import MODES, StepModes
 
 
 # The largest slot state a group keeps a copy of, to run its programs once before they serve.
@@ -110,13 +117,14 @@ def _corner(x, row_axis: int, rows: int, length_axis: int, length: int):
 
 def _advance(graphdef, params, slots: EngineState, sampling: SamplingParams, limit, *, engine: Engine,
              eos_ids: tuple[int, ...], chunk_steps: int, rows: int, length: int, axes, length_axes,
-             per_row: bool) -> EngineState:
+             per_row: bool, plain: bool = False) -> EngineState:
     """The engine's `advance` (the loop `generate` and `stream` run) over the first `rows` slots
     and the first `length` cache positions (the busy rows' caches end before it): attention
-    costs the cache it reads, not the context's. A free slot (limit 0) is masked, never decoded."""
+    costs the cache it reads, not the context's. A free slot (limit 0) is masked, never decoded.
+    `plain`: steps without drafts over the same state (`jaxspec.decoding.engine.plain_step`)."""
     part = jax.tree.map(lambda x, a, la: _corner(x, a, rows, la, length), slots, axes, length_axes)
     part = advance(graphdef, params, part, sampling, jnp.int32(chunk_steps), engine=engine, eos_ids=eos_ids,
-                   row_limit=limit, per_row=per_row)
+                   row_limit=limit, per_row=per_row, plain=plain)
     return jax.tree.map(lambda x, y: jax.lax.dynamic_update_slice(x, y, (0,) * x.ndim), slots, part)
 
 
@@ -132,6 +140,7 @@ class SlotView:
     accept_histogram: np.ndarray | None = None
     # an engine with logprobs: per token, its log-probability, the top ids and theirs ([num], [num, k] x 2)
     logprobs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    plain_steps: int = 0  # of `steps`, those stepped without drafts (a group with `StepModes`)
 
 
 class SlotGroup:
@@ -139,7 +148,7 @@ class SlotGroup:
     end-of-sequence ids. Not thread-safe: one scheduler thread drives it."""
 
     def __init__(self, model, engine: Engine, graphdef, params, *, slots: int, context: int,
-                 eos_ids: tuple[int, ...], chunk_steps: int, compiler=None):
+                 eos_ids: tuple[int, ...], chunk_steps: int, compiler=None, modes: StepModes | None = None):
         self.model, self.engine, self.graphdef, self.params = model, engine, graphdef, params
         self.slots, self.context, self.eos_ids, self.chunk_steps = slots, context, eos_ids, chunk_steps
         # A request's prompt + output fit in `context` positions; the output buffer holds up to
@@ -149,6 +158,9 @@ class SlotGroup:
         self.compile_seconds = 0.0
         self.compiler = compiler  # a `Background` that compiles off the scheduler's thread, or None
         self.stalls = 0  # chunks that had to compile on the caller's thread (no covering program yet)
+        if modes is not None and not engine.steps_plain:
+            raise ValueError("step modes need an engine that drafts and can step plain (Engine.steps_plain)")
+        self.modes = modes  # drafted or plain, chunk by chunk (None: drafted, as the engine is)
         # Programs live in the model's one program table (`Model.compiled`, as generate's), keyed
         # by what decides them: a group made again for the same plan finds them there.
         self._key = ("slots", engine, eos_ids, slots, context, chunk_steps,
@@ -185,10 +197,15 @@ class SlotGroup:
         # run costs several of its later ones): every row live, so a chunk steps them all. Only where it is
         # small (a copy of the slots' caches is kept for it).
         size = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.state))
-        self._scratch = None if compiler is None or size > SCRATCH_BYTES else (
-            state.replace(decode=state.decode.replace(done=jnp.zeros_like(state.decode.done))), empty)
+        # (its own buffers: the slots' state is donated from the first chunk on, and a first run may
+        # come later, in the background)
+        self._scratch = None if compiler is None or size > SCRATCH_BYTES else jax.tree.map(jnp.copy, (
+            state.replace(decode=state.decode.replace(done=jnp.zeros_like(state.decode.done))), empty))
         self.limit = np.zeros(slots, np.int32)
         self.prompt_len = np.zeros(slots, np.int32)
+        self.generated = np.zeros(slots, np.int64)  # each slot's tokens at the last read
+        self.steps = np.zeros(slots, np.int64)  # each slot's steps at the last read
+        self.plain_steps = np.zeros(slots, np.int64)  # of those, plain ones (`modes`)
         self.sampling = {k: np.full(slots, v) for k, v in _fields(self._sampling0)}  # (free slots: neutral)
 
     def _shapes(self, batch: int, cache_len: int):
@@ -235,14 +252,19 @@ class SlotGroup:
             for length in (self.lengths[0], self.cache_len):  # a short request's, and one that covers any
                 self._first_run(self._advance_program(rows, length), "advance", rows)
         if self.compiler is not None:
-            for length in (self.lengths[0], self.cache_len):
-                for rows in self.tiers:
-                    self._queue(rows, length)
+            for mode in self._modes:  # (plain steps after every drafted program: drafted serves alone)
+                for length in (self.lengths[0], self.cache_len):
+                    for rows in self.tiers:
+                        self._queue(rows, length, mode)
 
-    def _queue(self, rows: int, length: int) -> None:
-        if not self.compiled("advance", rows, length):
-            self.compiler.submit((self._key, "advance", rows, length),
-                                 lambda: self._first_run(self._advance_program(rows, length), "advance", rows))
+    @property
+    def _modes(self) -> tuple[str, ...]:
+        return MODES if self.modes is not None else MODES[:1]
+
+    def _queue(self, rows: int, length: int, mode: str = "drafted") -> None:
+        if not self.compiled("advance", rows, length, mode):
+            self.compiler.submit((self._key, "advance", rows, length, mode),
+                                 lambda: self._first_run(self._advance_program(rows, length, mode), "advance", rows))
 
     def _first_run(self, program, kind: str, rows: int = 0) -> None:
         """Run a new program once on the scratch state (see `__init__`), when the group keeps one."""
@@ -264,32 +286,40 @@ class SlotGroup:
         return self._compile(("insert",), fn, (self.state_shapes, self.row_shapes, jnp.int32(0)), {},
                              donate_argnums=(0,))
 
-    def _advance_program(self, rows: int, length: int):
+    def _advance_program(self, rows: int, length: int, mode: str = "drafted"):
         statics = dict(engine=self.engine, eos_ids=self.eos_ids, chunk_steps=self.chunk_steps, rows=rows,
-                       length=length)
+                       length=length, plain=mode == "plain")
         args = (self.graphdef, self.params, self.state_shapes, self._sampling_arrays(rows),
                 jax.ShapeDtypeStruct((rows,), jnp.int32))
         fn = functools.partial(_advance, axes=self.axes, length_axes=self.length_axes, per_row=self.per_row)
-        return self._compile(("advance", rows, length), fn, args, statics, donate_argnums=(2,))
+        return self._compile(("advance", rows, length, mode), fn, args, statics, donate_argnums=(2,))
 
     def _move_program(self):
         fn = functools.partial(_move, axes=self.axes)
         return self._compile(("move",), fn, (self.state_shapes, jnp.int32(0), jnp.int32(0)), {}, donate_argnums=(0,))
 
-    def _covering(self, rows: int, reach: int) -> tuple[int, int]:
+    def _exact(self, rows: int, reach: int) -> tuple[int, int]:
+        """The (tier, length) of a chunk of the first `rows` rows reaching `reach` cache positions."""
+        return (next(t for t in self.tiers if t >= rows),
+                next(n for n in self.lengths if n >= min(reach, self.cache_len)))
+
+    def _compiled_covering(self, tier: int, length: int, mode: str) -> list[tuple[int, int]]:
+        return sorted(((t, n) for t in self.tiers for n in self.lengths
+                       if t >= tier and n >= length and self.compiled("advance", t, n, mode)),
+                      key=lambda tn: tn[0] * tn[1])
+
+    def _covering(self, rows: int, reach: int, mode: str = "drafted") -> tuple[int, int]:
         """The (tier, length) a chunk of the first `rows` rows reaching `reach` cache positions
         runs: the exact one when compiled (or with no worker: compiled now), else the smallest
         compiled that covers it, the exact one queued. Nothing compiled covers it: compiled now (a
         stall, counted)."""
-        tier = next(t for t in self.tiers if t >= rows)
-        length = next(n for n in self.lengths if n >= min(reach, self.cache_len))
-        if self.compiler is None or self.compiled("advance", tier, length):
+        tier, length = self._exact(rows, reach)
+        if self.compiler is None or self.compiled("advance", tier, length, mode):
             return tier, length
-        self._queue(tier, length)
-        covering = [(t * n, t, n) for t in self.tiers for n in self.lengths
-                    if t >= tier and n >= length and self.compiled("advance", t, n)]
+        self._queue(tier, length, mode)
+        covering = self._compiled_covering(tier, length, mode)
         if covering:
-            return min(covering)[1:]
+            return covering[0]
         self.stalls += 1
         return tier, length
 
@@ -306,8 +336,8 @@ class SlotGroup:
         reach = max([*ends, self._reach(prompt_len, limit)])
         tier = next(t for t in self.tiers if t >= rows)
         length = next(n for n in self.lengths if n >= min(reach, self.cache_len))
-        ready = any(self.compiled("advance", t, n) for t in self.tiers for n in self.lengths if t >= tier and n >= length)
-        if not ready and (self._key, "advance", tier, length) in self.compiler.failed:
+        ready = bool(self._compiled_covering(tier, length, "drafted"))
+        if not ready and (self._key, "advance", tier, length, "drafted") in self.compiler.failed:
             return True  # compiled where it runs, and its error reported there (`Scheduler._guarded`)
         if not ready:
             self._queue(tier, length)
@@ -345,6 +375,7 @@ class SlotGroup:
         self.state = self._insert_program()(self.state, one, jnp.int32(slot))
         self.limit[slot] = limit
         self.prompt_len[slot] = len(prompt)
+        self.generated[slot] = self.steps[slot] = self.plain_steps[slot] = 0
         self.used[slot] = self._reach(len(prompt), 1)
         for k, v in _fields(sampling):
             self.sampling[k][slot] = np.asarray(v)
@@ -362,20 +393,41 @@ class SlotGroup:
         self.state = self._move_program()(self.state, jnp.int32(src), jnp.int32(dst))
         self.limit[dst], self.limit[src] = self.limit[src], 0
         self.used[dst], self.prompt_len[dst] = self.used[src], self.prompt_len[src]
+        for v in (self.generated, self.steps, self.plain_steps):
+            v[dst] = v[src]
         for v in self.sampling.values():
             v[dst] = v[src]
 
     def advance(self) -> list[SlotView]:
         """Up to `chunk_steps` steps of the busy slots (the smallest tier holding the last busy
-        slot); each slot's row afterwards (one host sync)."""
+        slot), drafted or plain (`modes`); each slot's row afterwards (one host sync)."""
         busy = self.limit > 0
         last = int(np.flatnonzero(busy)[-1]) + 1 if busy.any() else 1
         reach = int(self.used[busy].max()) if busy.any() else 1
-        rows, length = self._covering(last, reach)
-        program = self._advance_program(rows, length)
+        mode = "drafted"
+        exact = self._exact(last, reach)
+        if self.modes is not None:
+            ready = {m for m in MODES if self.compiler is None or self._compiled_covering(*exact, m)}
+            mode = self.modes.pick(exact[0], ready)
+        rows, length = self._covering(last, reach, mode)
+        program = self._advance_program(rows, length, mode)
+        compiled, generated, steps = self.compile_seconds, self.generated.copy(), self.steps.copy()
+        quiet = self.compiler is None or not self.compiler.busy()
+        start = time.perf_counter()
         self.state = program(self.graphdef, self.params, self.state, self._sampling_arrays(rows),
                              jnp.asarray(self.limit[:rows]))
-        return self.read()
+        views = self.read()
+        seconds = time.perf_counter() - start
+        if mode == "plain":
+            self.plain_steps += np.where(busy, self.steps - steps, 0)
+            views = [dataclasses.replace(v, plain_steps=int(p)) for v, p in zip(views, self.plain_steps)]
+        if self.modes is not None:
+            tokens = int((self.generated - generated)[busy].sum())
+            self.modes.ran(mode, tokens)
+            # measured where the chunk ran its own program, nothing compiling (here or in the background)
+            if (rows, length) == exact and compiled == self.compile_seconds and quiet:
+                self.modes.record(exact[0], mode, int((self.steps - steps)[busy].max()), tokens, seconds)
+        return views
 
     def read(self) -> list[SlotView]:
         d = self.state.decode
@@ -394,7 +446,10 @@ class SlotGroup:
         for i in range(self.slots):
             n = min(int(num[i, 0]), int(self.limit[i]))
             self.used[i] = self._reach(int(self.prompt_len[i]), int(num[i, 0]))
+            if self.limit[i] > 0:
+                self.generated[i], self.steps[i] = n, int(steps[i, 0])
             views.append(SlotView(tokens=np.array(tokens[i, :n]), done=bool(done[i, 0]) or n >= self.limit[i],
                                   steps=int(steps[i, 0]), accept_histogram=np.array(histogram[i]),
-                                  logprobs=None if logprobs is None else tuple(np.array(x[i, :n]) for x in logprobs)))
+                                  logprobs=None if logprobs is None else tuple(np.array(x[i, :n]) for x in logprobs),
+                                  plain_steps=int(self.plain_steps[i])))
         return views
