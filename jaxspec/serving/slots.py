@@ -333,9 +333,7 @@ class SlotGroup:
         busy = np.flatnonzero(self.limit > 0)
         rows = max(int(busy[-1]) + 1 if busy.size else 0, slot + 1)
         ends = [self._reach(int(self.prompt_len[i]), int(self.limit[i])) for i in busy]
-        reach = max([*ends, self._reach(prompt_len, limit)])
-        tier = next(t for t in self.tiers if t >= rows)
-        length = next(n for n in self.lengths if n >= min(reach, self.cache_len))
+        tier, length = self._exact(rows, max([*ends, self._reach(prompt_len, limit)]))
         ready = bool(self._compiled_covering(tier, length, "drafted"))
         if not ready and (self._key, "advance", tier, length, "drafted") in self.compiler.failed:
             return True  # compiled where it runs, and its error reported there (`Scheduler._guarded`)
