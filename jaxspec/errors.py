@@ -27,3 +27,12 @@ class GenerationError(JaxspecError):
 
 class MemoryLimitError(GenerationError):
     """A request needs more device memory than is free (`jaxspec.runtime.memory` estimates it)."""
+
+
+def shown(value, limit: int = 60) -> str:
+    """`value` as an error message quotes it: its repr, cut to `limit` characters, non-ASCII
+    escaped (a lone surrogate cannot be encoded), a huge integer by its digit count."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = ascii(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -162,10 +162,15 @@ FOREIGN_ARGUMENTS = {
 }
 
 
+# Where an argument of FOREIGN_ARGUMENTS comes from, when not from transformers' `generate`.
+FOREIGN_ORIGINS = {"max_tokens": "an OpenAI / vLLM"}
+
+
 def _refuse_foreign(method_options: dict) -> None:
     for name in method_options:
         if name in FOREIGN_ARGUMENTS:
-            raise GenerationError(f"{name} is a transformers argument, not jaxspec's; pass {FOREIGN_ARGUMENTS[name]}")
+            origin = FOREIGN_ORIGINS.get(name, "a transformers")
+            raise GenerationError(f"{name} is {origin} argument, not jaxspec's; pass {FOREIGN_ARGUMENTS[name]}")
 
 
 def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "autoregressive",

@@ -137,6 +137,8 @@ def normalize_prompts(model: Model, prompt) -> tuple[list[list[int]], bool]:
     str, a list of id lists (or 1-D arrays), or a 1-D / 2-D integer numpy or jax array; ids
     may be Python, numpy or jax integers. Anything else is a PromptError naming the type given."""
     if isinstance(prompt, str):
+        if not prompt:  # (one rule with the server's: an empty text is no prompt, whatever BOS the tokenizer adds)
+            raise PromptError("prompt is empty; pass at least one character or token id")
         if model.tokenizer is None:
             raise PromptError(f"{model.source} has no tokenizer; pass prompt token ids instead of text")
         return [model.tokenizer.encode(prompt)], False

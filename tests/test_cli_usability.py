@@ -55,14 +55,15 @@ def test_repr_is_one_line(folder):
 
 @pytest.mark.parametrize("name, value, names", [
     ("max_length", 8, "max_new_tokens"), ("do_sample", True, "temperature > 0"), ("num_beams", 4, "beam"),
-    ("eos_token_id", 2, "stop_ids"),
+    ("eos_token_id", 2, "stop_ids"), ("max_tokens", 16, "max_new_tokens"),
 ])
 def test_transformers_arguments_name_jaxspecs(folder, name, value, names):
     model = jaxspec.load(folder)
     for call in (jaxspec.generate, jaxspec.stream):
         with pytest.raises(jaxspec.GenerationError, match=re.escape(names)) as e:
             call(model, [1, 5], **{name: value})
-        assert str(e.value).startswith(f"{name} is a transformers argument") and "\n" not in str(e.value)
+        origin = "an OpenAI / vLLM" if name == "max_tokens" else "a transformers"
+        assert str(e.value).startswith(f"{name} is {origin} argument") and "\n" not in str(e.value)
 
 
 def test_progress_lines(folder, capsys, monkeypatch):

@@ -265,11 +265,21 @@ def test_a_drafter_path_is_refused_the_same_whatever_exists(server, tmp_path):
 def test_drafter_folders_the_operator_lists_are_offered_by_name(model, tmp_path):
     folder = tmp_path / "my-drafter"
     folder.mkdir()
+    with pytest.raises(GenerationError, match="not a drafter folder"):  # (checked at start: /etc is no drafter)
+        make_server(model, MODEL_ID, method="autoregressive", slots=1, context=128, warm=False,
+                    drafter_dirs=[str(folder)])
+    (folder / "config.json").write_text("{}")  # a drafter's files, broken inside
+    (folder / "model.safetensors").write_bytes(b"")
     srv = make_server(model, MODEL_ID, method="autoregressive", slots=1, context=128, warm=False,
                       drafter_dirs=[str(folder)])
     assert srv.requests._drafter("my-drafter") == str(folder.resolve())
     with pytest.raises(Exception, match="unknown_drafter|offers"):
         srv.requests._drafter(str(folder))
+    # a request naming it is refused by what is wrong, without the server's paths
+    with pytest.raises(ApiError) as e:
+        srv.requests.parse({"model": MODEL_ID, "prompt": "x", "method": "speculative",
+                            "method_options": {"drafter": "my-drafter"}}, chat=False)
+    assert e.value.status == 400 and str(tmp_path) not in e.value.message and "my-drafter" in e.value.message
 
 
 # ------------------------------------------------------------------ CLI and library

@@ -41,6 +41,22 @@ def abstract_model(cfg: ModelConfig, dtype, attention: str) -> Transformer:
     return nnx.eval_shape(lambda: Transformer(cfg, dtype=dtype, attention=attention, rngs=nnx.Rngs(0)))
 
 
+def check_sizes(cfg: ModelConfig, tensors: Mapping[str, np.ndarray], source: str) -> None:
+    """The config's layer count and embedding against the checkpoint's tensors, before any model is
+    built: the abstract model's build takes time that grows with the config's sizes, so a config.json
+    that claims 1,000 layers over a file that holds 2 is refused at once, not after minutes."""
+    layers = {int(parts[2]) for parts in (name.split(".") for name in tensors)
+              if len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit()}
+    held = max(layers) + 1 if layers else 0
+    if held != cfg.num_layers:
+        raise CheckpointError(f"{source}: the config has {cfg.num_layers} layers, the checkpoint's tensors {held}; "
+                              "the checkpoint does not match its config")
+    embedding = tensors.get("model.embed_tokens.weight")  # (absent: named by the full check after)
+    if embedding is not None and tuple(int(d) for d in embedding.shape) != (cfg.vocab_size, cfg.hidden_size):
+        raise CheckpointError(f"{source}: tensor 'model.embed_tokens.weight' has shape {tuple(embedding.shape)} but "
+                              f"the config needs {(cfg.vocab_size, cfg.hidden_size)}")
+
+
 Index = tuple  # one slice (or, for rows, an index array) per dimension, as numpy indexes
 
 
@@ -102,6 +118,7 @@ def model_from_tensors(cfg: ModelConfig, tensors: Mapping[str, np.ndarray], *, d
     Every name and shape is checked before any tensor is read. Without `place`, each parameter
     is read whole onto the default device; with it, `place(path, shape, read)` makes the
     parameter (e.g. a global array on a mesh, each shard read with `read(index)`)."""
+    check_sizes(cfg, tensors, source)
     graphdef, abstract_state = nnx.split(abstract_model(cfg, dtype, attention))
     flat = nnx.to_flat_state(abstract_state)
     expected = {}

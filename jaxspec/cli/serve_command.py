@@ -40,6 +40,8 @@ def add_parser(sub) -> None:
                      help="seconds a connection may take to send its request headers")
     sec.add_argument("--max-plans", type=int, default=8,
                      help="distinct per-request method settings compiled in the server's life (the rest: 400)")
+    sec.add_argument("--max-waiting", type=int, default=256,
+                     help="choices waiting for a slot; past it a request gets 503 with Retry-After (default 256)")
     sec.add_argument("--drafter-dir", action="append", default=[], metavar="FOLDER",
                      help="a drafter folder requests may name (by its folder name); repeatable")
     sec.add_argument("--allow-special-tokens", action="store_true",
@@ -102,7 +104,7 @@ def _serve(args) -> int:
     server = make_server(model, args.served_model_name or name, method=args.method, method_options=method_options,
                          slots=args.slots, context=args.context, chunk_steps=args.chunk_steps,
                          temperature=args.temperature, max_groups=args.max_groups, limits=limits,
-                         max_plans=args.max_plans, drafter_dirs=args.drafter_dir,
+                         max_plans=args.max_plans, max_waiting=args.max_waiting, drafter_dirs=args.drafter_dir,
                          special_tokens=args.allow_special_tokens, log_requests=args.log_requests, seed=args.seed)
     progress.close()  # the cold start is over: requests' work is not reported here
     if server.auto_reason:

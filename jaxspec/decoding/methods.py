@@ -92,7 +92,8 @@ def resolve_method(name: str, cfg: ModelConfig, options: dict, defaults: Default
     table, the target's shipped drafter and its cache of loaded drafters)."""
     canonical = ALIASES.get(name, name)
     if canonical not in METHODS:
-        raise GenerationError(f"unknown method {name!r}; available: {', '.join(sorted([*METHODS, *ALIASES]))}")
+        raise GenerationError(f"unknown method {name!r}; available: "
+                              f"{', '.join(sorted([*METHODS, *ALIASES, 'auto']))}")
     method = METHODS[canonical]
     unknown = sorted(set(options) - set(method.option_names))
     if unknown:

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any, Protocol
 
 from jaxspec.decoding.sources.drafter import DraftSpec
-from jaxspec.errors import GenerationError
+from jaxspec.errors import GenerationError, shown
 from jaxspec.models.config import ModelConfig
 from jaxspec.models.meshes import check_lp_devices
 
@@ -27,14 +27,19 @@ class Defaults(Protocol):
         gave: a `Drafter`, a folder or shipped name, a drafter `Model`, or None (the target's own)."""
 
 
+# The largest value any integer option takes: a block of more tokens than this is no setting (and a
+# larger integer would overflow the float arithmetic of the memory estimate).
+MAX_OPTION = 1 << 16
+
+
 def _check_int(method: str, name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise GenerationError(f"{method} {name} must be an integer >= {low}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_OPTION:
+        raise GenerationError(f"{method} {name} must be an integer in [{low}, {MAX_OPTION}], got {shown(value)}")
 
 
 def _check_bool(name: str, value) -> None:
     if not isinstance(value, bool):
-        raise GenerationError(f"{name} must be true or false, got {value!r}")
+        raise GenerationError(f"{name} must be true or false, got {shown(value)}")
 
 
 class Options:
@@ -133,12 +138,9 @@ class DrafterOptions(Options):
 
     def __post_init__(self):
         if self.draft_len is not None:
-            if isinstance(self.draft_len, bool) or not isinstance(self.draft_len, int) or self.draft_len < 1:
-                raise GenerationError(f"draft_len must be an integer >= 1, got {self.draft_len!r}")
+            _check_int("speculative", "draft_len", self.draft_len, 1)
         _check_bool("bonus_in_context", self.bonus_in_context)
-        if isinstance(self.first_alternatives, bool) or not isinstance(self.first_alternatives, int) \
-                or self.first_alternatives < 0:
-            raise GenerationError(f"first_alternatives must be an integer >= 0, got {self.first_alternatives!r}")
+        _check_int("speculative", "first_alternatives", self.first_alternatives, 0)
 
     @classmethod
     def resolve(cls, cfg, given, defaults):

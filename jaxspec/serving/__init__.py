@@ -30,7 +30,8 @@ def resolve_auto(model, slots: int, temperature: float) -> tuple[str, dict, str,
 
 def make_server(model, model_id: str, *, method: str = "auto", method_options: dict | None = None, slots: int = 8,
                 context: int | None = None, chunk_steps: int = 4, temperature: float = 0.0, max_groups: int = 4,
-                warm: bool = True, limits=None, max_plans: int = 8, drafter_dirs=(), special_tokens: bool = False,
+                warm: bool = True, limits=None, max_plans: int = 8, max_waiting: int = 256, drafter_dirs=(),
+                special_tokens: bool = False,
                 log_requests: bool = False, seed: int | None = None):
     """A `Server` for `model` (checked settings; the default plan compiled when `warm`).
     `limits`: an `app.Limits` (API key, allowed hosts and origins, body size and timeouts);
@@ -46,7 +47,7 @@ def make_server(model, model_id: str, *, method: str = "auto", method_options: d
     context = min(limit, 2048) if context is None else context
     for name, value, low, high in (("slots", slots, 1, 4096), ("context", context, 2, limit),
                                    ("chunk_steps", chunk_steps, 1, 1 << 20), ("max_groups", max_groups, 1, 64),
-                                   ("max_plans", max_plans, 1, 1024)):
+                                   ("max_plans", max_plans, 1, 1024), ("max_waiting", max_waiting, 1, 1 << 20)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise GenerationError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
@@ -58,6 +59,9 @@ def make_server(model, model_id: str, *, method: str = "auto", method_options: d
         path = Path(folder)
         if not path.is_dir():
             raise GenerationError(f"--drafter-dir {folder}: not a folder")
+        if not ((path / "config.json").is_file() and (path / "model.safetensors").is_file()):
+            raise GenerationError(f"--drafter-dir {folder}: not a drafter folder (it needs config.json and "
+                                  "model.safetensors, as `jaxspec export` writes)")
         drafters[path.resolve().name] = str(path.resolve())
     options = dict(method_options or {})
     reason, modes = None, False
@@ -70,7 +74,7 @@ def make_server(model, model_id: str, *, method: str = "auto", method_options: d
             said.text = f": {method}"
     settings = ServeSettings(model_id=model_id, slots=slots, context=context, chunk_steps=chunk_steps, method=method,
                              method_options=tuple(sorted(options.items())), temperature=temperature,
-                             max_groups=max_groups, max_plans=max_plans, drafters=tuple(sorted(drafters.items())),
+                             max_groups=max_groups, max_plans=max_plans, max_waiting=max_waiting, drafters=tuple(sorted(drafters.items())),
                              special_tokens=special_tokens, step_modes=modes)
     server = Server(model, settings, eos_ids(model), limits, log_requests=log_requests, seed=seed)
     server.auto_reason = reason

@@ -37,10 +37,11 @@ import time
 
 import numpy as np
 
+from jaxspec.errors import GenerationError
 from jaxspec.serving import tokens
 from jaxspec.serving.metrics import CONTENT_TYPE, Metrics
 from jaxspec.serving.requests import ApiError, Parsed, Requests, ServeSettings, ignored_fields
-from jaxspec.serving.scheduler import Delta, Failure, Finish, Job, Scheduler
+from jaxspec.serving.scheduler import Delta, Failure, Finish, Job, QueueFull, Scheduler
 
 try:
     from starlette.applications import Starlette
@@ -54,10 +55,12 @@ except ImportError as e:  # pragma: no cover  (the CLI turns this into one line)
 DISCONNECT_POLL_S = 0.25
 LISTEN_BACKLOG = 2048  # uvicorn's own default
 log = logging.getLogger("jaxspec.serve")
+# Seconds a refused request is told to wait (a queue that is full drains in about that on a busy server).
+RETRY_AFTER_S = 5
 
 
 def _error(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
 @dataclasses.dataclass
@@ -83,6 +86,11 @@ class Limits:
     max_body_bytes: int = 1 << 20
     body_timeout_s: float = 30.0  # the whole body, once the headers are in
     header_timeout_s: float = 10.0  # a connection's request headers, from connect (or the last answer)
+
+    def __post_init__(self):
+        # An empty key would be matched by a request with no Authorization header: refused, as the CLI does.
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
+            raise GenerationError("Limits.api_key is empty: give a key, or None for no key")
 
 
 def default_hosts(host: str) -> tuple[str, ...]:
@@ -153,7 +161,8 @@ class Server:
         self.parser = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxspec-parse")
         self.requests = Requests(model, settings, eos_ids)
         self.scheduler = Scheduler(model, slots=settings.slots, context=settings.context,
-                                   chunk_steps=settings.chunk_steps, max_groups=settings.max_groups)
+                                   chunk_steps=settings.chunk_steps, max_groups=settings.max_groups,
+                                   max_waiting=settings.max_waiting)
         self.started = int(time.time())
         self.auto_reason: str | None = None  # why `auto` chose the default method, when it did
         self.metrics = Metrics(self.scheduler, settings.context)
@@ -239,11 +248,11 @@ class Server:
                     deliver=lambda ev, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, ev)),
                     stop_strings=parsed.stop_strings, stop_ids=parsed.stop_ids) for i in range(parsed.n)]
         try:
-            for job in jobs:
-                self.scheduler.submit(job)
+            self.scheduler.submit(*jobs)
+        except QueueFull as e:
+            return self._refused(answer, ApiError(503, str(e), kind="server_error", code="queue_full",
+                                                  headers={"Retry-After": str(RETRY_AFTER_S)}))
         except RuntimeError as e:
-            for job in jobs:
-                self.scheduler.cancel(job)
             return self._refused(answer, ApiError(503, str(e), kind="server_error", code="shutting_down"))
         # RFC 7234's warning for what was accepted and ignored (299: a persistent warning)
         warning = {"Warning": f'299 - "ignored fields (they change nothing here): {", ".join(ignored)}"'} \
@@ -448,7 +457,13 @@ class Server:
                                    code="not_found" if exc.status_code == 404 else None))
 
         async def internal(request: Request, exc: Exception):
-            return _error(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error"))
+            # The exception's text goes to the log under an id, never to the client (it may quote paths).
+            ident = secrets.token_hex(6)
+            log.error("jaxspec: internal error %s on %s %s", ident, request.method, request.url.path,
+                      exc_info=(type(exc), exc, exc.__traceback__))
+            self.metrics.request(request.url.path, 500)
+            return _error(ApiError(500, f"internal error {ident} (the server's log has it)", kind="server_error",
+                                   code="internal_error"))
 
         routes = [Route("/health", self.health), Route("/metrics", self.metrics_text), Route("/v1/models", self.models),
                   Route("/v1/models/{model_id:path}", self.model_card),

@@ -22,7 +22,7 @@ import math
 from typing import Any
 
 from jaxspec.chat import chat_prompt
-from jaxspec.errors import GenerationError, JaxspecError, MemoryLimitError
+from jaxspec.errors import GenerationError, JaxspecError, MemoryLimitError, shown
 from jaxspec.inputs import normalize_prompts
 from jaxspec.checkpoint.method_defaults import SHIPPED_DRAFTERS
 from jaxspec.decoding.methods import ALIASES, METHODS
@@ -37,7 +37,7 @@ CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprob
                                "tool_choice", "parallel_tool_calls"}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "best_of", "suffix"}
 # vLLM's own request fields (its extra sampling and request parameters) that change nothing here at
-# the values listed (null: not set, always neutral; `str`: any str): accepted there and ignored, the
+# the values listed (null: not set, always neutral; a type: any value of it): accepted there and ignored, the
 # answer naming them in a `Warning` header (`app`); at any other value refused with a 400 naming the
 # field, since jaxspec would not do what they ask.
 VLLM_NEUTRAL: dict[str, Any] = {
@@ -48,8 +48,13 @@ VLLM_NEUTRAL: dict[str, Any] = {
     "guided_choice": (), "guided_grammar": (), "structural_tag": (), "guided_decoding_backend": (),
     "guided_whitespace_pattern": (), "priority": (0,), "request_id": str, "cache_salt": str,  # (no prefix cache)
     "vllm_xargs": ({},), "mm_processor_kwargs": ({},)}
+# OpenAI's chat fields about storage, billing, reasoning and output kinds, which change nothing in a
+# text answer here: accepted and named in the `Warning` header, as vLLM does.
+OPENAI_CHAT_NEUTRAL: dict[str, Any] = {
+    "store": bool, "metadata": dict, "service_tier": str, "reasoning_effort": str, "verbosity": str,
+    "modalities": (["text"],), "prediction": dict}
 VLLM_CHAT_NEUTRAL: dict[str, Any] = {
-    **VLLM_NEUTRAL, "echo": (False,), "best_of": (1,), "add_generation_prompt": (True,),
+    **VLLM_NEUTRAL, **OPENAI_CHAT_NEUTRAL, "echo": (False,), "best_of": (1,), "add_generation_prompt": (True,),
     "continue_final_message": (False,), "add_special_tokens": (False,), "documents": (), "chat_template": (),
     "chat_template_kwargs": ({},)}
 VLLM_COMPLETION_NEUTRAL: dict[str, Any] = {**VLLM_NEUTRAL, "add_special_tokens": (True,)}
@@ -60,9 +65,13 @@ BOOL_OPTIONS = ("pool_from_prompt", "verify_window", "target_features")  # metho
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
+                 kind: str = "invalid_request_error", headers: dict | None = None):
+        # (what a client sent is echoed escaped: a lone surrogate in a key cannot be encoded as UTF-8)
+        message, param = (None if x is None else x.encode("utf-8", "backslashreplace").decode("utf-8")
+                          for x in (message, param))
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers or {}
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
@@ -85,6 +94,7 @@ class ServeSettings:
     temperature: float = 0.0  # for requests that give none (0 = greedy: lossless against greedy)
     max_groups: int = 4
     max_plans: int = 8  # distinct (method, options, greedy, ignore_eos) the server compiles in its life
+    max_waiting: int = 256  # choices waiting for a slot; past it a request gets 503 + Retry-After
     drafters: tuple = ()  # ((name, folder), ...): drafter folders the operator offers besides the shipped ones
     special_tokens: bool = False  # chat content may spell special tokens (off: such content is refused)
     # `auto` chose a drafted method whose slots pick drafted or plain steps per chunk (greedy requests
@@ -124,15 +134,16 @@ def _typed(body: dict, name: str, kinds, what: str, default=None):
 
 def _number(body: dict, name: str, default: float, low: float, high: float, what: str) -> float:
     value = _typed(body, name, (int, float), what, default)
-    if not (math.isfinite(value) and low <= value <= high):
-        raise bad(f"{name} must be {what}, got {value}", name)
+    # (the range first: Python compares a long integer with a float exactly, and float() of it overflows)
+    if not (low <= value <= high and math.isfinite(value)):
+        raise bad(f"{name} must be {what}, got {shown(value)}", name)
     return float(value)
 
 
 def _integer(body: dict, name: str, default, low: int, high: int, what: str):
     value = _typed(body, name, int, what, default)
     if value is not None and not low <= value <= high:
-        raise bad(f"{name} must be {what}, got {value}", name)
+        raise bad(f"{name} must be {what}, got {shown(value)}", name)
     return value
 
 
@@ -152,11 +163,13 @@ def ignored_fields(body: dict, chat: bool) -> list[str]:
     out = []
     for name in sorted(set(body) & set(neutral)):
         value, allowed = body[name], neutral[name]
-        if value is None or (allowed is str and isinstance(value, str)) or \
+        if value is None or (isinstance(allowed, type) and isinstance(value, allowed)
+                             and (allowed is bool or not isinstance(value, bool))) or \
                 (isinstance(allowed, tuple) and any(_same(value, v) for v in allowed)):
             out.append(name)
             continue
-        what = "any str" if allowed is str else " or ".join(["null", *(json.dumps(v) for v in allowed)])
+        what = f"any {allowed.__name__}" if isinstance(allowed, type) else " or ".join(
+            ["null", *(json.dumps(v) for v in allowed)])
         raise bad(f"{name}={json.dumps(value)[:100]} is not supported: jaxspec takes this vLLM field only where "
                   f"it changes nothing ({what})", name, "unsupported_parameter")
     return out
@@ -168,8 +181,18 @@ def _neutral(body: dict, name: str, neutral, why: str) -> None:
         raise bad(f"{name}={value!r} is not supported: {why}", name, "unsupported_parameter")
 
 
+# The roles a chat message may have (OpenAI's); the template renders nothing else.
+ROLES = ("system", "developer", "user", "assistant", "tool")
+# OpenAI message fields beside role and content: `name` is accepted and not rendered; the others
+# (tools, reasoning, audio) only where they are empty, since they are not rendered either.
+MESSAGE_FIELDS = {"name": str, "tool_calls": list, "tool_call_id": str, "function_call": dict, "refusal": str,
+                  "reasoning_content": str, "reasoning": str, "audio": dict}
+
+
 def _messages(value) -> list[dict]:
-    """OpenAI messages (content as a str or a list of text parts) as the chat template takes them."""
+    """OpenAI messages (content as a str or a list of text parts) as the chat template takes them:
+    a role among ROLES and the content, nothing else (a client's field never reaches the template
+    unchecked: a role or an extra key could otherwise spell a turn of its own)."""
     if not isinstance(value, list) or not value:
         raise bad("messages must be a non-empty list of {role, content} objects", "messages")
     out = []
@@ -186,7 +209,19 @@ def _messages(value) -> list[dict]:
             content = "".join(parts)
         if not isinstance(m.get("role"), str) or not isinstance(content, str):
             raise bad(f"messages[{i}] needs a str role and a str (or text parts) content", "messages")
-        out.append({**{k: v for k, v in m.items() if k not in ("content", "name")}, "content": content})
+        if m["role"] not in ROLES:
+            raise bad(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {shown(m['role'])}", "messages",
+                      "invalid_role")
+        for key in sorted(set(m) - {"role", "content"}):
+            kind = MESSAGE_FIELDS.get(key)
+            if kind is None:
+                raise bad(f"messages[{i}] has an unrecognized field {shown(key)}", "messages", "unknown_parameter")
+            if m[key] is not None and not isinstance(m[key], kind):
+                raise bad(f"messages[{i}].{key} must be a {kind.__name__}", "messages")
+            if key != "name" and m[key]:
+                raise bad(f"messages[{i}].{key} is not supported: this server renders text turns only", "messages",
+                          "unsupported_parameter")
+        out.append({"role": m["role"], "content": content})
     return out
 
 
@@ -231,7 +266,7 @@ class Requests:
         allowed = CHAT_FIELDS if chat else COMPLETION_FIELDS
         unknown = sorted(set(body) - allowed - set(ignored_fields(body, chat)))
         if unknown:
-            raise bad(f"unrecognized request argument supplied: {unknown[0]}", unknown[0], "unknown_parameter")
+            raise bad(f"unrecognized request argument supplied: {shown(unknown[0])}", unknown[0], "unknown_parameter")
         s, model = self.settings, self.model
         name = _typed(body, "model", str, "a str")
         if name is None:
@@ -269,7 +304,7 @@ class Requests:
             else:
                 prompt = self._prompt(body.get("prompt"))
         except JaxspecError as e:
-            raise bad(str(e), "messages" if chat else "prompt") from None
+            raise bad(self._no_paths(str(e)), "messages" if chat else "prompt") from None
 
         room = s.context - len(prompt)
         if room < 1:
@@ -331,7 +366,7 @@ class Requests:
                       "insufficient_memory") from None
         except JaxspecError as e:
             known = ALIASES.get(method, method) in METHODS
-            raise bad(str(e), "method_options" if known else "method") from None
+            raise bad(self._no_paths(str(e)), "method_options" if known else "method") from None
         return Parsed(prompt=prompt, limit=limit, seed=seed, sampling=sampling, plan=plan,
                       stop_strings=tuple(stops), stop_ids=frozenset(stop_ids), stream=stream,
                       include_usage=bool(options.get("include_usage", False)), chat=chat, n=n, logprobs=logprobs,
@@ -348,6 +383,14 @@ class Requests:
                 raise bad("top_logprobs needs logprobs: true", "top_logprobs")
             return (top or 0) if wanted else None
         return _integer(body, "logprobs", None, 0, MAX_LOGPROBS, f"an integer in [0, {MAX_LOGPROBS}]")
+
+    def _no_paths(self, message: str) -> str:
+        """A library error as a client reads it: the server's folders (the model's, the offered
+        drafters') named as the client knows them, never by their paths."""
+        for name, folder in sorted(self.settings.drafters, key=lambda nf: -len(nf[1])):
+            message = message.replace(folder, name)
+        source = str(getattr(self.model, "source", "") or "")
+        return message.replace(source, self.settings.model_id) if source else message
 
     def _drafter(self, value) -> str:
         """A request's drafter: a shipped drafter's name or one the operator listed

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import secrets
 import sys
 import threading
 import time
@@ -53,6 +54,10 @@ class Finish:
 @dataclasses.dataclass
 class Failure:
     message: str
+
+
+class QueueFull(RuntimeError):
+    """The scheduler's queue holds `max_waiting` choices: a new request is refused (503), not queued."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -119,9 +124,10 @@ class Detokenizer:
 
 
 class Scheduler:
-    def __init__(self, model, *, slots: int, context: int, chunk_steps: int, max_groups: int = 4):
+    def __init__(self, model, *, slots: int, context: int, chunk_steps: int, max_groups: int = 4,
+                 max_waiting: int = 256):
         self.model, self.slots, self.context, self.chunk_steps = model, slots, context, chunk_steps
-        self.max_groups = max_groups
+        self.max_groups, self.max_waiting = max_groups, max_waiting
         self.groups: collections.OrderedDict[tuple, SlotGroup] = collections.OrderedDict()
         self.jobs: dict[tuple, list[Job | None]] = {}  # per group: the job in each slot
         self.waiting: collections.deque[Job] = collections.deque()
@@ -138,12 +144,18 @@ class Scheduler:
     def start(self) -> None:
         self.thread.start()
 
-    def submit(self, job: Job) -> None:
+    def submit(self, *jobs: Job) -> None:
+        """Queue a request's jobs (one per choice), all or none: QueueFull when `max_waiting` would
+        be passed (a client told to come back beats a queue whose last request waits for minutes)."""
         with self.cond:
             if self.stopping:
                 raise RuntimeError("the server is shutting down")
-            self.waiting.append(job)
-            self.counters["submitted"] += 1
+            if len(self.waiting) + len(jobs) > self.max_waiting:
+                self.counters["refused"] += len(jobs)
+                raise QueueFull(f"the server is busy: {len(self.waiting)} choices wait for a slot (at most "
+                                f"{self.max_waiting}, --max-waiting); retry later")
+            self.waiting.extend(jobs)
+            self.counters["submitted"] += len(jobs)
             self.cond.notify()
 
     def cancel(self, job: Job) -> None:
@@ -246,12 +258,12 @@ class Scheduler:
         """Run group work; a failure fails that group's jobs and drops the group, the server goes on."""
         try:
             work()
-        except Exception as e:  # noqa: BLE001  (a bug must not take the server down)
-            traceback.print_exc(file=sys.stderr)
+        except Exception:  # noqa: BLE001  (a bug must not take the server down)
+            ident = _logged("decoding failed")
             for job in self.jobs.pop(key, []):
                 if job is not None and not job.finished:
                     job.finished = True
-                    job.deliver(Failure(f"decoding failed: {type(e).__name__}: {e}"))
+                    job.deliver(Failure(f"decoding failed: error {ident} (the server's log has it)"))
             self.groups.pop(key, None)
             self.counters["failed"] += 1
 
@@ -267,10 +279,11 @@ class Scheduler:
                         self.building.pop(job.plan.key, None)
                         raise RuntimeError(failed)
                     group = self.group(job.plan)
-                except Exception as e:  # noqa: BLE001
-                    traceback.print_exc(file=sys.stderr)
+                except Exception:  # noqa: BLE001
+                    ident = _logged("building a decoding program failed")
                     job.finished = admitted = True
-                    job.deliver(Failure(f"could not build the decoding program: {type(e).__name__}: {e}"))
+                    job.deliver(Failure(f"could not build the decoding program: error {ident} (the server's log "
+                                        "has it)"))
                     group = None
                 if group is not None and not admitted:
                     jobs = self.jobs[job.plan.key]
@@ -348,6 +361,14 @@ class Scheduler:
 
 def _logprobs(view, start: int, stop: int) -> tuple | None:
     return None if view.logprobs is None else tuple(x[start:stop] for x in view.logprobs)
+
+
+def _logged(what: str) -> str:
+    """The exception being handled, on stderr under a new id; the id (what a client is told)."""
+    ident = secrets.token_hex(6)
+    print(f"jaxspec: {what}, error {ident}:", file=sys.stderr)
+    traceback.print_exc(file=sys.stderr)
+    return ident
 
 
 def random_seed() -> int:

@@ -405,7 +405,14 @@ class SlotGroup:
         mode = "drafted"
         exact = self._exact(last, reach)
         if self.modes is not None:
-            ready = {m for m in MODES if self.compiler is None or self._compiled_covering(*exact, m)}
+            # A mode whose own program is not compiled yet is not picked (a larger covering program
+            # would run it slower, unmeasured): its program is queued meanwhile.
+            ready = set()
+            for m in MODES:
+                if self.compiler is None or self.compiled("advance", *exact, m):
+                    ready.add(m)
+                else:
+                    self._queue(*exact, m)
             mode = self.modes.pick(exact[0], ready)
         rows, length = self._covering(last, reach, mode)
         program = self._advance_program(rows, length, mode)

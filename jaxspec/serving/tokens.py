@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxspec.errors import JaxspecError
+from jaxspec.errors import JaxspecError, shown
 from jaxspec.serving.requests import ApiError, _messages, _typed, bad
 
 TOKENIZE_FIELDS = {"model", "prompt", "add_special_tokens", "return_token_strs"}
@@ -26,7 +26,7 @@ def _checked(body: Any, allowed: set[str], model_id: str) -> dict:
         raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
     unknown = sorted(set(body) - allowed)
     if unknown:
-        raise bad(f"unrecognized request argument supplied: {unknown[0]}", unknown[0], "unknown_parameter")
+        raise bad(f"unrecognized request argument supplied: {shown(unknown[0])}", unknown[0], "unknown_parameter")
     name = _typed(body, "model", str, "a str")
     if name is not None and name != model_id:
         raise ApiError(404, f"the model {name!r} does not exist; this server serves {model_id!r}", "model",
