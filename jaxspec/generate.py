@@ -20,7 +20,7 @@ from jaxspec import progress
 from jaxspec.runtime import auto
 from jaxspec.runtime import compile_cache
 from jaxspec.runtime import memory
-from jaxspec.errors import GenerationError, PromptError
+from jaxspec.errors import GenerationError, PromptError, shown
 from jaxspec.inputs import as_bool, describe, given, int_arg, is_array, normalize_prompts, number_arg, plain_option
 from jaxspec.checkpoint.loading import Model
 from jaxspec.runtime.memory import MemoryEstimate
@@ -145,7 +145,7 @@ def _check_length(model: Model, rows: list[list[int]], max_new_tokens: int) -> N
     limit = model.config.max_position_embeddings
     if longest + max_new_tokens > limit:
         raise PromptError(
-            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+            f"prompt ({longest} tokens) + max_new_tokens ({shown(max_new_tokens)}) exceeds the model's "
             f"max length {limit}; shorten the prompt or lower max_new_tokens"
         )
 

@@ -52,7 +52,10 @@ def as_float(value) -> float | None:
     if isinstance(value, (bool, np.bool_)):
         return None
     if isinstance(value, (int, float, np.integer, np.floating)):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # (an integer past float's range: no real number a knob takes)
+            return None
     if is_array(value) and tuple(value.shape) == () and (np.issubdtype(np.dtype(value.dtype), np.integer)
                                                           or np.issubdtype(np.dtype(value.dtype), np.floating)):
         return float(value)

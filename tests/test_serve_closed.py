@@ -171,3 +171,10 @@ def test_openai_chat_fields_that_change_nothing_are_accepted_and_named():
 def test_an_unknown_method_lists_auto_among_the_methods(model):  # noqa: F811
     with pytest.raises(GenerationError, match=r"unknown method 'lookahed'; available: .*\bauto\b"):
         jaxspec.generate(model, [1, 2], max_new_tokens=2, method="lookahed")
+
+
+@pytest.mark.parametrize("knob", ["temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                                  "frequency_penalty"])
+def test_a_huge_integer_knob_is_a_generation_error_in_the_library(model, knob):  # noqa: F811
+    with pytest.raises(GenerationError, match=f"^{knob} must be .*, got 1000"):
+        jaxspec.generate(model, [1, 2], max_new_tokens=2, **{knob: HUGE})
