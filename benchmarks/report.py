@@ -995,6 +995,11 @@ SECTIONS = [
             "generation and the server's start and first request, with empty caches and again with what that "
             "left, against the revision before `auto` decided while decoding.", cold_start,
             variants=("cold_start_smoke",)),
+    Section("cold_start_serve", "The server's start with auto's step modes: a drafted default against greedy",
+            "python -m benchmarks.cold_start --only serve --against 5b150dc --name cold_start_serve",
+            "`jaxspec serve` on SmolLM2-135M-Instruct (8 slots of 2,048 tokens), cold and stored, where `--method "
+            "auto` serves a drafted setting in step modes (its warm-up compiles the drafted programs), against "
+            "5b150dc, whose `auto` served greedy.", cold_start),
     Section("serve_bench", "jaxspec serve: concurrent clients against one request at a time",
             "python -m benchmarks.serve_bench",
             "The OpenAI-compatible server (docs/serving.md) under N concurrent streaming clients: throughput, time "
