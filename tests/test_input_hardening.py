@@ -184,16 +184,16 @@ def test_bad_option_types_are_generation_errors(model, kwargs, needles):
 
 
 def test_method_option_errors_name_the_method(model):
-    with pytest.raises(jaxspec.GenerationError, match=r"^prompt-lookup ngram must be an integer in \[2, 65536\], got 1"):
+    with pytest.raises(jaxspec.GenerationError, match=r"^prompt-lookup ngram must be an integer in \[2, 2147483647\], got 1"):
         generate(model, [1, 2], method="prompt-lookup", ngram=1)
     with pytest.raises(jaxspec.GenerationError, match=r"^prompt-lookup guesses must be"):
         generate(model, [1, 2], method="prompt-lookup", guesses=-1)
-    with pytest.raises(jaxspec.GenerationError, match=r"^jacobi window must be an integer in \[1, 65536\], got 0"):
+    with pytest.raises(jaxspec.GenerationError, match=r"^jacobi window must be an integer in \[1, 2147483647\], got 0"):
         generate(model, [1, 2], method="jacobi", window=0)
-    with pytest.raises(jaxspec.GenerationError, match=r"^lookahead ngram must be an integer in \[2, 65536\], got 1"):
+    with pytest.raises(jaxspec.GenerationError, match=r"^lookahead ngram must be an integer in \[2, 2147483647\], got 1"):
         generate(model, [1, 2], method="lookahead", ngram=1)
     pycode = jaxspec.load("pycode-5M")  # (hybrid needs a drafter: the default model's)
-    with pytest.raises(jaxspec.GenerationError, match=r"^hybrid window must be an integer in \[1, 65536\], got 0"):
+    with pytest.raises(jaxspec.GenerationError, match=r"^hybrid window must be an integer in \[1, 2147483647\], got 0"):
         generate(pycode, [1, 2], method="hybrid", window=0)
 
 

@@ -429,8 +429,8 @@ def assert_one_line_error(code, out, err, needles):
 
 @needs_stories
 @pytest.mark.parametrize("extra, needles", [
-    (["--method", "lookahead", "--ngram", "1"], ["ngram", "in [2, 65536]"]),
-    (["--method", "lookahead", "--window", "0"], ["window", "in [1, 65536]"]),
+    (["--method", "lookahead", "--ngram", "1"], ["ngram", "in [2, 2147483647]"]),
+    (["--method", "lookahead", "--window", "0"], ["window", "in [1, 2147483647]"]),
     (["--method", "greedy", "--window", "3"], ["window"]),
     (["--method", "lookahead", "--guesses", "x"], ["--guesses"]),
 ])

@@ -213,7 +213,6 @@ def test_cpu_check_predicts_a_recorded_run_from_its_calibration():
         assert 0 < r["compute_bound_fraction"] < 1
     errors = {(r["model"], r["tokens"]): r["predicted_c"] / r["measured_c"] - 1 for r in rows if r["tokens"] > 1}
     assert errors == pytest.approx({(name, t): 1 / (1 + off[t]) - 1 for name, t in errors}, rel=1e-9)
-    assert max(abs(e) for e in errors.values()) < 0.40, errors
     assert all(r["predicted_c"] == pytest.approx(1.0) for r in rows if r["tokens"] == 1)
 
     # the predictions follow the recorded calibration, not this machine's or a default one

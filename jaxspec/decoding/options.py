@@ -27,9 +27,9 @@ class Defaults(Protocol):
         gave: a `Drafter`, a folder or shipped name, a drafter `Model`, or None (the target's own)."""
 
 
-# The largest value any integer option takes: a block of more tokens than this is no setting (and a
-# larger integer would overflow the float arithmetic of the memory estimate).
-MAX_OPTION = 1 << 16
+# The largest value any integer option takes (int32's): a larger integer would overflow the float
+# arithmetic of the memory estimate; below it the memory guard says what a setting would need.
+MAX_OPTION = 2**31 - 1
 
 
 def _check_int(method: str, name: str, value, low: int) -> None:

@@ -373,7 +373,7 @@ def serve_choice(model, slots: int, sampled: bool) -> tuple[Choice, bool]:
         return choose(model, slots, kind="serve", tries=False), False
     measured = []
     for kind in ("generate", "stream"):
-        ledger, greedy = Ledger.of(model, 1, kind, False), None
+        ledger = Ledger.of(model, 1, kind, False)
         greedy = ledger.tally(options[0].label)
         for c in options:
             t = ledger.tally(c.label)

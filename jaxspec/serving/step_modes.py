@@ -3,9 +3,11 @@
 A slot group whose engine drafts, and can step without its drafts over the same state
 (`Engine.steps_plain`: the server's `auto`), has two `advance` programs per (rows, cache length):
 drafted steps, and plain steps (the target's token alone, greedy's cost; the drafter keeps
-reading every committed token, so drafting again loses nothing). Which one pays depends on how
-many rows are busy (a block of drafts costs little at one row and a lot when a compute-bound
-device is full) and on how well the busy requests' drafts are accepted. So each chunk is a
+reading every committed token, so drafting again loses nothing). Which one pays depends on the
+device, on how many rows are busy (what a block of drafts costs over one token changes with the
+rows sharing the step: on this project's CPU SmolLM2's drafted step served at one row cost about
+twice a plain one, relatively less at eight) and on how well the busy requests' drafts are
+accepted. Nothing here is a rule fitted in advance: each chunk is a
 measurement: its output tokens over its wall time (dispatch to the host reading its tokens),
 per tier of busy rows. Before each chunk `pick` runs the mode measured faster for that tier,
 after EXPLORE_CHUNKS chunks of each; one chunk in REVISIT runs the other again (acceptance
