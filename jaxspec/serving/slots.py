@@ -421,11 +421,8 @@ class SlotGroup:
         start = time.perf_counter()
         self.state = program(self.graphdef, self.params, self.state, self._sampling_arrays(rows),
                              jnp.asarray(self.limit[:rows]))
-        views = self.read()
+        views = self.read(plain=mode == "plain")
         seconds = time.perf_counter() - start
-        if mode == "plain":
-            self.plain_steps += np.where(busy, self.steps - steps, 0)
-            views = [dataclasses.replace(v, plain_steps=int(p)) for v, p in zip(views, self.plain_steps)]
         if self.modes is not None:
             tokens = int((self.generated - generated)[busy].sum())
             self.modes.ran(mode, tokens)
@@ -434,7 +431,8 @@ class SlotGroup:
                 self.modes.record(exact[0], mode, int((self.steps - steps)[busy].max()), tokens, seconds)
         return views
 
-    def read(self) -> list[SlotView]:
+    def read(self, plain: bool = False) -> list[SlotView]:
+        """Each slot's row after a chunk (`plain`: a chunk of plain steps, counted per busy row)."""
         d = self.state.decode
         tokens, num, done, steps, histogram = (
             np.asarray(x).reshape(self.slots, -1)
@@ -452,6 +450,8 @@ class SlotGroup:
             n = min(int(num[i, 0]), int(self.limit[i]))
             self.used[i] = self._reach(int(self.prompt_len[i]), int(num[i, 0]))
             if self.limit[i] > 0:
+                if plain:
+                    self.plain_steps[i] += int(steps[i, 0]) - self.steps[i]
                 self.generated[i], self.steps[i] = n, int(steps[i, 0])
             views.append(SlotView(tokens=np.array(tokens[i, :n]), done=bool(done[i, 0]) or n >= self.limit[i],
                                   steps=int(steps[i, 0]), accept_histogram=np.array(histogram[i]),
