@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -199,9 +200,12 @@ def test_metrics_show_a_request_in_its_slot_and_a_stream_the_client_left(server,
     from jaxspec.serving.slots import SlotGroup
 
     advance = SlotGroup.advance
+    hold = threading.Event()  # cleared while the test looks: the request stays in its slot however slow the scrape
+    hold.set()
 
     def slowly(group):  # (110 tokens of pycode-5M decode in ~0.1 s: a scrape must find them in their slot)
         time.sleep(0.05)
+        hold.wait(60)
         return advance(group)
 
     monkeypatch.setattr(SlotGroup, "advance", slowly)
@@ -210,8 +214,12 @@ def test_metrics_show_a_request_in_its_slot_and_a_stream_the_client_left(server,
     with httpx.stream("POST", server.url + "/completions", json=body, timeout=120) as r:
         for line in r.iter_lines():
             if line.startswith("data: ") and '"text": ""' not in line:
+                hold.clear()
                 break  # decoding: look, then hang up
-        during = scrape(server)
+        try:
+            during = scrape(server)
+        finally:
+            hold.set()
     assert during[("jaxspec:num_requests_running", ())] == 1 and during[("jaxspec:slots_in_use", ())] == 1
     deadline = time.time() + 60
     while time.time() < deadline:
