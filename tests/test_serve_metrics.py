@@ -236,6 +236,39 @@ def test_metrics_show_a_request_in_its_slot_and_a_stream_the_client_left(server,
     assert scrape(server)[("jaxspec:num_requests_running", ())] == 0
 
 
+def test_vllm_names_carry_the_same_counts_with_the_model_name(server):
+    """A scraper written for vLLM finds its metric names and `model_name` label; each vllm: sample
+    is the sum of jaxspec's over the labels vLLM does not have (endpoint, method)."""
+    post(server, "/v1/completions", {"model": MODEL_ID, "prompt": PROMPTS[1], "max_tokens": 5})
+    post(server, "/v1/chat/completions", {"model": MODEL_ID, "messages": CHAT, "max_tokens": 3})
+    post(server, "/v1/completions", {"model": MODEL_ID, "prompt": PROMPTS[0], "max_tokens": 24,
+                                     "method": "lookahead", "method_options": LOOKAHEAD})
+    samples = scrape(server)
+    ours = {name.removeprefix("jaxspec:") for name, _ in samples if name.startswith("jaxspec:")}
+    theirs = [(name, dict(labels)) for name, labels in samples if name.startswith("vllm:")]
+    assert theirs and all(labels.get("model_name") == MODEL_ID for _, labels in theirs)
+    assert {name.removeprefix("vllm:") for name, _ in theirs} <= ours  # a view of jaxspec's, nothing new
+
+    def total(prefix, name, **labels):
+        return sum(v for (n, ls), v in samples.items() if n == prefix + name
+                   and all(dict(ls).get(k) == want for k, want in labels.items()))
+
+    for name in ("prompt_tokens_total", "generation_tokens_total", "num_requests_running",
+                 "time_to_first_token_seconds_count", "e2e_request_latency_seconds_sum",
+                 "spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total"):
+        assert ("vllm:" + name, (("model_name", MODEL_ID),)) in samples, name
+        assert total("vllm:", name) == total("jaxspec:", name), name
+    assert total("vllm:", "generation_tokens_total") >= 8
+    assert total("vllm:", "request_success_total", finished_reason="length") == \
+        total("jaxspec:", "request_success_total", finished_reason="length") >= 2
+    assert total("vllm:", "time_to_first_token_seconds_bucket", le="+Inf") == \
+        total("jaxspec:", "time_to_first_token_seconds_bucket", le="+Inf")
+    assert total("vllm:", "spec_decode_num_draft_tokens_total") > 0
+    assert total("vllm:", "spec_decode_num_accepted_tokens_per_pos_total", position="0") == \
+        total("jaxspec:", "spec_decode_num_accepted_tokens_per_pos_total", position="0")
+    assert not [n for n, _ in theirs if n.endswith("_created")]
+
+
 def test_each_server_has_its_own_registry(model, server):
     """A second server in the same process registers the same names without a clash, and
     counts only its own requests."""

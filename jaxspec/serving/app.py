@@ -165,7 +165,7 @@ class Server:
                                    max_waiting=settings.max_waiting)
         self.started = int(time.time())
         self.auto_reason: str | None = None  # why `auto` chose the default method, when it did
-        self.metrics = Metrics(self.scheduler, settings.context)
+        self.metrics = Metrics(self.scheduler, settings.context, settings.model_id)
 
     def warm(self) -> None:
         """Build the default plan's slot group (greedy, or sampled when the default temperature

@@ -1,8 +1,11 @@
 """`GET /metrics`: the server's counters in Prometheus' text format (`prometheus_client`).
 
 Names follow vLLM's where vLLM has the metric (`vllm:num_requests_running` ->
-`jaxspec:num_requests_running`, ...), with the prefix `jaxspec:`. Each `Server` has its own
-`CollectorRegistry`, so several servers in one process (tests, notebooks) do not share counts.
+`jaxspec:num_requests_running`, ...), with the prefix `jaxspec:`. Those metrics are also served
+under vLLM's own names and labels (`VLLM_NAMES`: `vllm:` and a `model_name` label, summed over the
+labels vLLM does not have), so a dashboard or a scraper written for vLLM reads jaxspec unchanged.
+Each `Server` has its own `CollectorRegistry`, so several servers in one process (tests,
+notebooks) do not share counts.
 
 What a request adds is recorded once it is answered: its HTTP status (every request), and for an
 answered completion its prompt and completion tokens (the numbers of its `usage`), each choice's
@@ -19,11 +22,19 @@ import numpy as np
 
 try:
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 except ImportError as e:  # pragma: no cover  (the CLI turns this into one line)
     raise ImportError("jaxspec serve needs prometheus_client: pip install 'jaxspec[serve]'") from e
 
 PREFIX = "jaxspec:"
+VLLM_PREFIX = "vllm:"
+# jaxspec metric -> the labels vLLM's metric of that name has (besides model_name); the others are summed
+VLLM_NAMES = {"num_requests_running": (), "num_requests_waiting": (), "prompt_tokens": (), "generation_tokens": (),
+              "request_success": ("finished_reason",), "request_prompt_tokens": (), "request_generation_tokens": (),
+              "time_to_first_token_seconds": (), "time_per_output_token_seconds": (),
+              "e2e_request_latency_seconds": (), "request_queue_time_seconds": (), "spec_decode_num_drafts": (),
+              "spec_decode_num_draft_tokens": (), "spec_decode_num_accepted_tokens": (),
+              "spec_decode_num_accepted_tokens_per_pos": ("position",)}
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # seconds (as vLLM's buckets: a first token in milliseconds to a long request in minutes)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -96,11 +107,41 @@ class _SchedulerCollector:
                                   value=s["stalls"])
 
 
+class _VllmNames:
+    """The metrics vLLM also has, under its names (`VLLM_NAMES`) with the served model's
+    `model_name` label, read from jaxspec's own at each scrape (one source of truth). Samples that
+    differ only in a label vLLM lacks (endpoint, method) are summed; `_created` samples are left
+    out (a sum of creation times means nothing)."""
+
+    def __init__(self, sources, model_name: str):
+        self.sources, self.model_name = sources, model_name
+
+    def collect(self):
+        for source in self.sources:
+            for family in source.collect():
+                base = family.name.removeprefix(PREFIX)
+                if base not in VLLM_NAMES:
+                    continue
+                kept = VLLM_NAMES[base]
+                out = Metric(VLLM_PREFIX + base, family.documentation, family.type)
+                sums: dict = {}
+                for sample in family.samples:
+                    if sample.name.endswith("_created"):
+                        continue
+                    labels = {"model_name": self.model_name,
+                              **{k: v for k, v in sample.labels.items() if k in kept or k == "le"}}
+                    key = (VLLM_PREFIX + sample.name.removeprefix(PREFIX), tuple(sorted(labels.items())))
+                    sums[key] = sums.get(key, 0.0) + sample.value
+                for (name, labels), value in sums.items():
+                    out.add_sample(name, dict(labels), value)
+                yield out
+
+
 class Metrics:
     """One server's metrics. `request` records every answered HTTP request; `completion` the
     decoding of an answered completion (each choice's `Finish`)."""
 
-    def __init__(self, scheduler, context: int):
+    def __init__(self, scheduler, context: int, model_name: str):
         self.registry = CollectorRegistry()
         self._lock = threading.Lock()
         self._drafts: dict = {}  # plan key -> draft positions per step
@@ -142,7 +183,12 @@ class Metrics:
         self.mean_length = Gauge(p + "mean_accepted_length", "tokens per decoding step, by method: (steps + accepted "
                                  "tokens) / steps over the finished choices (1 for greedy; SGLang's accept length)",
                                  ["method"], registry=r)
-        r.register(_SchedulerCollector(scheduler))
+        slots = _SchedulerCollector(scheduler)
+        r.register(slots)
+        ours = [self.prompt_tokens, self.generation_tokens, self.success, self.request_prompt_tokens,
+                self.request_generation_tokens, self.ttft, self.tpot, self.latency, self.queue, self.drafts,
+                self.draft_tokens, self.accepted, self.accepted_per_pos, slots]
+        r.register(_VllmNames(ours, model_name))
 
     def text(self) -> bytes:
         return generate_latest(self.registry)
