@@ -19,6 +19,7 @@ holds the program cache too).
 from __future__ import annotations
 
 import collections
+import ctypes
 import dataclasses
 import enum
 import functools
@@ -318,6 +319,15 @@ def backend_jit_options(jit_options: dict) -> dict:
 counts: collections.Counter = collections.Counter()
 
 
+def _give_back_freed_memory() -> None:
+    """Return the heap pages freed since to the OS: glibc keeps them, and a compile frees hundreds
+    of MB of temporaries (the server's warm-up on SmolLM2: its RSS 2.15 GB -> 1.87 GB)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):  # (not glibc)
+        pass
+
+
 def compiled(fn, args: tuple, statics: dict | None = None, **jit_options) -> jax.stages.Compiled:
     """`jax.jit(fn, static_argnames=statics, **jit_options).lower(*args, **statics).compile()`,
     loaded from the program cache when this process or an earlier one compiled it."""
@@ -339,6 +349,7 @@ def compiled(fn, args: tuple, statics: dict | None = None, **jit_options) -> jax
     _compile.from_xla_cache = False
     program = jax.jit(fn, static_argnames=tuple(statics), **jit_options).lower(*args, **statics).compile()
     counts["compiled"] += 1
+    _give_back_freed_memory()
     if key is not None and not _compile.from_xla_cache and _serializable(program):
         try:
             serialized, in_tree, out_tree = serialize_executable.serialize(program)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import time
 
 import jax
@@ -55,6 +56,11 @@ from jaxspec.serving.step_modes import MODES, StepModes
 
 # The largest slot state a group keeps a copy of, to run its programs once before they serve.
 SCRATCH_BYTES = 256 << 20
+# `advance` programs a group keeps compiled (per tier of rows, cache length and mode, each is a
+# whole decoding loop: ~40 MB of host memory on this project's CPU for SmolLM2); past it the least
+# recently run goes (the programs covering the whole cache stay): compiled again if needed, from the
+# compile cache.
+KEPT_PROGRAMS = 12
 
 
 def _pad_to(x, like: jax.ShapeDtypeStruct):
@@ -201,6 +207,8 @@ class SlotGroup:
         # come later, in the background)
         self._scratch = None if compiler is None or size > SCRATCH_BYTES else jax.tree.map(jnp.copy, (
             state.replace(decode=state.decode.replace(done=jnp.zeros_like(state.decode.done))), empty))
+        self._ran: dict[tuple, int] = {}  # (rows, length, mode) -> when its `advance` last ran
+        self._clock = itertools.count()
         self.limit = np.zeros(slots, np.int32)
         self.prompt_len = np.zeros(slots, np.int32)
         self.generated = np.zeros(slots, np.int64)  # each slot's tokens at the last read
@@ -244,8 +252,10 @@ class SlotGroup:
         """Compile before the first request: insert, move and `advance` of the first `tiers`
         tiers of rows (None: all) over the smallest cache length and over the whole cache
         (`start` compiled with the group).
-        With a `Background` worker, the other tiers, and each tier over the whole cache, are queued
-        to compile next: a chunk then always finds a covering program."""
+        With a `Background` worker, the other tiers over the smallest length, and all slots over
+        the whole cache, are queued to compile next: a chunk then always finds a covering program.
+        (Not every tier over the whole cache: each program holds ~40 MB on this project's CPU
+        (SmolLM2), and a tier of long requests is compiled when one comes, `_covering`.)"""
         self._first_run(self._insert_program(), "insert")
         self._first_run(self._move_program(), "move")
         for rows in self.tiers[:tiers]:
@@ -253,9 +263,9 @@ class SlotGroup:
                 self._first_run(self._advance_program(rows, length), "advance", rows)
         if self.compiler is not None:
             for mode in self._modes:  # (plain steps after every drafted program: drafted serves alone)
-                for length in (self.lengths[0], self.cache_len):
-                    for rows in self.tiers:
-                        self._queue(rows, length, mode)
+                for rows in self.tiers:
+                    self._queue(rows, self.lengths[0], mode)
+                self._queue(self.tiers[-1], self.cache_len, mode)
 
     @property
     def _modes(self) -> tuple[str, ...]:
@@ -416,6 +426,8 @@ class SlotGroup:
             mode = self.modes.pick(exact[0], ready)
         rows, length = self._covering(last, reach, mode)
         program = self._advance_program(rows, length, mode)
+        self._ran[(rows, length, mode)] = next(self._clock)
+        self._forget_old_programs()
         compiled, generated, steps = self.compile_seconds, self.generated.copy(), self.steps.copy()
         quiet = self.compiler is None or not self.compiler.busy()
         start = time.perf_counter()
@@ -430,6 +442,21 @@ class SlotGroup:
             if (rows, length) == exact and compiled == self.compile_seconds and quiet:
                 self.modes.record(exact[0], mode, int((self.steps - steps)[busy].max()), tokens, seconds)
         return views
+
+    def _forget_old_programs(self) -> None:
+        """At most KEPT_PROGRAMS `advance` programs compiled: the least recently run ones go (on the
+        scheduler's thread, the only one that runs them). The whole cache's stay: they cover any
+        chunk."""
+        kept = [k for k in self.model.compiled if k[:len(self._key) + 1] == (*self._key, "advance")]
+        extra = len(kept) - KEPT_PROGRAMS
+        if extra <= 0:
+            return
+        old = sorted((k for k in kept if k[-2] != self.cache_len),
+                     key=lambda k: self._ran.get(k[len(self._key) + 1:], -1))
+        for key in old[:extra]:
+            self.model.compiled.pop(key, None)
+            if self.compiler is not None:
+                self.compiler.forget((self._key, *key[len(self._key):]))  # (as `_queue` submits it)
 
     def read(self, plain: bool = False) -> list[SlotView]:
         """Each slot's row after a chunk (`plain`: a chunk of plain steps, counted per busy row)."""
