@@ -66,6 +66,18 @@ def _seed(text: str) -> int:
     return seed
 
 
+DTYPES = ("float32", "bfloat16", "int8", "blocks")
+
+
+def _dtype(text: str) -> str | None:
+    """--dtype: jaxspec's names, and vLLM's `auto` (the default) and `float`."""
+    name = {"auto": None, "float": "float32"}.get(text, text)
+    if name is not None and name not in DTYPES:
+        hint = " (half precision here is bfloat16)" if text in ("half", "float16") else ""
+        raise argparse.ArgumentTypeError(f"--dtype must be auto, {', '.join(DTYPES)}, got {text!r}{hint}")
+    return name
+
+
 def _add_decoding_options(g: argparse.ArgumentParser) -> None:
     g.add_argument("--method", default="auto",
                    help="decoding method: auto (the fastest on this device, greedy unless another is measured "
@@ -80,12 +92,13 @@ def _add_decoding_options(g: argparse.ArgumentParser) -> None:
     g.add_argument("--frequency-penalty", type=float, default=0.0,
                    help="subtract per occurrence in the output (0 = off); every method applies the penalties alike")
     g.add_argument("--seed", type=_seed, default=0, help="random seed for sampling, in [0, 2**32)")
-    g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "int8", "blocks"],
+    g.add_argument("--dtype", default=None, type=_dtype, metavar="{auto,float32,bfloat16,int8,blocks}",
                    help="the weights' dtype (int8: quantized per output channel; blocks: a GGUF's Q8_0/Q4_x/Q5_x "
-                        "blocks kept, the float32 weights exactly; both with float32 activations; default: "
-                        "blocks for a GGUF file on one device, else float32)")
+                        "blocks kept, the float32 weights exactly; both with float32 activations; auto, the "
+                        "default: blocks for a GGUF file on one device, else float32; vLLM's float = float32)")
     g.add_argument("--attention", default="xla", help="attention backend (xla|pallas)")
-    g.add_argument("--tensor-parallel", type=int, default=1, metavar="T",
+    g.add_argument("--tensor-parallel", "--tensor-parallel-size", dest="tensor_parallel", type=int, default=1,
+                   metavar="T",
                    help="shard the weights over T devices (GSPMD, Megatron layout; docs/scaling.md)")
     g.add_argument("--data-parallel", type=int, default=1, metavar="D", help="with --tensor-parallel: the batch over D")
     la = g.add_argument_group("lookahead / prompt-lookup / jacobi (defaults: configs/lookahead.toml by model size)")

@@ -10,6 +10,8 @@ from jaxspec.cli.arguments import _add_decoding_options, _method_options
 
 def add_parser(sub) -> None:
     v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching (docs/serving.md)")
+    v.add_argument("model_tag", nargs="?", metavar="MODEL", help="the model, as vLLM's `vllm serve MODEL` "
+                   "(or --model)")
     v.add_argument("--model", default=None, help="as for generate; default: pycode-5M")
     v.add_argument("--served-model-name", help="the model id clients pass (default: --model as given)")
     v.add_argument("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1: this machine only)")
@@ -48,6 +50,9 @@ def add_parser(sub) -> None:
                      help="let chat content spell special tokens such as <|im_end|> (default: refused)")
     v.add_argument("--drain-seconds", type=float, default=600.0,
                    help="on SIGTERM, how long requests in flight may take to finish")
+    v.add_argument("--gpu-memory-utilization", dest="memory_utilization", type=float, default=None, metavar="F",
+                   help="the share of the device's free memory the memory guard lets decoding use, in (0, 1] "
+                        "(default 1; vLLM's flag; also $JAXSPEC_MEMORY_UTILIZATION)")
     v.add_argument("--quiet", action="store_true",
                    help="no progress lines (loading, auto's measurements, warm-up) on stderr")
     _add_decoding_options(v)
@@ -72,6 +77,13 @@ def _serve(args) -> int:
     if fixed:
         raise GenerationError(f"{', '.join(fixed)}: not a server setting (sampling and penalties are set per request; "
                               "serve decodes on one device)")
+    if args.model_tag is not None and args.model is not None and args.model_tag != args.model:
+        raise GenerationError(f"two models: {args.model_tag!r} and --model {args.model!r}")
+    args.model = args.model or args.model_tag
+    if args.memory_utilization is not None:
+        if not 0 < args.memory_utilization <= 1:
+            raise GenerationError(f"--gpu-memory-utilization must be in (0, 1], got {args.memory_utilization}")
+        os.environ["JAXSPEC_MEMORY_UTILIZATION"] = repr(args.memory_utilization)
     if not 0 <= args.port < 65536:
         raise GenerationError(f"--port must be in [0, 65535], got {args.port}")
     for flag, value in (("--max-body-bytes", args.max_body_bytes), ("--body-timeout", args.body_timeout),

@@ -183,15 +183,35 @@ def per_device(estimate: MemoryEstimate, cfg: ModelConfig, dtype_bytes: int, mes
                                step_bytes=estimate.step_bytes // step_share // rows)
 
 
+def utilization() -> float:
+    """The share of the free memory decoding may use: $JAXSPEC_MEMORY_UTILIZATION (serve's
+    --gpu-memory-utilization), in (0, 1]; 1 when unset."""
+    text = os.environ.get("JAXSPEC_MEMORY_UTILIZATION", "").strip()
+    if not text:
+        return 1.0
+    try:
+        share = float(text)
+    except ValueError:
+        share = -1.0
+    if not 0 < share <= 1:
+        raise MemoryLimitError(f"JAXSPEC_MEMORY_UTILIZATION must be a number in (0, 1], got {text!r}")
+    return share
+
+
 def check(estimate: MemoryEstimate, what: str) -> MemoryEstimate:
-    """The estimate with the free memory read now; refused (one line) when it cannot fit.
-    `what` names the request."""
+    """The estimate with the free memory read now (times `utilization()`); refused (one line)
+    when it cannot fit. `what` names the request."""
     estimate = estimate.with_free_memory()
+    if estimate.free_bytes is not None and utilization() < 1:
+        estimate = dataclasses.replace(estimate, free_bytes=int(estimate.free_bytes * utilization()),
+                                       free_source=f"{estimate.free_source} x {utilization():g}")
     if estimate.free_bytes is not None and estimate.need_bytes > estimate.free_bytes:
         raise MemoryLimitError(
             f"{what} needs about {_gb(estimate.need_bytes)} (state {_gb(estimate.state_bytes)}, step "
             f"{_gb(estimate.step_bytes)}; weights {_gb(estimate.weights_bytes)} already loaded) but {estimate.device} "
-            f"has {_gb(estimate.free_bytes)} free; lower the batch, max_new_tokens or the method's options")
+            f"has {_gb(estimate.free_bytes)} free"
+            + (f" for decoding (--gpu-memory-utilization {utilization():g})" if utilization() < 1 else "")
+            + "; lower the batch, max_new_tokens or the method's options")
     return estimate
 
 
