@@ -19,7 +19,7 @@ from jaxspec.checkpoint.loading import Model
 class ChatReply:
     text: str
     messages: list[dict]  # the conversation, the reply appended as an assistant message
-    finish_reason: str  # "end_of_turn" | "length" (max_new_tokens reached first)
+    finish_reason: str  # "stop" (the turn ended) | "length" (max_new_tokens reached first): the server's words
     output: GenerateOutput  # tokens, steps, compression, tokens/s of the reply
     prompt_ids: list[int]  # the rendered conversation, tokenized
     stop_ids: tuple[int, ...]  # the ids that end a turn
@@ -43,7 +43,7 @@ def _reply(model: Model, messages: list[dict], prompt_ids: list[int], out: Gener
     body = out.tokens[:-1] if ended else out.tokens
     text = model.tokenizer.decode(body)
     return ChatReply(text=text, messages=[*messages, {"role": "assistant", "content": text}],
-                     finish_reason="end_of_turn" if ended else "length", output=out, prompt_ids=prompt_ids,
+                     finish_reason="stop" if ended else "length", output=out, prompt_ids=prompt_ids,
                      stop_ids=stops)
 
 

@@ -197,6 +197,7 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     if not isinstance(method, str):
         raise GenerationError(f"method must be a method name (str), got {describe(method)}")
     _refuse_foreign(method_options)
+    compile_cache.enable()  # (on by default, as the CLI's: JAXSPEC_COMPILE_CACHE=off turns it off)
     method_options = {k: plain_option(v) for k, v in method_options.items()}
     max_new_tokens = int_arg("max_new_tokens", max_new_tokens, "an integer >= 1", lambda n: n >= 1)
     rows, batched = normalize_prompts(model, prompt)

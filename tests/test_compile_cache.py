@@ -25,8 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import json, sys
-from jaxspec.runtime import compile_cache
-compile_cache.enable()
+from jaxspec.runtime import compile_cache  # (not enabled by hand: a library call turns the cache on)
 import jaxspec
 model = jaxspec.load("pycode-5M")
 prompt = [1, 5, 9, 14, 3]
@@ -50,6 +49,17 @@ def test_a_second_process_loads_its_programs_without_compiling(tmp_path):
     assert second["counts"].get("compiled", 0) == 0 and second["counts"]["loaded"] == first["counts"]["kept"]
     assert first["spec"] == second["spec"] == first["greedy"] == second["greedy"]
     assert first["streamed"] == second["streamed"] == first["greedy"]
+
+
+def test_the_cache_is_off_when_the_environment_says_so(tmp_path):
+    script = ("import json, jaxspec; from jaxspec.runtime import compile_cache; "
+              "jaxspec.generate(jaxspec.load(), [1, 5, 9], max_new_tokens=4); "
+              "print(json.dumps(dict(compile_cache.counts)))")
+    env = {**os.environ, "JAXSPEC_COMPILE_CACHE": "off", "PYTHONWARNINGS": "ignore"}
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=600, check=True).stdout.splitlines()[-1]
+    counts = json.loads(out)
+    assert counts.get("compiled", 0) >= 1 and counts.get("kept", 0) == 0 and counts.get("loaded", 0) == 0
 
 
 @pytest.fixture

@@ -212,7 +212,7 @@ def test_chat_keeps_the_conversation(chat_gguf):
     model = jaxspec.load(chat_gguf)
     first = jaxspec.chat(model, [{"role": "user", "content": "Hello"}], max_new_tokens=6)
     assert [m["role"] for m in first.messages] == ["user", "assistant"]
-    assert first.finish_reason in ("end_of_turn", "length") and len(first.output.tokens) <= 6
+    assert first.finish_reason in ("stop", "length") and len(first.output.tokens) <= 6
     second = jaxspec.chat(model, [*first.messages, {"role": "user", "content": "And?"}], max_new_tokens=6)
     assert second.prompt_ids[:len(first.prompt_ids)] == first.prompt_ids  # the history is in the prompt
     assert len(second.prompt_ids) > len(first.prompt_ids) + len(first.output.tokens)

@@ -66,7 +66,7 @@ def _chat(args) -> int:
         if out.auto is not None and said_auto[0] != (out.method, out.options):
             said_auto[0] = (out.method, out.options)
             print(f"[auto] {out.auto['reason']}", file=sys.stderr)
-        cut = None if reply.finish_reason == "end_of_turn" else args.max_new_tokens
+        cut = None if reply.finish_reason == "stop" else args.max_new_tokens
         print("\n".join(stats_lines(model, out, reply.prompt_ids, greedy, cut)), file=sys.stderr)
 
     if args.message is not None:

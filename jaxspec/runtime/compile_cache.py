@@ -11,9 +11,9 @@ processes can share it (every entry is written atomically):
 
 The folder is `$JAXSPEC_COMPILE_CACHE`, else `$XDG_CACHE_HOME/jaxspec/xla` (`~/.cache/jaxspec/xla`),
 with one subfolder per version of jaxspec's code; `JAXSPEC_COMPILE_CACHE=off` turns both off. A
-library import changes nothing: `enable()` is called by the CLI, `serve` and the benchmarks
-(research code calls it itself, or sets JAX's own `jax_compilation_cache_dir`, which then
-holds the program cache too).
+library import changes nothing; `enable()` is called by the first `generate`/`stream`/`chat`
+call, the CLI, `serve` and the benchmarks (research code that set JAX's own
+`jax_compilation_cache_dir` keeps it: that folder then holds the program cache too).
 """
 
 from __future__ import annotations
