@@ -40,16 +40,15 @@ def stop_ids(model: Model) -> tuple[int, ...]:
 def _reply(model: Model, messages: list[dict], prompt_ids: list[int], out: GenerateOutput) -> ChatReply:
     stops = stop_ids(model)
     ended = bool(out.tokens) and out.tokens[-1] in stops
-    body = out.tokens[:-1] if ended else out.tokens
-    text = model.tokenizer.decode(body)
+    # (the end of turn's own text left out; a `stop` string's cut is the output's text)
+    text = model.tokenizer.decode(out.tokens[:-1]) if ended else out.text
     return ChatReply(text=text, messages=[*messages, {"role": "assistant", "content": text}],
-                     finish_reason="stop" if ended else "length", output=out, prompt_ids=prompt_ids,
-                     stop_ids=stops)
+                     finish_reason=out.finish_reason, output=out, prompt_ids=prompt_ids, stop_ids=stops)
 
 
 def chat(model: Model, messages: list[dict], max_new_tokens: int = 256, **generate_options) -> ChatReply:
-    """The assistant's next turn. `generate_options`: `method`, its options, sampling, as for
-    `jaxspec.generate`."""
+    """The assistant's next turn. `generate_options`: `method`, its options, sampling, `stop`
+    strings, as for `jaxspec.generate`."""
     ids = chat_prompt(model, messages)
     out = generate(model, ids, max_new_tokens=max_new_tokens, stop_ids=stop_ids(model), **generate_options)
     return _reply(model, messages, ids, out)

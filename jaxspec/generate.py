@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxspec import progress
 from jaxspec.runtime import auto
+from jaxspec import stop_strings
 from jaxspec.runtime import compile_cache
 from jaxspec.runtime import memory
 from jaxspec.errors import GenerationError, PromptError, shown
@@ -53,6 +54,9 @@ class GenerateOutput:
     memory: dict = dataclasses.field(default_factory=dict)
     # method="auto" / window="auto": what was chosen and why (`jaxspec.runtime.auto.Choice.as_dict`), else None.
     auto: dict | None = None
+    # "stop" (an EOS or stop id ended it, or a `stop` string) | "length" (max_new_tokens), per prompt: the
+    # server's (OpenAI's) words
+    finish_reason: str | list[str] = "length"
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -360,16 +364,22 @@ def _host(x) -> np.ndarray:
 
 
 def _output(model: Model, request: Request, state, stats: dict, seconds: float, compile_seconds: float,
-            compiled_memory: dict) -> GenerateOutput:
+            compiled_memory: dict, stops: tuple[str, ...] = ()) -> GenerateOutput:
     num = _host(state.num_generated)
     tokens = [row[:n].tolist() for row, n in zip(_host(state.tokens), num)]
     steps = _host(state.steps).tolist()
     compression = [n / s for n, s in zip(num.tolist(), steps)]
     one = (lambda x: x) if request.batched else (lambda x: x[0])  # per-row values, unwrapped for one prompt
     extras = {k: one(_host(v).tolist()) for k, v in stats.items()}
+    eos = set(request.statics["eos_ids"])
+    finish = ["stop" if t and t[-1] in eos else "length" for t in tokens]
     text = None
     if model.tokenizer is not None:
         text = [model.tokenizer.decode(t) for t in tokens]
+        for i, row in enumerate(tokens):  # (decoded past a stop string: the loop runs on the device)
+            hit = stop_strings.cut(model.tokenizer.decode, row, stops) if stops else None
+            if hit is not None:
+                (tokens[i], text[i]), finish[i] = hit, "stop"
     logprobs = None
     if state.logprobs is not None:
         logprobs = [token_logprobs(state.logprobs, i, ids) for i, ids in enumerate(tokens)]
@@ -380,7 +390,7 @@ def _output(model: Model, request: Request, state, stats: dict, seconds: float, 
         logprobs=None if logprobs is None else one(logprobs),
         options=request.options.as_dict(), extras=extras,
         memory={**request.memory.as_dict(), "compiled": compiled_memory},
-        auto=None if request.auto is None else request.auto.as_dict(),
+        auto=None if request.auto is None else request.auto.as_dict(), finish_reason=one(finish),
     )
 
 
@@ -395,10 +405,14 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              stop_at_eos: bool = True, stop_ids: Sequence[int] = (), *, min_p: float = 0.0,
              repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-             logprobs: int | None = None, **method_options) -> GenerateOutput:
+             logprobs: int | None = None, stop: str | Sequence[str] | None = None,
+             **method_options) -> GenerateOutput:
     """Generate with any registered method; the whole loop is one compiled `lax.while_loop`.
 
     `stop_ids`: token ids that end a row besides the model's EOS ids (e.g. a chat's end of turn).
+    `stop`: up to 4 strings (OpenAI's `stop`): the text ends before the first one found, the tokens
+    with the one that completed it, and `finish_reason` is "stop" (`generate` decodes on to the end
+    of its loop on the device and cuts after; `stream` stops at the chunk that completes it).
     `min_p` (sampling) and the penalties `repetition_penalty` (1 = off), `presence_penalty` and
     `frequency_penalty` (0 = off) follow vLLM's definitions and apply identically in every
     method, so each equals autoregressive decoding with the same values (greedy: token for token).
@@ -411,6 +425,7 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
     parallelism, greedy only; see docs/scaling.md); in a multi-process run every process
     calls this with the same arguments and gets the same output.
     """
+    stops = _stops(model, stop)
     request = prepare(model, prompt, max_new_tokens, method, temperature, top_k, top_p, seed, stop_at_eos,
                       stop_ids, min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                       frequency_penalty=frequency_penalty, logprobs=logprobs, **method_options)
@@ -422,9 +437,17 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
     state, stats = program(*request.args)
     jax.block_until_ready(state.tokens)
     seconds = time.perf_counter() - t0
-    out = _output(model, request, state, stats, seconds, compile_seconds, _compiled_memory(model, key, program))
+    out = _output(model, request, state, stats, seconds, compile_seconds, _compiled_memory(model, key, program),
+                  stops)
     _learn(model, request, out)
     return out
+
+
+def _stops(model: Model, stop) -> tuple[str, ...]:
+    stops = stop_strings.check(stop)
+    if stops and model.tokenizer is None:
+        raise GenerationError(f"stop strings need a tokenizer; {model.source} has none (stop_ids ends on ids)")
+    return stops
 
 
 @dataclasses.dataclass
@@ -437,8 +460,8 @@ class Stream:
     """`for chunk in jaxspec.stream(model, prompt, ...)`: `StreamChunk`s as the loop produces them;
     afterwards `.result` is the same `GenerateOutput` `generate` returns (the same tokens)."""
 
-    def __init__(self, model: Model, request: Request, chunk_steps: int):
-        self.model, self.request, self.chunk_steps = model, request, chunk_steps
+    def __init__(self, model: Model, request: Request, chunk_steps: int, stops: tuple[str, ...] = ()):
+        self.model, self.request, self.chunk_steps, self.stops = model, request, chunk_steps, stops
         self.result: GenerateOutput | None = None
 
     def __iter__(self) -> Iterator[StreamChunk]:
@@ -460,8 +483,13 @@ class Stream:
             seconds += time.perf_counter() - t0
             piece = None
             if tokenizer is not None:
-                full = tokenizer.decode(row[:num].tolist())
-                held = full if done or not full.endswith("\ufffd") else full.rstrip("\ufffd")
+                hit = stop_strings.cut(tokenizer.decode, row[:num].tolist(), self.stops) if self.stops else None
+                if hit is not None:  # the rest is not wanted: the stream ends here
+                    kept, held = hit
+                    new, done = new[:max(len(kept) - sent, 0)], True
+                else:
+                    full = tokenizer.decode(row[:num].tolist())
+                    held = full if done else stop_strings.sendable(full, self.stops)
                 piece, text = held[len(text):], held
             sent = num
             if new or piece:
@@ -470,7 +498,7 @@ class Stream:
                 break
         decoded, stats = finish(request.engine, state)
         self.result = _output(model, request, decoded, stats, seconds, self._compile_seconds,
-                              _compiled_memory(model, request.compile_key("advance"), step_fn))
+                              _compiled_memory(model, request.compile_key("advance"), step_fn), self.stops)
         _learn(model, request, self.result)
 
 
@@ -497,13 +525,14 @@ def stream(model: Model, prompt, max_new_tokens: int = 128, method: str = "autor
            temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
            stop_at_eos: bool = True, stop_ids: Sequence[int] = (), chunk_steps: int = 4, *, min_p: float = 0.0,
            repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-           logprobs: int | None = None, **method_options) -> Stream:
+           logprobs: int | None = None, stop: str | Sequence[str] | None = None, **method_options) -> Stream:
     """Like `generate` for one prompt, but iterable: tokens come back every `chunk_steps` steps
     (one host sync per chunk). The tokens equal `generate`'s for the same arguments."""
     steps = int_arg("chunk_steps", chunk_steps, "an integer >= 1", lambda n: n >= 1)
+    stops = _stops(model, stop)
     request = prepare(model, prompt, max_new_tokens, method, temperature, top_k, top_p, seed, stop_at_eos,
                       stop_ids, min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                       frequency_penalty=frequency_penalty, logprobs=logprobs, conversation=True, **method_options)
     if request.batched:
         raise PromptError("stream takes one prompt; use generate for a batch")
-    return Stream(model, request, steps)
+    return Stream(model, request, steps, stops)

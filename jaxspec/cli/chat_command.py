@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import sys
@@ -18,10 +19,13 @@ def add_parser(sub) -> None:
     c.add_argument("--message", help="one user message: print the reply and exit (default: interactive)")
     c.add_argument("--system", help="a system message before the conversation")
     c.add_argument("--max-new-tokens", type=int, default=256, help="per reply")
+    c.add_argument("--stop", action="append", metavar="TEXT",
+                   help="end each reply before TEXT (OpenAI's stop; repeatable, up to 4)")
     _add_decoding_options(c)
     c.add_argument("--chunk-steps", type=int, default=4, help="decoding steps between two streamed pieces")
-    c.add_argument("--compare", action="store_true",
-                   help="also decode each reply greedily and say whether the method's reply is identical")
+    c.add_argument("--compare", action=argparse.BooleanOptionalAction, default=False,
+                   help="also decode each reply greedily and say whether the method's reply is identical "
+                        "(default here: off, a second decode per turn; generate's: on)")
     c.add_argument("--json", action="store_true", help="with --message: print one JSON object, no streaming")
     c.add_argument("--quiet", action="store_true",
                    help="no progress lines (loading, auto's measurements, compiling) on stderr")
@@ -30,7 +34,7 @@ def add_parser(sub) -> None:
 def _chat(args) -> int:
     import jaxspec
 
-    options = dict(method=args.method, max_new_tokens=args.max_new_tokens, **_sampling(args),
+    options = dict(method=args.method, max_new_tokens=args.max_new_tokens, stop=args.stop, **_sampling(args),
                    **_method_options(args))
     _warn_unused_sampling(args)
     from jaxspec import progress
@@ -46,7 +50,8 @@ def _chat(args) -> int:
             return None
         if args.temperature != 0:
             raise jaxspec.GenerationError("--compare checks a lossless method against greedy: use temperature 0")
-        return jaxspec.generate(model, reply.prompt_ids, max_new_tokens=args.max_new_tokens, stop_ids=reply.stop_ids)
+        return jaxspec.generate(model, reply.prompt_ids, max_new_tokens=args.max_new_tokens, stop_ids=reply.stop_ids,
+                                stop=args.stop)
 
     def turn(text: str) -> None:
         nonlocal messages

@@ -38,14 +38,17 @@ def add_parser(sub) -> None:
     g.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (besides the prompt)")
     _add_decoding_options(g)
     g.add_argument("--no-eos-stop", action="store_true", help="do not stop at the end-of-sequence token")
+    g.add_argument("--stop", action="append", metavar="TEXT",
+                   help="end the text before TEXT (OpenAI's stop; repeatable, up to 4)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.add_argument("--logprobs", type=int, default=None, metavar="K",
                    help="with --json: per token, its log-probability under the model and its K most likely "
                         "tokens (0-20)")
     g.add_argument("--quiet", action="store_true",
                    help="no progress lines (loading, auto's measurements, compiling) on stderr")
-    g.add_argument("--no-compare", dest="compare", action="store_false",
-                   help="with a method other than greedy: do not also run greedy to print both statistics")
+    g.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
+                   help="with a method other than greedy: also decode greedily, print both statistics and say "
+                        "whether the text is identical (default here: on; chat's: off, a second decode per turn)")
     _add_distributed_options(g)
 
 
@@ -66,12 +69,12 @@ def _generate(args) -> int:
     prompt = args.prompt if args.prompt is not None else args.prompt_ids
     # auto's measurements and compiling say themselves (`jaxspec.progress`), once the request is checked
     out = jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens, method=args.method,
-                           stop_at_eos=not args.no_eos_stop, logprobs=args.logprobs, **_sampling(args),
-                           **method_options)
+                           stop_at_eos=not args.no_eos_stop, logprobs=args.logprobs, stop=args.stop,
+                           **_sampling(args), **method_options)
     phases.flush()
     if args.json:
         print(json.dumps({
-            "tokens": out.tokens, "text": out.text, "steps": out.steps, "compression": out.compression,
+            "tokens": out.tokens, "text": out.text, "finish_reason": out.finish_reason, "steps": out.steps, "compression": out.compression,
             "seconds": out.seconds, "tokens_per_second": out.tokens_per_second, "method": out.method,
             "config": {
                 "model": model.source, "dtype": model.dtype, "attention": args.attention,
@@ -95,6 +98,7 @@ def _generate(args) -> int:
             with phases.phase("decoding greedily, to compare (--no-compare skips it)"):
                 runs.append(jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens,
                                              method="autoregressive", stop_at_eos=not args.no_eos_stop,
+                                             stop=args.stop,
                                              **_sampling(args)))
             phases.flush()
         for run in runs:

@@ -21,6 +21,7 @@ import json
 import math
 from typing import Any
 
+from jaxspec.stop_strings import MAX_STOPS
 from jaxspec.chat import chat_prompt
 from jaxspec.errors import GenerationError, JaxspecError, MemoryLimitError, shown
 from jaxspec.inputs import normalize_prompts
@@ -58,7 +59,6 @@ VLLM_CHAT_NEUTRAL: dict[str, Any] = {
     "continue_final_message": (False,), "add_special_tokens": (False,), "documents": (), "chat_template": (),
     "chat_template_kwargs": ({},)}
 VLLM_COMPLETION_NEUTRAL: dict[str, Any] = {**VLLM_NEUTRAL, "add_special_tokens": (True,)}
-MAX_STOPS = 4  # as OpenAI
 MAX_CHOICES = 8  # n: each choice takes a slot
 BOOL_OPTIONS = ("pool_from_prompt", "verify_window", "target_features")  # method options that are true/false
 

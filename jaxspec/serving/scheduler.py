@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from jaxspec import stop_strings
 from jaxspec.decoding.sampling import SamplingParams
 from jaxspec.runtime.background import Background
 from jaxspec.runtime.plan import DecodePlan
@@ -103,23 +104,13 @@ class Detokenizer:
         if reason is None and done:
             reason = "stop" if ids and ids[-1] in self.eos_ids else "length"
         body = ids[:-1] if ids and (ids[-1] in self.eos_ids or ids[-1] in job.stop_ids) and reason == "stop" else ids
-        text = self.decode(body)
-        hit = min(((text.find(s), s) for s in job.stop_strings if s in text), default=None)
+        hit = stop_strings.cut(self.decode, body, job.stop_strings) if job.stop_strings else None
         if hit is not None:
-            cut = hit[0]
-            text, reason = text[:cut], "stop"
-            # the tokens up to the one that completed the stop string
-            n = next(k for k in range(1, len(body) + 1) if hit[1] in self.decode(body[:k]))
-            ids = body[:n]
+            (ids, text), reason = hit, "stop"
+        else:
+            text = self.decode(body)
         if reason is None:
-            held = text.rstrip("\ufffd")
-            keep = len(held)
-            for s in job.stop_strings:  # a suffix that may grow into a stop string waits
-                for k in range(min(len(s) - 1, len(held)), 0, -1):
-                    if held.endswith(s[:k]):
-                        keep = min(keep, len(held) - k)
-                        break
-            text = held[:keep]
+            text = stop_strings.sendable(text, job.stop_strings)
         return ids, text, reason
 
 
