@@ -12,6 +12,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import jaxspec
@@ -119,3 +120,21 @@ def test_blocks_weights_decode_as_transformers(model):
         out = jaxspec.generate(blocks, prompts, max_new_tokens=new, method=method, stop_at_eos=False, **options)
         for row, chat in zip(out.tokens, REFERENCES["chats"]):
             assert row == chat["continuation_ids"][:new], (method, chat["name"])
+
+
+def test_blocks_logits_equal_float32_bit_for_bit_on_the_real_head_and_layers(model):
+    """SmolLM2's GGUF as blocks (Q4_1 layers, the Q8_0 embedding as its 113 MB tied head, whose
+    argmax and logits take the chunked dequantize path) against the same file dequantized to
+    float32: the same logits, bit for bit, in a prompt's forward (many rows) and in each one-token
+    decoding step (the log-probabilities `generate` reports come from those steps' logits)."""
+    from jaxspec.decoding.exactness import next_logits
+
+    f32 = jaxspec.load("smollm2-135m-instruct", dtype="float32")
+    assert model.dtype == "blocks" and f32.dtype == "float32"
+    prompt = REFERENCES["chats"][0]["prompt_ids"]
+    for context in (prompt, prompt[:7]):
+        a, b = next_logits(model, context), next_logits(f32, context)
+        assert np.array_equal(a, b), (len(context), int((a != b).sum()))
+    steps = [jaxspec.generate(m, prompt, max_new_tokens=12, stop_at_eos=False, logprobs=3) for m in (model, f32)]
+    assert steps[0].tokens == steps[1].tokens
+    assert steps[0].logprobs == steps[1].logprobs  # floats compared exactly
