@@ -771,6 +771,25 @@ def cold_start(r: dict) -> list[str]:
     return lines
 
 
+def serve_memory(r: dict) -> list[str]:
+    """The server's resident memory, warm and under load; what each program adds."""
+    s, pm = r["server"], r["program_memory"]
+    lines = [f"{r['model']}, `jaxspec serve` at its defaults ({s['shape']}), fresh caches. Ready after "
+             f"{s['ready_seconds']} s at {s['rss_ready_mb']} MB; warm (nothing compiling) after {s['warm_seconds']} s "
+             f"at {s['rss_warm_mb']} MB.", "",
+             "| then | clients | answers | seconds | RSS peak (MB) | RSS after (MB) | slot groups |",
+             "|---|---|---|---|---|---|---|"]
+    for row in s["loads"]:
+        ok = sum(x == 200 for x in row["statuses"])
+        lines.append(f"| {row['load']} | {row['clients']} | {ok}/{len(row['statuses'])} 200 | {row['seconds']} | "
+                     f"{row['rss_peak_mb']} | {row['rss_after_mb']} | {row['groups']} |")
+    lines += ["", f"One program's memory ({pm['model']}, greedy decode loops of distinct lengths, RSS after "
+              "malloc_trim): compiled " + ", ".join(f"{x} MB" for x in pm["compiled_mb"]) + "; loaded from its "
+              "serialized form (" + ", ".join(f"{x} MB" for x in pm["serialized_mb"]) + ") "
+              + ", ".join(f"{x} MB" for x in pm["loaded_mb"]) + "."]
+    return lines
+
+
 SECTIONS = [
     Section("code_bench", "Default model on held-out code: every lossless method, the PARD-2 drafter at K = 4..16",
             "python -m benchmarks.code_bench --draft-len 4 8 12 16",
@@ -1000,6 +1019,12 @@ SECTIONS = [
             "`jaxspec serve` on SmolLM2-135M-Instruct (8 slots of 2,048 tokens), cold and stored, where `--method "
             "auto` serves a drafted setting in step modes (its warm-up compiles the drafted programs), against "
             "5b150dc, whose `auto` served greedy.", cold_start),
+    Section("serve_memory", "What jaxspec serve holds in memory: warm, under load, per program",
+            "python -m benchmarks.serve_memory",
+            "Resident memory of `jaxspec serve --model smollm2-135m-instruct` at its defaults, warm and under 8 "
+            "concurrent requests (then requests that build a penalties and an ignore_eos group), and what one "
+            "compiled or cache-loaded decode program adds on XLA:CPU.", serve_memory,
+            variants=("serve_memory_smoke",)),
     Section("serve_bench", "jaxspec serve: concurrent clients against one request at a time",
             "python -m benchmarks.serve_bench",
             "The OpenAI-compatible server (docs/serving.md) under N concurrent streaming clients: throughput, time "

@@ -127,3 +127,11 @@ def test_a_folder_of_gguf_files(tmp_path):
     (tmp_path / "one" / "m.Q8_0.gguf").write_bytes(b"")
     with pytest.raises(jaxspec.CheckpointError, match="holds 2 GGUF files; pass one"):
         model_in_folder(tmp_path / "one")
+
+
+def test_a_named_model_outside_the_package_says_how_to_point_at_it(monkeypatch, tmp_path):
+    """stories260K lives in the shared folder beside the repository, not in the wheel: from an
+    installed wheel the error names JAXSPEC_SHARED, the way to say where it is."""
+    monkeypatch.setenv("JAXSPEC_SHARED", str(tmp_path))
+    with pytest.raises(jaxspec.CheckpointError, match="JAXSPEC_SHARED"):
+        jaxspec.load("stories260K")

@@ -73,6 +73,7 @@ def _gemma3_270m() -> Path:
 
 # Names a user can pass instead of a path: shipped models, stories260K (kept outside the
 # repository, in the shared folder beside it) and real models that PyPI wheels carry.
+SHARED_MODELS = ("stories260K",)  # read from `shared_dir()`, outside the package
 NAMED_MODELS = {
     DEFAULT_MODEL: lambda: ASSETS / DEFAULT_MODEL,
     "stories260K": lambda: shared_dir() / "models" / "stories260K" / "stories260K.bin",
@@ -153,7 +154,9 @@ def resolve(path_or_name: str | os.PathLike) -> Path:
     if str(path_or_name) in NAMED_MODELS:
         named = NAMED_MODELS[str(path_or_name)]()
         if not named.exists():
-            raise CheckpointError(f"model {path_or_name!r} is expected at {named}, which does not exist")
+            where = (" (the shared folder: set JAXSPEC_SHARED to the folder holding models/stories260K/)"
+                     if str(path_or_name) in SHARED_MODELS else "")
+            raise CheckpointError(f"model {path_or_name!r} is expected at {named}, which does not exist{where}")
         return named
     if HUB_ID.fullmatch(str(path_or_name)):
         return model_in_folder(_hub_snapshot(str(path_or_name)))
