@@ -11,8 +11,10 @@ input, found right after loading, still prints one line, its error (a command th
 the lines it holds). Progress bars (a GGUF's dequantization) only on a terminal, and only for a
 loop that runs more than BAR_DELAY seconds.
 
-Library code reports through `phase` and `bar`: they write only while the command line's
-`Phases` is active (`activate`), and only from the main thread; elsewhere they cost nothing."""
+Library code reports through `phase` and `bar`, from the main thread only: to the command line's
+`Phases` while one is active (`activate`); with none (a library call: a script, a REPL), on a
+terminal only (stderr a TTY, $JAXSPEC_PROGRESS not 0): a compile of tens of seconds is said while
+it runs; in a notebook, a log or a pipe they write nothing."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import time
 
 BAR_DELAY = 1.0  # seconds a loop runs before its progress bar shows
 _active: Phases | None = None  # the command line's, while a command runs
+_library: Phases | None = None  # library calls' own, on a terminal (`_reporting`)
 
 
 def wanted(quiet: bool) -> bool:
@@ -161,9 +164,17 @@ def discard() -> None:
 
 
 def _reporting() -> Phases | None:
-    if _active is None or not _active.enabled or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
         return None
-    return _active
+    if _active is not None:
+        return _active if _active.enabled else None
+    global _library
+    stream = sys.stderr
+    if not (wanted(False) and hasattr(stream, "isatty") and stream.isatty()):
+        return None
+    if _library is None or _library.stream is not stream:
+        _library = Phases(True, stream)
+    return _library
 
 
 def flush() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import sys
 import shutil
 import time
 
@@ -237,6 +238,18 @@ def test_library_phases_report_only_to_an_active_command_line():
     with progress.phase("after the command"):
         pass
     assert "after" not in stream.getvalue()
+
+
+def test_a_library_call_says_its_phases_on_a_terminal_only(monkeypatch):
+    """No command running (a script, a REPL): phase lines on a terminal, nothing in a log or a
+    notebook (stderr not a TTY), nothing with JAXSPEC_PROGRESS=0."""
+    for stream, env, said in ((Terminal(), "", True), (io.StringIO(), "", False), (Terminal(), "0", False)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        monkeypatch.setenv("JAXSPEC_PROGRESS", env)
+        with progress.phase("compiling lookahead"):
+            pass
+        assert bool(re.fullmatch(r"jaxspec: compiling lookahead \.\.\. \d\.\d s\n", stream.getvalue())) == said, \
+            (env, stream.getvalue())
 
 
 @pytest.mark.parametrize("stream", [Terminal(), io.StringIO()], ids=["terminal", "log"])
