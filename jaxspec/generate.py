@@ -26,7 +26,7 @@ from jaxspec.inputs import as_bool, describe, given, int_arg, is_array, normaliz
 from jaxspec.checkpoint.loading import Model
 from jaxspec.runtime.memory import MemoryEstimate
 from jaxspec.decoding.engine import finish
-from jaxspec.decoding.methods import advance, begin, decode
+from jaxspec.decoding.methods import ALIASES, METHODS, advance, begin, decode
 from jaxspec.runtime.plan import (AUTO_RUNGS_FROM, CONVERSATION_RUNGS_FROM, context_cache_len, plan_decode,
                                   prompt_bucket, resolve)
 from jaxspec.models.meshes import lp_mesh, lp_params, replicate
@@ -450,6 +450,22 @@ def _stops(model: Model, stop) -> tuple[str, ...]:
     return stops
 
 
+def _reference() -> str:
+    """The options of each method and the fields of the output, for `help(jaxspec.generate)`
+    (built from the option dataclasses and `GenerateOutput`, so it never drifts from them)."""
+    lines = ["", "    Method options (keyword arguments; one left out takes the model's default, e.g. lookahead's",
+             "    window from configs/lookahead.toml, a drafter's draft_len from its files):"]
+    for name, method in METHODS.items():
+        fields = dataclasses.fields(method.options)
+        described = ", ".join(f"{f.name}={f.default!r}" for f in fields) or "none"
+        lines.append(f"      {name}: {described}")
+    lines.append("      auto: none (it chooses the method and its options); aliases: "
+                 + ", ".join(f"{a} = {m}" for a, m in ALIASES.items()))
+    lines += ["", "    Returns a GenerateOutput (per prompt where a batch was given):"]
+    lines += [f"      {f.name}: {f.type}" for f in dataclasses.fields(GenerateOutput)]
+    return "\n".join(lines)
+
+
 @dataclasses.dataclass
 class StreamChunk:
     tokens: list[int]  # ids generated since the previous chunk
@@ -536,3 +552,7 @@ def stream(model: Model, prompt, max_new_tokens: int = 128, method: str = "autor
     if request.batched:
         raise PromptError("stream takes one prompt; use generate for a batch")
     return Stream(model, request, steps, stops)
+
+
+generate.__doc__ += _reference()
+stream.__doc__ += _reference().replace("Returns a GenerateOutput", "Its `.result`, once iterated, is a GenerateOutput")

@@ -88,3 +88,20 @@ def test_no_progress_lines_when_turned_off(folder, capsys, monkeypatch):
     code, _, err = run_cli(["generate", "--model", str(folder), "--prompt-ids", "1,5", "--max-new-tokens", "2",
                             "--method", "greedy"], capsys)
     assert code == 0 and "jaxspec: loading" not in err and err.startswith("[autoregressive]")
+
+
+def test_help_lists_each_methods_options_and_the_returned_fields():
+    """`help(jaxspec.generate)` / `help(jaxspec.stream)`: every method's options with their
+    defaults (from the option dataclasses themselves) and every field of the output."""
+    import dataclasses
+
+    import jaxspec
+    from jaxspec.decoding.methods import METHODS
+
+    for fn in (jaxspec.generate, jaxspec.stream):
+        doc = fn.__doc__
+        for name, method in METHODS.items():
+            line = next(x for x in doc.splitlines() if x.strip().startswith(f"{name}:"))
+            assert all(f"{f.name}=" in line for f in dataclasses.fields(method.options)), line
+        assert all(f"{f.name}: " in doc for f in dataclasses.fields(jaxspec.GenerateOutput))
+    assert "draft_len=None" in jaxspec.generate.__doc__ and "finish_reason: " in jaxspec.stream.__doc__
