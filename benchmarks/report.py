@@ -1151,11 +1151,20 @@ def build_report(results: Path = RESULTS) -> str:
     return "\n".join(lines + body).rstrip() + "\n"
 
 
-def check(results: Path = RESULTS) -> list[str]:
+def _undated(report: str) -> str:
+    """A report without the moment it was generated (the one line that differs between two runs)."""
+    return re.sub(r"(from `benchmarks/results/\*\.json` )\([^)]*\)", r"\1", report, count=1)
+
+
+def check(results: Path = RESULTS, out: Path | None = None) -> list[str]:
     """One line per problem of the report on `results`: every section has its heading; a section whose
     result file exists shows it (a readable file in a layout this report knows) with its provenance (the
-    machine and date the file records, the command); one without says so and names the command."""
-    parts = re.split(r"^## (.+)$", build_report(results), flags=re.M)
+    machine and date the file records, the command); one without says so and names the command; and the
+    committed report (`out`) is the one these results make (a result rerun without the report fails)."""
+    report = build_report(results)
+    if out is not None and _undated(out.read_text()) != _undated(report):
+        return [f"{_rel(out)} is not the report {_rel(results)} make: run python -m benchmarks.report"]
+    parts = re.split(r"^## (.+)$", report, flags=re.M)
     found = dict(zip(parts[1::2], parts[2::2]))
     problems = []
     for section in SECTIONS:
@@ -1194,7 +1203,7 @@ def main(argv=None) -> int:
                    "result present has its section, a layout this report knows and its provenance")
     args = p.parse_args(argv)
     if args.check:
-        problems = check(args.results)
+        problems = check(args.results, args.out if args.out.exists() else None)
         present = sum(any((args.results / f"{stem}.json").exists() for stem in (s.stem, *s.variants))
                       for s in SECTIONS)
         print("\n".join(problems) if problems else f"{_rel(args.results)}: {present} of {len(SECTIONS)} sections "

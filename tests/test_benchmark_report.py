@@ -70,6 +70,21 @@ def test_check_passes_complete_results_and_names_each_problem(tmp_path, capsys, 
     assert not (tmp_path / "out").exists()
 
 
+def test_check_fails_when_the_committed_report_is_not_the_one_the_results_make(tmp_path, capsys):
+    """A result rerun (or added) without regenerating the report: --check says so; once the report
+    is written again it passes (the moment it was generated aside)."""
+    out = tmp_path / "benchmarks.md"
+    (tmp_path / "draft_vocab.json").write_text(json.dumps(DRAFT_VOCAB))
+    assert report.main(["--results", str(tmp_path), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert report.main(["--check", "--results", str(tmp_path), "--out", str(out)]) == 0
+    (tmp_path / "draft_vocab.json").write_text(json.dumps({**DRAFT_VOCAB, "date": "2026-02-03"}))
+    code, said = report.main(["--check", "--results", str(tmp_path), "--out", str(out)]), capsys.readouterr().out
+    assert code == 1 and f"is not the report {tmp_path} make" in said
+    assert report.main(["--results", str(tmp_path), "--out", str(out)]) == 0
+    assert report.main(["--check", "--results", str(tmp_path), "--out", str(out)]) == 0
+
+
 def test_drafter_curve_chains_stages_and_measures_what_a_doubling_bought(tmp_path):
     """benchmarks/drafter_curve.py reads each run's own evaluations (a resumed run's rewritten
     step counted once, a torn line skipped), counts a later stage's steps from its start, and
