@@ -124,6 +124,25 @@ def test_a_body_that_never_arrives_is_408_within_the_timeout(server):
     assert b'"request_timeout"' in answer
 
 
+@pytest.mark.parametrize("request_bytes", [
+    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nno colon here\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: abc\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"GET /health HTTP/1.1\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: 127.0.0.1\r\n\r\n",
+], ids=["header-without-colon", "content-length-abc", "bad-chunk-size", "no-host", "two-hosts"])
+def test_requests_the_http_layer_cannot_parse_get_the_json_error_shape(server, request_bytes):
+    with raw_connection(server) as s:
+        s.sendall(request_bytes)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head.lower(), answer[:300]
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == "bad_http_request"
+
+
 def test_headers_that_never_end_are_closed_within_the_timeout(server):
     with raw_connection(server) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")

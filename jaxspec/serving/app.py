@@ -515,10 +515,23 @@ def _plain(options: dict) -> dict:
 def _protocol(header_timeout_s: float):
     """uvicorn's HTTP/1.1 protocol with a deadline for a request's headers: a connection that
     has not sent a whole request head within `header_timeout_s` of connecting (or of its last
-    answer) is closed, so slow or idle connections cannot pile up."""
+    answer) is closed, so slow or idle connections cannot pile up. A request the HTTP layer
+    cannot parse (a header without a colon, a bad Content-Length or chunk size, no Host or two)
+    gets the API's JSON error shape, not uvicorn's plain text."""
+    import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class Protocol(H11Protocol):
+        def send_400_response(self, msg: str) -> None:
+            body = json.dumps(ApiError(400, "the HTTP request could not be parsed (malformed request line, headers "
+                                       "or body framing)", code="bad_http_request").body()).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                       (b"connection", b"close")]
+            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                          h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
+
         def _arm(self):
             cycle = self.cycle
             self._header_timer = self.loop.call_later(header_timeout_s, self._headers_late, cycle)
