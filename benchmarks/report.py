@@ -787,6 +787,11 @@ def serve_memory(r: dict) -> list[str]:
               "malloc_trim): compiled " + ", ".join(f"{x} MB" for x in pm["compiled_mb"]) + "; loaded from its "
               "serialized form (" + ", ".join(f"{x} MB" for x in pm["serialized_mb"]) + ") "
               + ", ".join(f"{x} MB" for x in pm["loaded_mb"]) + "."]
+    if "guard" in r:
+        g = r["guard"]
+        lines += ["", f"The memory guard's estimate for {g['plan']}: {g['estimate_mb']} MB, against the group's "
+                  f"state {g['state_mb']} MB + its largest `advance` temporaries {g['largest_temp_mb']} MB once "
+                  f"built ({g['estimate_over_actual']}x; the programs' own memory above is not in either)."]
     return lines
 
 

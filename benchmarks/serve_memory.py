@@ -142,6 +142,36 @@ def programs(model_name: str, count: int) -> dict:
             "loaded_mb": [round(x) for x in loaded], "serialized_mb": [round(x, 1) for x in sizes]}
 
 
+def guard(model_name: str) -> dict:
+    """The memory guard's estimate for the server's default slot group (before anything is built)
+    against what the group holds once built: its state and the largest temporary buffer of its
+    `advance` programs (XLA's memory analysis of each compiled program)."""
+    import jaxspec
+    from jaxspec.runtime import memory  # (the guard's estimate, read where it is checked)
+    from jaxspec.serving import make_server
+
+    seen, check = [], memory.check
+
+    def spy(estimate, what):
+        seen.append((estimate, what))
+        return check(estimate, what)
+
+    memory.check = spy
+    try:
+        model = jaxspec.load(model_name)
+        server = make_server(model, model_name, method="auto")
+    finally:
+        memory.check = check
+    server.scheduler.compiler.wait(3600)
+    group = next(iter(server.scheduler.groups.values()))
+    state = memory.tree_bytes(group.state)
+    temp = max(p.memory_analysis().temp_size_in_bytes for k, p in model.compiled.items() if "advance" in k)
+    estimate, what = seen[-1]
+    return {"plan": what, "estimate_mb": round(estimate.need_bytes / 2**20), "state_mb": round(state / 2**20),
+            "largest_temp_mb": round(temp / 2**20),
+            "estimate_over_actual": round(estimate.need_bytes / (state + temp), 3)}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct")
@@ -153,7 +183,7 @@ def main(argv=None) -> int:
     result = {"benchmark": "serve_memory", "title": "What jaxspec serve holds in memory",
               "command": command_line(__file__, argv), "model": args.model,
               "server": serve(args.model, args.clients, args.max_tokens),
-              "program_memory": programs(args.model, args.programs)}
+              "program_memory": programs(args.model, args.programs), "guard": guard(args.model)}
     write_result(result, RESULTS, args.name)
     return 0
 

@@ -174,3 +174,23 @@ def test_an_unknown_method_lists_auto_among_the_methods(model):  # noqa: F811
 def test_a_huge_integer_knob_is_a_generation_error_in_the_library(model, knob):  # noqa: F811
     with pytest.raises(GenerationError, match=f"^{knob} must be .*, got 1000"):
         jaxspec.generate(model, [1, 2], max_new_tokens=2, **{knob: HUGE})
+
+
+def test_the_servers_memory_guard_counts_one_context_per_slot_and_the_prefill_by_chunks(monkeypatch):
+    """A slot holds prompt + output within the context (not a context of each) and a prompt is
+    prefilled 128 tokens at a time: the default server's estimate for a new group is about its state
+    and one copy of it (the rows a chunk reads), not the 9.97 GB that refused penalties and
+    ignore_eos on SmolLM2 at 8 x 2048."""
+    from jaxspec.models.quantize import activation_dtype
+    from jaxspec.runtime import memory
+
+    model = jaxspec.load()
+    srv = make_server(model, "pycode-5M", method="autoregressive", slots=8, context=2048, warm=False)
+    seen = []
+    monkeypatch.setattr(memory, "check", lambda estimate, what: seen.append((estimate, what)) or estimate)
+    plan = srv.requests.plan("autoregressive", {}, True, True, True, False)  # ignore_eos + penalties: a new group
+    estimate, what = seen[-1]
+    kv = memory.kv_cache_bytes(model.config, activation_dtype(model.dtype).itemsize, 8,
+                               2048 + plan.engine.block_tokens)
+    assert estimate.state_bytes == kv and "context 2048" in what and "max_new_tokens" not in what
+    assert kv <= estimate.step_bytes <= kv + 128 * 2**20  # one copy of the cache, and a 128-token chunk's buffers

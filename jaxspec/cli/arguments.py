@@ -94,8 +94,8 @@ def _add_decoding_options(g: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=_seed, default=0, help="random seed for sampling, in [0, 2**32)")
     g.add_argument("--dtype", default=None, type=_dtype, metavar="{auto,float32,bfloat16,int8,blocks}",
                    help="the weights' dtype (int8: quantized per output channel; blocks: a GGUF's Q8_0/Q4_x/Q5_x "
-                        "blocks kept, the float32 weights exactly; both with float32 activations; auto, the "
-                        "default: blocks for a GGUF file on one device, else float32; vLLM's float = float32)")
+                        "blocks kept, the float32 weights exactly; both with float32 activations; vLLM's float = "
+                        "float32; auto, the default: blocks for a GGUF file on one device, else float32)")
     g.add_argument("--attention", default="xla", help="attention backend (xla|pallas)")
     g.add_argument("--tensor-parallel", "--tensor-parallel-size", dest="tensor_parallel", type=int, default=1,
                    metavar="T",

@@ -17,8 +17,8 @@ then `estimate`, with the state's exact size:
   `b x T x argmax_chunk(vocab, b x T)` (`Transformer.head_argmax`), plus, where that is a chunk
   (the block's logits over ARGMAX_LOGITS_BYTES), the chunk of the head's weight it slices out
   (`argmax_chunk(...) x hidden`: at Gemma 3's 262k vocabulary and hidden 640, a 64 MB budget over
-  1024 rows makes chunks of 16384 entries, 42 MB in float32); T = the block's tokens (the prompt
-  bucket for the prefill). Sampling adds the warp of one position's distribution per row (top-k /
+  1024 rows makes chunks of 16384 entries, 42 MB in float32); T = the block's tokens (for the
+  prefill one chunk, at most PREFILL_CHUNK tokens: the prompt runs chunk by chunk). Sampling adds the warp of one position's distribution per row (top-k /
   top-p sort keys and ids, cumulative sums, masks): `SAMPLING_BUFFERS x b x vocab` float32, as
   many as XLA's buffer assignment shows live at once.
 
@@ -42,6 +42,7 @@ from jaxspec.models.config import ModelConfig
 from jaxspec.errors import MemoryLimitError
 from jaxspec.models.model import argmax_chunk
 from jaxspec.models.quantize import activation_dtype
+from jaxspec.decoding.prefill import PREFILL_CHUNK
 
 F32 = 4
 SAMPLING_BUFFERS = 12
@@ -134,8 +135,8 @@ def step_bytes(cfg: ModelConfig, dtype_bytes: int, batch: int, prompt_len: int, 
     step = forward_bytes(cfg, dtype_bytes, batch, block, cache_len + block,
                          cfg.vocab_size if sampled else argmax_chunk(cfg.vocab_size, batch * block))
     step += SAMPLING_BUFFERS * batch * cfg.vocab_size * F32 if sampled else 0
-    prefill = forward_bytes(cfg, dtype_bytes, batch, prompt_len, cache_len + prompt_len, 0) \
-        + batch * cfg.vocab_size * F32
+    chunk = min(prompt_len, PREFILL_CHUNK)  # (the prefill runs chunk by chunk: `jaxspec.decoding.prefill`)
+    prefill = forward_bytes(cfg, dtype_bytes, batch, chunk, cache_len + chunk, 0) + batch * cfg.vocab_size * F32
     return max(step, prefill)
 
 
@@ -219,10 +220,12 @@ def check(estimate: MemoryEstimate, what: str) -> MemoryEstimate:
 
 
 def describe(name: str, options, batch: int, max_new_tokens: int) -> str:
-    """How a refusal names the request: the method, its integer options, the batch and budget."""
+    """How a refusal names the request: the method, its integer options, the batch and budget
+    (0: prompt and output share the prompt length given, as a server's slots do)."""
     settings = ", ".join(f"{k}={v}" for k, v in options.as_dict().items()
                          if type(v) is int and not (k == "lp_devices" and v == 1))
-    return f"{name}{f' ({settings})' if settings else ''} at batch {batch}, max_new_tokens {max_new_tokens}"
+    budget = f", max_new_tokens {max_new_tokens}" if max_new_tokens else ""
+    return f"{name}{f' ({settings})' if settings else ''} at batch {batch}{budget}"
 
 
 def _on_device(model, estimate: MemoryEstimate, batch: int, cache_len: int) -> MemoryEstimate:
@@ -232,9 +235,11 @@ def _on_device(model, estimate: MemoryEstimate, batch: int, cache_len: int) -> M
     return per_device(estimate, model.config, activation_dtype(model.dtype).itemsize, model.mesh, batch, cache_len)
 
 
-def guard_options(model, engine, what: str, batch: int, prompt_len: int, max_new_tokens: int) -> None:
-    """The first check (`first_estimate`), before the engine's tree is built. The weights' bytes
-    are counted once per parameter tree (flattening it costs milliseconds at every call)."""
+def guard_options(model, engine, what: str, batch: int, prompt_len: int, max_new_tokens: int,
+                  cache_copies: int = 0) -> None:
+    """The first check (`first_estimate`, plus `cache_copies` copies of the KV cache in the step),
+    before the engine's tree is built. The weights' bytes are counted once per parameter tree
+    (flattening it costs milliseconds at every call)."""
     cache_len = prompt_len + max_new_tokens + engine.block_tokens
     weights_key = ("weights", id(model.params))
     if weights_key not in model.memory_estimates:
@@ -245,6 +250,7 @@ def guard_options(model, engine, what: str, batch: int, prompt_len: int, max_new
         model.memory_estimates[weights_key] = (model.params, tree_bytes(model.params))
     estimate = first_estimate(model.config, activation_dtype(model.dtype).itemsize, engine,
                               model.memory_estimates[weights_key][1], batch, prompt_len, cache_len)
+    estimate = dataclasses.replace(estimate, step_bytes=estimate.step_bytes + cache_copies * estimate.state_bytes)
     check(_on_device(model, estimate, batch, cache_len), what)
 
 

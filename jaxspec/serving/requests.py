@@ -251,8 +251,9 @@ class Requests:
             # (logprobs: one program reports the most a request may ask for; each answer keeps its own)
             plan = plan_decode(self.model, method, options, greedy=greedy, penalties=penalties,
                                logprobs=MAX_LOGPROBS if logprobs else -1, batch=s.slots, prompt_len=s.context,
-                               max_new_tokens=s.context, eos_ids=() if ignore_eos else self.eos_ids,
-                               where=" (the server's slots x context)")
+                               max_new_tokens=0, eos_ids=() if ignore_eos else self.eos_ids,
+                               where=f", context {s.context} (the server's slots x context)",
+                               cache_copies=1)  # (a chunk copies the rows and positions it reads: `slots._advance`)
             if step_modes and plan.engine.steps_plain:
                 plan = dataclasses.replace(plan, step_modes=True)
             if plan.lp_devices > 1:
