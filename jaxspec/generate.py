@@ -21,6 +21,7 @@ from jaxspec.runtime import auto
 from jaxspec import stop_strings
 from jaxspec.runtime import compile_cache
 from jaxspec.runtime import memory
+from jaxspec.runtime.step_modes import StepModes
 from jaxspec.errors import GenerationError, PromptError, shown
 from jaxspec.inputs import as_bool, describe, given, int_arg, is_array, normalize_prompts, number_arg, plain_option
 from jaxspec.checkpoint.loading import Model
@@ -488,15 +489,30 @@ class Stream:
             state, step_fn, self._compile_seconds, seconds = _stream_programs(model, request, self.chunk_steps)
         chunk = jnp.int32(self.chunk_steps)
         tokenizer = model.tokenizer
-        sent, text = 0, ""
+        modes, plain_fn = self._step_modes(state)
+        sent, text, steps, plain_steps = 0, "", 0, 0
         while True:
+            mode = "drafted"
+            if modes is not None:
+                plain_fn = plain_fn or model.compiled.get(request.compile_key("advance-plain"))
+                mode = modes.pick(1, {"drafted", "plain"} if plain_fn is not None else {"drafted"})
+            quiet = model.background is None or not model.background.busy()
             t0 = time.perf_counter()
-            state = step_fn(graphdef, params, state, sampling, chunk)
+            state = (step_fn if mode == "drafted" else plain_fn)(graphdef, params, state, sampling, chunk)
             # The one host sync per chunk; copies, since the next chunk reuses the donated buffers.
-            host = jax.device_get((state.decode.tokens, state.decode.num_generated, state.decode.done))
+            host = jax.device_get((state.decode.tokens, state.decode.num_generated, state.decode.done,
+                                   state.decode.steps))
             row, num, done = np.array(host[0][0]), int(host[1][0]), bool(host[2][0])
             new = row[sent:num].tolist()
-            seconds += time.perf_counter() - t0
+            elapsed = time.perf_counter() - t0
+            seconds += elapsed
+            if modes is not None:  # (a chunk measured only when nothing compiled beside it)
+                ran = int(host[3][0]) - steps
+                modes.ran(mode, num - sent)
+                if quiet:
+                    modes.record(1, mode, ran, num - sent, elapsed)
+                plain_steps += ran if mode == "plain" else 0
+            steps = int(host[3][0])
             piece = None
             if tokenizer is not None:
                 hit = stop_strings.cut(tokenizer.decode, row[:num].tolist(), self.stops) if self.stops else None
@@ -515,7 +531,26 @@ class Stream:
         decoded, stats = finish(request.engine, state)
         self.result = _output(model, request, decoded, stats, seconds, self._compile_seconds,
                               _compiled_memory(model, request.compile_key("advance"), step_fn), self.stops)
+        if modes is not None:  # which steps ran drafted, which plain (`jaxspec.runtime.step_modes`)
+            self.result.auto["step_modes"] = {**modes.as_dict(), "plain_steps": plain_steps}
         _learn(model, request, self.result)
+
+    def _step_modes(self, state) -> tuple[StepModes | None, Any]:
+        """Where `auto` chose a drafted setting that can also step plain over its state
+        (`Engine.steps_plain`): each chunk drafted or plain, whichever this device measured faster
+        for one row (the server's rule, `jaxspec.runtime.step_modes`), and the plain `advance`
+        program (None until compiled: it compiles in the background, the stream goes on drafted)."""
+        request, model = self.request, self.model
+        if request.auto is None or not request.engine.steps_plain:
+            return None, None
+        key = request.compile_key("advance-plain")
+        if key not in model.compiled:
+            statics = {k: request.statics[k] for k in ("engine", "eos_ids", "lp_devices", "tensor_parallel")}
+            shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+            args = (request.args[0], request.args[1], shapes, request.args[5], jnp.int32(self.chunk_steps))
+            _background(model).submit(key, lambda: compile_cache.compiled_into(
+                model.compiled, key, advance, args, {**statics, "plain": True}, donate_argnames=("state",)))
+        return StepModes(model, request.auto.label, kind="stream-chunk", announce=False), model.compiled.get(key)
 
 
 def _stream_programs(model: Model, request: Request, chunk_steps: int):

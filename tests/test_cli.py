@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 from cli_runner import run_cli  # noqa: F401 (also imported from here by other test modules)
 from stories import CHECKPOINT, REFERENCE, STORIES, needs_stories
 
-JSON_KEYS = {"tokens", "text", "steps", "compression", "seconds", "tokens_per_second", "method", "config", "memory",
+JSON_KEYS = {"tokens", "text", "finish_reason", "steps", "compression", "seconds", "tokens_per_second", "method", "config", "memory",
              "auto"}
 
 TINY = jaxspec.ModelConfig(

@@ -166,6 +166,11 @@ def test_chat_stats_line_fits_80_columns_for_every_setting():
             assert ("cut" in line) == (cut is not None), line
     short = stats_lines(None, cases[0], [1])[0]
     assert short == "[greedy] 8 tokens in 12.3 s: 0.6 tokens/s; S 3.00 (3 steps)", short
+    # a reply whose chunks ran drafted or plain (auto's step modes) says how many steps were plain
+    modes = output("speculative", {"draft_len": 4}, 40, 0.0, False)
+    modes.auto["step_modes"] = {"plain_steps": 5}
+    (line,) = stats_lines(None, modes, [1])
+    assert "5 of 14 steps plain" in line and len(line) <= STATS_WIDTH, line
 
 
 # ----------------------------------------------------------------------------- serve

@@ -74,3 +74,36 @@ def test_an_engine_that_cannot_step_plain_says_so(tiny):  # noqa: F811
     assert not greedy_plan.engine.steps_plain and not lookahead.engine.steps_plain
     with pytest.raises(ValueError, match="cannot step without its drafts"):
         _run(tiny, lookahead, [[1, 5]], [(True, 2)])
+
+
+def test_a_stream_whose_auto_chose_a_drafted_setting_steps_drafted_or_plain_and_stays_greedy(monkeypatch):
+    """`jaxspec.stream` with `method="auto"` on a drafted setting that can step plain: the plain
+    `advance` compiles in the background (the stream goes on drafted meanwhile), then each chunk
+    runs drafted or plain as this device measured (`jaxspec.runtime.step_modes`, ledger kind
+    "stream-chunk"); every token is greedy's, and `.result.auto` says which modes ran."""
+    from jaxspec.runtime import auto
+    from jaxspec.runtime.step_modes import EXPLORE_CHUNKS
+
+    monkeypatch.setattr(auto.Ledger, "_OPEN", {})  # (this test's ledgers alone)
+    monkeypatch.setattr(auto, "to_try", lambda *a, **k: None)  # (no other setting compiling beside the chunks)
+    model = jaxspec.load()
+    prompt, budget = "def fibonacci(n):\n    if n < 2:", 48
+    choice = auto.Choice(method="speculative", options={"draft_len": 4, "lookup_guesses": 2}, reason="test",
+                         candidates=())
+    ref = jaxspec.generate(model, prompt, max_new_tokens=budget, stop_at_eos=False).tokens
+
+    def streamed():
+        s = jaxspec.stream(model, prompt, max_new_tokens=budget, method="auto", stop_at_eos=False, chunk_steps=2,
+                           _choice=choice)
+        return [t for c in s for t in c.tokens], s.result
+
+    first, drafted = streamed()  # drafted only: the plain program compiles meanwhile
+    assert first == ref and drafted.tokens == ref and drafted.auto["step_modes"]["chunks"]["plain"] == 0
+    model.background.wait(600)
+    again, result = streamed()
+    modes = result.auto["step_modes"]
+    assert again == ref and result.tokens == ref
+    assert min(modes["chunks"].values()) >= EXPLORE_CHUNKS and modes["plain_steps"] >= EXPLORE_CHUNKS, modes
+    assert result.steps > drafted.steps  # (plain steps give one token each: the same text in more steps)
+    tallies = auto.Ledger.of(model, 1, "stream-chunk", False).tallies
+    assert {label.rsplit(": ", 1)[1] for label in tallies} == {"drafted", "plain"}

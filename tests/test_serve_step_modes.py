@@ -1,5 +1,5 @@
 """The server's `auto`: a drafted method whose slots run each chunk drafted or plain, whichever
-the chunks measured faster for the rows busy (`jaxspec.serving.step_modes`). Whatever mode each
+the chunks measured faster for the rows busy (`jaxspec.runtime.step_modes`). Whatever mode each
 chunk ran, every answer equals greedy decoding of its request alone; the counters say what ran.
 """
 
@@ -15,7 +15,7 @@ import jaxspec
 from jaxspec.runtime import auto
 from jaxspec.serving import make_server
 from jaxspec.serving.app import background
-from jaxspec.serving.step_modes import EXPLORE_CHUNKS, REVISIT, StepModes
+from jaxspec.runtime.step_modes import EXPLORE_CHUNKS, REVISIT, StepModes
 from test_serve import PROMPTS, client
 
 MODEL_ID = "pycode-5M"

@@ -66,10 +66,14 @@ def stats_lines(model, out, prompt_ids, greedy=None, cut_at: int | None = None) 
     parts["S"] = (f"S {out.compression:.2f} ({out.steps} steps)", f"S {out.compression:.2f}", "")
     if trying:  # a setting `auto` tries to learn its rate here (`jaxspec.runtime.auto`)
         parts["auto"] = ("auto is trying it", "auto trying", "")
+    plain = ((out.auto or {}).get("step_modes") or {}).get("plain_steps", 0)
+    if plain:  # chunks stepped without drafts (`jaxspec.runtime.step_modes`)
+        parts["modes"] = (f"{plain} of {out.steps} steps plain", f"{plain} plain", "")
     if cut_at is not None:
         parts["cut"] = (f"cut at --max-new-tokens {cut_at}", "cut at the limit", "cut")
     # shorter wording first, then the least needed parts left out; tokens, tokens/s and compile stay
-    lines = [_fit(parts, ["cut", "S", "auto", "compile", "cut", "auto", "S", "rate", "rate", "compile", "rate"])]
+    lines = [_fit(parts, ["cut", "S", "auto", "modes", "compile", "cut", "auto", "modes", "S", "rate", "rate",
+                          "compile", "rate"])]
     if greedy is not None:
         speedup = out.tokens_per_second / max(greedy.tokens_per_second, 1e-9)
         lines.append(f"[greedy] {greedy.tokens_per_second:.1f} tokens/s, speed-up {speedup:.2f}x; "

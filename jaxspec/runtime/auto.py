@@ -354,7 +354,7 @@ def choose(model, batch: int, *, kind: str = "generate", sampled: bool = False, 
 
 
 # Methods whose engines step plain over their state (`Engine.steps_plain`): a server's slots run
-# them drafted or plain, chunk by chunk (`jaxspec.serving.step_modes`).
+# them drafted or plain, chunk by chunk (`jaxspec.runtime.step_modes`).
 STEPS_PLAIN = ("speculative", "prompt-lookup")
 
 

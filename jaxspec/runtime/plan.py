@@ -60,7 +60,7 @@ class DecodePlan:
     params: Any
     eos_ids: tuple[int, ...] = ()
     description: str = ""  # how a memory refusal names it: method, integer options, batch and budget
-    # a server's slots step drafted or plain per chunk (`jaxspec.serving.step_modes`): the server's `auto`
+    # a server's slots step drafted or plain per chunk (`jaxspec.runtime.step_modes`): the server's `auto`
     step_modes: bool = False
 
     @property

@@ -23,7 +23,7 @@ def eos_ids(model) -> tuple[int, ...]:
 def resolve_auto(model, slots: int, temperature: float) -> tuple[str, dict, str, bool]:
     """`auto` for a server (`jaxspec.runtime.auto.serve_choice`), at once: the method and options of
     requests that name none, the reason, and whether their slots choose drafted or plain steps
-    chunk by chunk (`jaxspec.serving.step_modes`)."""
+    chunk by chunk (`jaxspec.runtime.step_modes`)."""
     choice, modes = auto.serve_choice(model, slots, sampled=temperature != 0)
     return choice.method, dict(choice.options), choice.reason, modes
 

@@ -219,7 +219,7 @@ class Metrics:
 
     def _decoding(self, plan, histogram: list[int], plain_steps: int = 0) -> None:
         """One choice's decoding work, from the engine's accept histogram (steps that emitted k tokens);
-        `plain_steps` of them verified no draft (a group's plain chunks: `jaxspec.serving.step_modes`)."""
+        `plain_steps` of them verified no draft (a group's plain chunks: `jaxspec.runtime.step_modes`)."""
         method = plan.name
         with self._lock:
             if plan.key not in self._drafts:

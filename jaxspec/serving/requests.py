@@ -98,7 +98,7 @@ class ServeSettings:
     drafters: tuple = ()  # ((name, folder), ...): drafter folders the operator offers besides the shipped ones
     special_tokens: bool = False  # chat content may spell special tokens (off: such content is refused)
     # `auto` chose a drafted method whose slots pick drafted or plain steps per chunk (greedy requests
-    # that name no method; `jaxspec.serving.step_modes`)
+    # that name no method; `jaxspec.runtime.step_modes`)
     step_modes: bool = False
 
 

@@ -12,7 +12,7 @@ Nothing compiles on the scheduler's thread while it serves: a new group is built
 programs a job needs are compiled, by a background worker (`jaxspec.runtime.background`) while
 that job waits in the queue and the others go on streaming; a chunk runs the smallest compiled
 program that covers its rows (`SlotGroup.advance`). The group of a plan with `step_modes` (the
-server's `auto`) picks drafted or plain steps per chunk (`jaxspec.serving.step_modes`).
+server's `auto`) picks drafted or plain steps per chunk (`jaxspec.runtime.step_modes`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from jaxspec.decoding.sampling import SamplingParams
 from jaxspec.runtime.background import Background
 from jaxspec.runtime.plan import DecodePlan
 from jaxspec.serving.slots import SlotGroup
-from jaxspec.serving.step_modes import MODES, StepModes
+from jaxspec.runtime.step_modes import MODES, StepModes
 
 
 @dataclasses.dataclass

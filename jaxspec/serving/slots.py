@@ -23,7 +23,7 @@ Four programs, none recompiled while serving:
   scheduler keeps the busy slots first (`move`), so one request in flight costs one row;
 * `move`: copies a slot's row into a free slot.
 
-A group given `StepModes` (`jaxspec.serving.step_modes`: the server's `auto`, an engine that drafts
+A group given `StepModes` (`jaxspec.runtime.step_modes`: the server's `auto`, an engine that drafts
 and `Engine.steps_plain`) has `advance` twice per tier and length: drafted steps and plain steps
 over the same state. Before each chunk it picks the mode measured faster for the busy rows' tier,
 and measures the chunk.
@@ -51,7 +51,7 @@ from jaxspec.decoding.engine import Engine, EngineState
 from jaxspec.decoding.methods import advance, begin
 from jaxspec.decoding.sampling import SamplingParams
 from jaxspec.runtime.plan import prompt_bucket
-from jaxspec.serving.step_modes import MODES, StepModes
+from jaxspec.runtime.step_modes import MODES, StepModes
 
 
 # The largest slot state a group keeps a copy of, to run its programs once before they serve.

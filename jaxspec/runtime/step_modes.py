@@ -1,7 +1,9 @@
-"""Per chunk, drafted or plain steps: what a slot group runs, learned from the chunks it ran.
+"""Per chunk, drafted or plain steps: what a slot group or a stream runs, learned from the chunks
+it ran.
 
 A slot group whose engine drafts, and can step without its drafts over the same state
-(`Engine.steps_plain`: the server's `auto`), has two `advance` programs per (rows, cache length):
+(`Engine.steps_plain`: the server's `auto`), has two `advance` programs per (rows, cache length);
+so has a `jaxspec.stream` (and `chat_stream`) whose `auto` chose such a setting (one row):
 drafted steps, and plain steps (the target's token alone, greedy's cost; the drafter keeps
 reading every committed token, so drafting again loses nothing). Which one pays depends on the
 device, on how many rows are busy (what a block of drafts costs over one token changes with the
@@ -14,8 +16,8 @@ after EXPLORE_CHUNKS chunks of each; one chunk in REVISIT runs the other again (
 changes with the requests in the slots).
 
 The measurements live in `jaxspec.runtime.auto`'s ledger (per device, model, drafter content and
-jaxspec version; kind "serve-chunk", batch = the tier of rows), so a restarted server starts
-from what the last one learned. Chunks that ran a larger program than their own (not compiled
+jaxspec version; kind "serve-chunk" or "stream-chunk", batch = the tier of rows), so a restarted
+server, or the next chat, starts from what the last one learned. Chunks that ran a larger program than their own (not compiled
 yet) or while the background worker compiled are not measured: they say nothing of the mode.
 """
 
@@ -38,8 +40,10 @@ SAVE_EVERY = 32
 class StepModes:
     """What one slot group's chunks measured, per tier of busy rows and mode, and the pick."""
 
-    def __init__(self, model, setting: str):
-        self.model, self.setting = model, setting  # setting: the drafted method's label (ledger key)
+    def __init__(self, model, setting: str, kind: str = "serve-chunk", announce: bool = True):
+        # setting: the drafted method's label (ledger key); kind: the ledger's (the server's chunks, a stream's);
+        # announce: a line on stderr when a tier's faster mode changes (the server's log; a library call: none)
+        self.model, self.setting, self.kind, self.announce = model, setting, kind, announce
         self.current: str | None = None
         self.chunks = dict.fromkeys(MODES, 0)  # chunks run (measured or not), per mode
         self.tokens = dict.fromkeys(MODES, 0)  # output tokens of those chunks, per mode
@@ -49,7 +53,7 @@ class StepModes:
         self._lock = threading.Lock()
 
     def _ledger(self, rows: int) -> auto.Ledger:
-        return auto.Ledger.of(self.model, rows, "serve-chunk", False)
+        return auto.Ledger.of(self.model, rows, self.kind, False)
 
     def _label(self, mode: str) -> str:
         return f"{self.setting}: {mode}"
@@ -70,9 +74,10 @@ class StepModes:
         best, other = sorted(options, key=lambda m: -tallies[m].rate)
         if self._best.get(rows) != best:
             self._best[rows] = best
-            print(f"jaxspec: {self.setting}, {rows} row{'s' * (rows != 1)} busy: {best} steps from now on "
-                  f"({tallies[best].rate:.1f} tokens/s against {tallies[other].rate:.1f} {other}, over "
-                  f"{tallies[best].runs} and {tallies[other].runs} chunks)", file=sys.stderr)
+            if self.announce:
+                print(f"jaxspec: {self.setting}, {rows} row{'s' * (rows != 1)} busy: {best} steps from now on "
+                      f"({tallies[best].rate:.1f} tokens/s against {tallies[other].rate:.1f} {other}, over "
+                      f"{tallies[best].runs} and {tallies[other].runs} chunks)", file=sys.stderr)
         return other if sum(t.runs for t in tallies.values()) % REVISIT == 0 else best
 
     def ran(self, mode: str, tokens: int) -> None:
