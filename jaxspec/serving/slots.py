@@ -57,7 +57,8 @@ from jaxspec.runtime.step_modes import MODES, StepModes
 # The largest slot state a group keeps a copy of, to run its programs once before they serve.
 SCRATCH_BYTES = 256 << 20
 # `advance` programs a group keeps compiled (per tier of rows, cache length and mode, each is a
-# whole decoding loop: ~40 MB of host memory on this project's CPU for SmolLM2); past it the least
+# whole decoding loop: ~60-210 MB of host memory on this project's CPU for SmolLM2,
+# benchmarks/results/serve_memory.md); past it the least
 # recently run goes (the programs covering the whole cache stay): compiled again if needed, from the
 # compile cache.
 KEPT_PROGRAMS = 12
@@ -254,7 +255,7 @@ class SlotGroup:
         (`start` compiled with the group).
         With a `Background` worker, the other tiers over the smallest length, and all slots over
         the whole cache, are queued to compile next: a chunk then always finds a covering program.
-        (Not every tier over the whole cache: each program holds ~40 MB on this project's CPU
+        (Not every tier over the whole cache: each program holds ~60-210 MB on this project's CPU
         (SmolLM2), and a tier of long requests is compiled when one comes, `_covering`.)"""
         self._first_run(self._insert_program(), "insert")
         self._first_run(self._move_program(), "move")
@@ -447,7 +448,8 @@ class SlotGroup:
         """At most KEPT_PROGRAMS `advance` programs compiled: the least recently run ones go (on the
         scheduler's thread, the only one that runs them). The whole cache's stay: they cover any
         chunk."""
-        kept = [k for k in self.model.compiled if k[:len(self._key) + 1] == (*self._key, "advance")]
+        # (a snapshot: the background worker adds programs to the table meanwhile)
+        kept = [k for k in list(self.model.compiled) if k[:len(self._key) + 1] == (*self._key, "advance")]
         extra = len(kept) - KEPT_PROGRAMS
         if extra <= 0:
             return
