@@ -105,31 +105,3 @@ def test_the_pick_explores_both_then_keeps_the_faster_and_revisits(model):
     assert modes.pick(4, {"drafted"}) == "drafted"
     auto.Ledger.forget()
 
-
-def test_a_group_keeps_at_most_its_bound_of_programs_and_answers_stay_greedy(monkeypatch):
-    """Each `advance` program holds its own memory (a whole decoding loop): a group keeps at most
-    KEPT_PROGRAMS of them, the least recently run going first (those over the whole cache stay),
-    and one dropped is compiled again when a chunk needs it."""
-    from jaxspec.serving import slots
-
-    monkeypatch.setattr(slots, "KEPT_PROGRAMS", 2)
-    fresh = jaxspec.load()  # (its own program table)
-    srv = make_server(fresh, MODEL_ID, method="autoregressive", slots=2, context=768, chunk_steps=3)
-    long_prompt = "def f(x):\n    return x\n" * 40  # ~400 tokens: its chunks read the 512-position cache
-    with background(srv) as url:
-        srv.url = url
-        srv.scheduler.compiler.wait(600)
-        group = next(iter(srv.scheduler.groups.values()))
-
-        def kept():
-            return [k[-3:] for k in fresh.compiled if k[:len(group._key) + 1] == (*group._key, "advance")]
-
-        for prompt, limit in ((PROMPTS[0], 20), (long_prompt, 20), (PROMPTS[1], 20), (long_prompt, 12)):
-            ext = _complete(srv, prompt, limit)
-            ref = jaxspec.generate(fresh, prompt, max_new_tokens=limit, method="greedy",
-                                   stop_ids=srv.requests.eos_ids).tokens
-            assert ext["token_ids"] == ref
-            srv.scheduler.compiler.wait(600)
-            partial = [k for k in kept() if k[1] != group.cache_len]
-            assert len(kept()) - len(partial) >= 1 and len(partial) <= 2, kept()
-        assert (1, 512, "drafted") in group._ran and (1, 256, "drafted") in group._ran  # both lengths ran

@@ -73,11 +73,6 @@ class Background:
         with self._idle:
             return self._idle.wait_for(lambda: not self._pending, timeout)
 
-    def forget(self, key: Hashable) -> None:
-        """`key`'s job may be submitted again (what it built was dropped)."""
-        with self._idle:
-            self.ready.discard(key)
-
     def drop_queued(self) -> None:
         """Forget the jobs not yet begun."""
         while True:

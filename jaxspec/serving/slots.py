@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import time
 
 import jax
@@ -56,12 +55,6 @@ from jaxspec.runtime.step_modes import MODES, StepModes
 
 # The largest slot state a group keeps a copy of, to run its programs once before they serve.
 SCRATCH_BYTES = 256 << 20
-# `advance` programs a group keeps compiled (per tier of rows, cache length and mode, each is a
-# whole decoding loop: ~60-210 MB of host memory on this project's CPU for SmolLM2,
-# benchmarks/results/serve_memory.md); past it the least
-# recently run goes (the programs covering the whole cache stay): compiled again if needed, from the
-# compile cache.
-KEPT_PROGRAMS = 12
 
 
 def _pad_to(x, like: jax.ShapeDtypeStruct):
@@ -208,8 +201,6 @@ class SlotGroup:
         # come later, in the background)
         self._scratch = None if compiler is None or size > SCRATCH_BYTES else jax.tree.map(jnp.copy, (
             state.replace(decode=state.decode.replace(done=jnp.zeros_like(state.decode.done))), empty))
-        self._ran: dict[tuple, int] = {}  # (rows, length, mode) -> when its `advance` last ran
-        self._clock = itertools.count()
         self.limit = np.zeros(slots, np.int32)
         self.prompt_len = np.zeros(slots, np.int32)
         self.generated = np.zeros(slots, np.int64)  # each slot's tokens at the last read
@@ -427,8 +418,6 @@ class SlotGroup:
             mode = self.modes.pick(exact[0], ready)
         rows, length = self._covering(last, reach, mode)
         program = self._advance_program(rows, length, mode)
-        self._ran[(rows, length, mode)] = next(self._clock)
-        self._forget_old_programs()
         compiled, generated, steps = self.compile_seconds, self.generated.copy(), self.steps.copy()
         quiet = self.compiler is None or not self.compiler.busy()
         start = time.perf_counter()
@@ -443,22 +432,6 @@ class SlotGroup:
             if (rows, length) == exact and compiled == self.compile_seconds and quiet:
                 self.modes.record(exact[0], mode, int((self.steps - steps)[busy].max()), tokens, seconds)
         return views
-
-    def _forget_old_programs(self) -> None:
-        """At most KEPT_PROGRAMS `advance` programs compiled: the least recently run ones go (on the
-        scheduler's thread, the only one that runs them). The whole cache's stay: they cover any
-        chunk."""
-        # (a snapshot: the background worker adds programs to the table meanwhile)
-        kept = [k for k in list(self.model.compiled) if k[:len(self._key) + 1] == (*self._key, "advance")]
-        extra = len(kept) - KEPT_PROGRAMS
-        if extra <= 0:
-            return
-        old = sorted((k for k in kept if k[-2] != self.cache_len),
-                     key=lambda k: self._ran.get(k[len(self._key) + 1:], -1))
-        for key in old[:extra]:
-            self.model.compiled.pop(key, None)
-            if self.compiler is not None:
-                self.compiler.forget((self._key, *key[len(self._key):]))  # (as `_queue` submits it)
 
     def read(self, plain: bool = False) -> list[SlotView]:
         """Each slot's row after a chunk (`plain`: a chunk of plain steps, counted per busy row)."""
