@@ -97,6 +97,8 @@ class Model:
     dtype: str
     attention: str
     source: str
+    # Every row's logits independent of the forward's shape (`jaxspec.models.batch_invariant`).
+    batch_invariant: bool = False
     compiled: dict = dataclasses.field(default_factory=dict, repr=False)
     # Drafters loaded from disk for this target, by (folder, target-independent): a speculative
     # `generate` reads its drafter once, not at every call.
@@ -115,15 +117,17 @@ class Model:
     def from_module(cls, module: Transformer, *, tokenizer=None, dtype="float32", source="<memory>") -> "Model":
         graphdef, params = nnx.split(module)
         return cls(config=module.config, graphdef=graphdef, params=params, tokenizer=tokenizer,
-                   dtype=dtype, attention=module.attention, source=source)
+                   dtype=dtype, attention=module.attention, source=source,
+                   batch_invariant=getattr(module, "batch_invariant", False))
 
     def __repr__(self) -> str:  # one line (the dataclass's would print every parameter array)
         cfg, n = self.config, self.config.num_params
         size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
         mesh = "" if self.mesh is None else f", mesh={dict(self.mesh.shape)}"
         tokenizer = "" if self.tokenizer is not None else ", no tokenizer"
+        invariant = ", batch_invariant" if self.batch_invariant else ""
         return (f"Model({cfg.model_type}, {size} params, {cfg.num_layers} layers, vocab {cfg.vocab_size}, "
-                f"{self.dtype}, attention={self.attention}{mesh}{tokenizer}, source={self.source!r})")
+                f"{self.dtype}, attention={self.attention}{invariant}{mesh}{tokenizer}, source={self.source!r})")
 
     @property
     def module(self) -> Transformer:
@@ -230,7 +234,7 @@ def model_in_folder(path: Path) -> Path:
 
 
 def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str | None = None, attention: str = "xla",
-         tensor_parallel: int = 1, data_parallel: int = 1, mesh=None) -> Model:
+         tensor_parallel: int = 1, data_parallel: int = 1, mesh=None, batch_invariant: bool = False) -> Model:
     """Load a checkpoint for decoding (default: the shipped model). `attention` names the
     attention backend ("xla" | "pallas"). `tensor_parallel` T > 1 or `data_parallel` D > 1 lay
     the weights out over T devices (and the batch over D) of a (data, model) mesh
@@ -245,7 +249,10 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str | None = No
     as its int8 values and each block's scale and offset, dequantized inside each matmul to the float32
     weights bit for bit, so every output is float32's; other weights float32; one device only.
     `dtype` None (the default): "blocks" for a GGUF file on one device, else float32. A blocks load that
-    keeps no matrix (a file in F16, F32 or K-quants only) is a float32 model and says so (`Model.dtype`)."""
+    keeps no matrix (a file in F16, F32 or K-quants only) is a float32 model and says so (`Model.dtype`).
+    `batch_invariant`: every row's logits computed in one order whatever the forward's shape (block
+    size, batch, cache length: `jaxspec.models.batch_invariant`), so every method equals greedy, and
+    batched greedy equals greedy alone, bit for bit in every dtype; XLA attention only."""
     from jaxspec.models import tensor_parallel as tp_lib
 
     if dtype in ("int8", "blocks") and (mesh is not None or (tensor_parallel, data_parallel) != (1, 1)):
@@ -260,6 +267,9 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str | None = No
     if dtype is not None and dtype not in LOAD_DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(LOAD_DTYPES)}, got {dtype!r}")
     get_attention(attention)  # fail now, not at the first generate
+    if batch_invariant and attention != "xla":
+        raise ConfigError(f"batch_invariant=True computes attention its own way (XLA ops in a fixed order); "
+                          f"attention={attention!r} has no batch-invariant form yet: use attention='xla'")
     path = resolve(path_or_name)
     if dtype is None:  # a GGUF's blocks where they can be kept: the float32 model, faster, a third of the memory
         dtype = "blocks" if path.suffix == ".gguf" and mesh is None else "float32"
@@ -311,5 +321,6 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str | None = No
         )
     if dtype == "blocks" and not any(isinstance(sub, QUANTIZED) for _, sub in nnx.iter_modules(module)):
         dtype = "float32"  # no matrix was in a block format: the float32 model, and it says so
+    module.batch_invariant = bool(batch_invariant)
     model = Model.from_module(module, tokenizer=tokenizer, dtype=dtype, source=str(path))
     return model if mesh is None else tp_lib.on_mesh(model, model.params, mesh)

@@ -97,6 +97,10 @@ def _add_decoding_options(g: argparse.ArgumentParser) -> None:
                         "blocks kept, the float32 weights exactly; both with float32 activations; vLLM's float = "
                         "float32; auto, the default: blocks for a GGUF file on one device, else float32)")
     g.add_argument("--attention", default="xla", help="attention backend (xla|pallas)")
+    g.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=False,
+                   help="compute every row's logits in one order whatever the step's block size, batch and cache "
+                        "length, so every method equals greedy bit for bit in every dtype (docs/performance.md, "
+                        "\"Batch invariance\"; XLA attention only)")
     g.add_argument("--tensor-parallel", "--tensor-parallel-size", dest="tensor_parallel", type=int, default=1,
                    metavar="T",
                    help="shard the weights over T devices (GSPMD, Megatron layout; docs/scaling.md)")
@@ -192,8 +196,10 @@ def _load(args, model: str, method_options: dict):
 
     lp = method_options.get("lp_devices", 1)
     if lp > 1 and args.tensor_parallel > 1 and args.data_parallel == 1:
-        return jaxspec.load(model, dtype=args.dtype, attention=args.attention, mesh=lp_mesh(lp, args.tensor_parallel))
+        return jaxspec.load(model, dtype=args.dtype, attention=args.attention, mesh=lp_mesh(lp, args.tensor_parallel),
+                            batch_invariant=args.batch_invariant)
     return jaxspec.load(model, dtype=args.dtype, attention=args.attention, tensor_parallel=args.tensor_parallel,
+                        batch_invariant=args.batch_invariant,
                         data_parallel=args.data_parallel)
 
 

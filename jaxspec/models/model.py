@@ -21,6 +21,7 @@ from flax import nnx, struct
 from jaxtyping import Array, Bool, Float, Int
 
 from jaxspec.models.attention import get_attention
+from jaxspec.models.batch_invariant import HEAD_CHUNK, INVARIANT, Numerics, fixed_rows, plain
 from jaxspec.models.config import ModelConfig
 from jaxspec.models.kv_cache import BlockKV, KVCache
 from jaxspec.models.masks import BlockMask
@@ -35,9 +36,12 @@ class RMSNorm(nnx.Module):
         self.eps = eps
         self.gemma = gemma
 
-    def __call__(self, x):
+    def __call__(self, x, mean=None):
+        # mean: of the last axis, keepdims (`Numerics.mean`; None: jnp.mean's)
         x32 = x.astype(jnp.float32)
-        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        squares = x32 * x32
+        mean_square = jnp.mean(squares, axis=-1, keepdims=True) if mean is None else mean(squares)
+        x32 = x32 * jax.lax.rsqrt(mean_square + self.eps)
         if self.gemma:
             return (x32 * (1.0 + self.weight[...].astype(jnp.float32))).astype(x.dtype)
         return self.weight[...] * x32.astype(x.dtype)
@@ -71,23 +75,23 @@ class Attention(nnx.Module):
         self.cfg = cfg
         self.layer = layer
 
-    def __call__(self, x, positions, block_mask, k_cache, v_cache, cache_lengths, attention_fn):
-        cfg = self.cfg
+    def __call__(self, x, positions, block_mask, k_cache, v_cache, cache_lengths, numerics: Numerics):
+        cfg, linear = self.cfg, numerics.linear
         b, t, _ = x.shape
-        q = self.q_proj(x).reshape(b, t, cfg.num_heads, cfg.head_dim)
-        k = self.k_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
-        v = self.v_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        q = linear(self.q_proj, x).reshape(b, t, cfg.num_heads, cfg.head_dim)
+        k = linear(self.k_proj, x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        v = linear(self.v_proj, x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.q_norm(q, numerics.mean), self.k_norm(k, numerics.mean)
         inv_freq = cfg.layer_rope(self.layer).inverse_frequencies(cfg.head_dim)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
         if cfg.query_pre_attn_scalar is not None and cfg.query_pre_attn_scalar != cfg.head_dim:
             # Every backend scales scores by head_dim**-0.5: fold the rest into q.
             q = q * jnp.asarray(math.sqrt(cfg.head_dim / cfg.query_pre_attn_scalar), q.dtype)
         capped = {} if cfg.attn_logit_softcapping is None else {"softcap": cfg.attn_logit_softcapping}
-        out = attention_fn(q, k_cache, v_cache, cache_lengths, k, v, block_mask, positions,
+        out = numerics.attention(q, k_cache, v_cache, cache_lengths, k, v, block_mask, positions,
                            sliding_window=cfg.layer_window(self.layer), **capped)
-        return self.o_proj(out.reshape(b, t, cfg.num_heads * cfg.head_dim)), k, v
+        return linear(self.o_proj, out.reshape(b, t, cfg.num_heads * cfg.head_dim)), k, v
 
 
 class MLP(nnx.Module):
@@ -98,10 +102,10 @@ class MLP(nnx.Module):
         self.down_proj = _linear(f, d, cfg.mlp_bias, dtype, rngs)
         self.gelu = cfg.gemma  # GeGLU with tanh GELU (Gemma) instead of SwiGLU
 
-    def __call__(self, x):
-        gate = self.gate_proj(x)
+    def __call__(self, x, linear):
+        gate = linear(self.gate_proj, x)
         gate = jax.nn.gelu(gate, approximate=True) if self.gelu else jax.nn.silu(gate)
-        return self.down_proj(gate * self.up_proj(x))
+        return linear(self.down_proj, gate * linear(self.up_proj, x))
 
 
 class DecoderLayer(nnx.Module):
@@ -122,15 +126,16 @@ class DecoderLayer(nnx.Module):
         self.mlp = MLP(cfg, dtype=dtype, rngs=rngs)
         self.gemma = cfg.gemma
 
-    def __call__(self, x, positions, block_mask, k_cache, v_cache, cache_lengths, attention_fn):
-        attn, k, v = self.self_attn(self.input_layernorm(x), positions, block_mask,
-                                    k_cache, v_cache, cache_lengths, attention_fn)
+    def __call__(self, x, positions, block_mask, k_cache, v_cache, cache_lengths, numerics: Numerics):
+        mean, linear = numerics.mean, numerics.linear
+        attn, k, v = self.self_attn(self.input_layernorm(x, mean), positions, block_mask,
+                                    k_cache, v_cache, cache_lengths, numerics)
         if self.gemma:
-            x = x + self.post_attention_layernorm(attn)
-            x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+            x = x + self.post_attention_layernorm(attn, mean)
+            x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x, mean), linear), mean)
         else:
             x = x + attn
-            x = x + self.mlp(self.post_attention_layernorm(x))
+            x = x + self.mlp(self.post_attention_layernorm(x, mean), linear)
         return x, k, v
 
 
@@ -159,9 +164,11 @@ class Transformer(nnx.Module):
     """Decoder-only LM. `attention` names the attention backend (see `jaxspec.models.attention`)."""
 
     def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, attention: str = "xla",
-                 rngs: nnx.Rngs):
+                 rngs: nnx.Rngs, batch_invariant: bool = False):
         self.config = cfg
         self.attention = attention
+        # Every row's logits independent of the forward's shape (`jaxspec.models.batch_invariant`).
+        self.batch_invariant = batch_invariant
         # Devices the vocabulary is split over (tensor parallelism sets it: `jaxspec.models.tensor_parallel`);
         # the chunked argmax then chunks within each device's slice (`head_argmax`).
         self.vocab_shards = 1
@@ -189,7 +196,7 @@ class Transformer(nnx.Module):
         never materialised) or "none" (only `final`, for a caller that needs a few rows' logits)."""
         if head not in HEADS:
             raise ValueError(f"head must be one of {HEADS}, got {head!r}")
-        attention_fn = get_attention(self.attention)
+        numerics = INVARIANT if self.batch_invariant else plain(get_attention(self.attention))
         x = self.embed_tokens(tokens)
         if self.config.gemma:  # Gemma scales its (tied) embeddings by sqrt(hidden) on the way in
             x = x * jnp.asarray(math.sqrt(self.config.hidden_size), x.dtype)
@@ -197,11 +204,11 @@ class Transformer(nnx.Module):
             x = x + embed_offset.astype(x.dtype)
         ks, vs, hidden = [], [], {}
         for i, layer in enumerate(self.layers):
-            x, k, v = layer(x, positions, block_mask, cache.k[i], cache.v[i], cache.lengths, attention_fn)
+            x, k, v = layer(x, positions, block_mask, cache.k[i], cache.v[i], cache.lengths, numerics)
             ks.append(k)
             vs.append(v)
             hidden[i] = x
-        x = self.norm(x)
+        x = self.norm(x, numerics.mean)
         n = len(self.layers)
         return ForwardOutput(
             logits=self.head_logits(x) if head == "logits" else None,
@@ -217,8 +224,12 @@ class Transformer(nnx.Module):
         head = self.embed_tokens if tied else self.lm_head
         w, spec = (head.embedding[...], "...d,vd->...v") if tied else (head.kernel[...], "...d,dv->...v")
         if isinstance(head, QUANTIZED):  # kept quantized (`jaxspec.models.quantize`): converted chunk by chunk
-            return self.softcap(chunked_matmul(x, self.config.hidden_size, self.config.vocab_size, head.product(x)))
-        return self.softcap(jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(jnp.float32))
+            def product(rows):
+                return chunked_matmul(rows, self.config.hidden_size, self.config.vocab_size, head.product(rows))
+        else:
+            def product(rows):
+                return jnp.einsum(spec, rows, w, preferred_element_type=jnp.float32).astype(jnp.float32)
+        return self.softcap(fixed_rows(product, x) if self.batch_invariant else product(x))
 
     def softcap(self, logits):
         """Gemma's final logit soft-capping, cap * tanh(logits / cap), where the config sets it."""
@@ -243,6 +254,8 @@ class Transformer(nnx.Module):
         head = self.embed_tokens if tied else self.lm_head
         quantized = isinstance(head, QUANTIZED)
         rows = math.prod(x.shape[:-1])
+        if self.batch_invariant and chunk is None:  # (a chunk that followed the rows would change the sums)
+            chunk = min(HEAD_CHUNK, piece_channels(x.shape[-1])) if quantized else HEAD_CHUNK
         if quantized and chunk is None:
             chunk = min(ARGMAX_LOGITS_BYTES // (4 * max(rows, 1)), piece_channels(x.shape[-1]))
         chunk = argmax_chunk(part, rows, chunk)
@@ -257,11 +270,17 @@ class Transformer(nnx.Module):
         product = head.product(x) if quantized else None
 
         def logits(start):
-            if quantized:
+            if quantized and self.batch_invariant:
+                out = fixed_rows(lambda rows: head.product(rows)(start, chunk), x)
+            elif quantized:
                 out = product(start, chunk)
             else:
                 piece = w if chunk == part else jax.lax.dynamic_slice_in_dim(w, start, chunk, axis=axis)
-                out = jnp.einsum(spec, x, piece, preferred_element_type=jnp.float32).astype(jnp.float32)
+
+                def matmul(rows):
+                    return jnp.einsum(spec, rows, piece, preferred_element_type=jnp.float32).astype(jnp.float32)
+
+                out = fixed_rows(matmul, x) if self.batch_invariant else matmul(x)
             # (capped too: tanh is monotone, but logits it saturates to one float tie as the full head's do)
             out = self.softcap(out)
             return out if shards > 1 else out[..., None, :]

@@ -1,0 +1,187 @@
+"""Batch-invariant numerics: a row's logits depend on its tokens and positions, never on the shape
+of the forward that computed them.
+
+A lossless method verifies drafts in a block of T tokens where greedy runs one token at a time, a
+server runs B requests in one step, and the cache is padded to a bucket. In plain XLA every one of
+these changes the order in which a row's reductions are summed, so the block's logits differ from
+greedy's in the last bits: in float32 a near-tie now and then flips a token (stories260K's lookahead
+sweep: 10-25 in 459 runs), in bfloat16 most outputs part (SmolLM2: 49 of 112 identical). With
+`jaxspec.load(..., batch_invariant=True)` the forward computes every reduction in one order:
+
+* **matmuls** (`fixed_rows`): XLA:CPU sends a dot of 2 to 32 rows to one GEMM kernel whose rows are
+  computed alike whatever their number and place, a 1-row dot to its own matrix-vector code, and
+  a dot of more rows through a kernel that splits its work by their number (measured on SmolLM2's
+  shapes: row r of an M-row product equals row r of a 2-row product for 2 <= M <= 32, f32 and bf16,
+  and differs for M = 1 and, at K = 576, for every M >= 33). So every matmul runs on tiles of
+  ROW_TILE rows (a 1-row product padded to 2, a longer one as a loop of ROW_TILE-row products);
+* **attention** (`invariant_attention`): an online softmax over key positions in absolute order,
+  KEY_CHUNK positions a step of one loop, each query's keys gathered per position: the committed
+  cache below the row's length, the query's own ancestors in the block above it. A draft token at
+  position p therefore sums exactly the keys greedy's cache holds at positions 0..p, in the same
+  chunks, with the same code (one loop body); chunks past a row's positions add exact zeros, so
+  the padded cache length does not count either;
+* **sums** (`tree_sum`: attention's dot products, softmax sums and weighted values, RMSNorm's mean):
+  a fixed binary tree of elementwise adds. XLA:CPU's reduction over an array's last axis orders its
+  adds by the shape of the axes it keeps (measured: a [.., 12, 128] sum's rows differ from the same
+  rows summed as [.., 1, 128] in 6 of 96), while an elementwise add is one IEEE operation whatever
+  the shape;
+* RoPE, the embedding and the LM head's argmax are per row already (the head's matmul goes
+  through `fixed_rows` and a vocabulary chunk size that does not depend on the rows).
+
+Greedy at batch 8 then equals greedy at batch 1, and every method equals greedy bit for bit in
+every dtype this backend computes. The claims about the kernels are measurements of this CPU's XLA,
+held by tests (`tests/test_batch_invariant.py`), not a property of XLA everywhere: a GPU or TPU
+needs kernels with tiles fixed independently of T and B (not written yet: the switch refuses
+the Pallas backend).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from jaxspec.models.masks import BlockMask, dense_block_mask
+
+# Rows per matmul: XLA:CPU computes a row of a 2..32-row product alike whatever the rows' number.
+ROW_TILE = 32
+# Key positions per step of the attention loop: fewer steps cost less loop overhead, more cost more
+# padded keys at short contexts.
+KEY_CHUNK = 128
+# The vocabulary chunk of the LM head's argmax in batch-invariant mode (fixed: the chunk must not
+# follow the rows).
+HEAD_CHUNK = 16384
+
+
+def tree_sum(x: Array, axis: int = -1) -> Array:
+    """The sum over `axis` as a fixed binary tree of elementwise adds (the axis zero-padded to a power
+    of two; adding zeros is exact): the same adds in the same order whatever x's other axes are."""
+    x = jnp.moveaxis(x, axis, -1)
+    n = x.shape[-1]
+    width = 1 << max(n - 1, 0).bit_length()
+    if width != n:
+        x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - n)])
+    while x.shape[-1] > 1:
+        half = x.shape[-1] // 2
+        x = x[..., :half] + x[..., half:]
+    return x[..., 0]
+
+
+def tree_mean(x: Array) -> Array:
+    """The mean over the last axis (kept), by `tree_sum`."""
+    return (tree_sum(x, -1) / x.shape[-1])[..., None]
+
+
+def fixed_rows(fn, x: Float[Array, "... k"]) -> Float[Array, "... n"]:
+    """`fn(x)` for a row-wise `fn` (a matmul over x's last axis), computed on products of 2 to
+    ROW_TILE rows only: a single row is padded with a zero row, more than ROW_TILE rows run as a
+    loop of ROW_TILE-row products (a loop, because XLA fuses a batched product into one)."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    m = math.prod(lead)
+    rows = x.reshape(m, k)
+    if m == 1:
+        out = fn(jnp.pad(rows, ((0, 1), (0, 0))))[:1]
+    elif m <= ROW_TILE:
+        out = fn(rows)
+    else:
+        tiles = -(-m // ROW_TILE)
+        padded = jnp.pad(rows, ((0, tiles * ROW_TILE - m), (0, 0))).reshape(tiles, ROW_TILE, k)
+        out = jax.lax.map(fn, padded)
+        out = out.reshape(tiles * ROW_TILE, *out.shape[2:])[:m]
+    return out.reshape(*lead, *out.shape[1:])
+
+
+def invariant_attention(
+    q: Float[Array, "b t h d"],
+    k_cache: Float[Array, "b kv s d"],
+    v_cache: Float[Array, "b kv s d"],
+    cache_lengths: Int[Array, " b"],
+    k_new: Float[Array, "b t kv d"],
+    v_new: Float[Array, "b t kv d"],
+    block_mask: BlockMask,
+    q_positions: Int[Array, "b t"],
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+) -> Float[Array, "b t h d"]:
+    """Attention whose every query sums its keys by absolute position, in chunks of KEY_CHUNK
+    positions (an online softmax, one loop body for every chunk). Query i's key at position p is
+    the cache's where p < its row's length, else the block token j it sees (`block_mask[b, i, j]`)
+    at position p: a query sees at most one token per position (a tree's ancestors, a causal
+    block), as every decoding relation has it. Same interface as `xla_attention`."""
+    mask = dense_block_mask(block_mask, q_positions)  # [b, t, t]: query i sees block token j
+    b, t, h, d = q.shape
+    kv, s = k_cache.shape[1], k_cache.shape[2]
+    g = h // kv
+    chunk = KEY_CHUNK
+    qg = q.reshape(b, t, kv, g, d).transpose(0, 2, 3, 1, 4).astype(jnp.float32)  # [b, kv, g, t, d]
+    kn = k_new.transpose(0, 2, 1, 3).astype(jnp.float32)  # [b, kv, t, d]
+    vn = v_new.transpose(0, 2, 1, 3).astype(jnp.float32)
+    scale = d ** -0.5
+    offsets = jnp.arange(chunk, dtype=jnp.int32)
+    # Chunks up to the last query position (the rest would add nothing: they only cost).
+    last = jnp.max(q_positions)
+    count = jnp.minimum(last // chunk + 1, -(-(s + t) // chunk))
+
+    def step(c, carry):
+        m, l, acc = carry  # running max [b,kv,g,t], sum [b,kv,g,t], weighted values [b,kv,g,t,d]
+        pos = c * chunk + offsets  # [C] absolute key positions
+        cached = pos[None, :] < cache_lengths[:, None]  # [b, C]
+        at = jnp.minimum(pos, s - 1)
+        kc = jnp.take(k_cache, at, axis=2).astype(jnp.float32)  # [b, kv, C, d]
+        vc = jnp.take(v_cache, at, axis=2).astype(jnp.float32)
+        # the block token each query sees at each position, if any
+        match = mask[:, :, :, None] & (q_positions[:, None, :, None] == pos)  # [b, t(i), t(j), C]
+        seen = jnp.any(match, axis=2)  # [b, t, C]
+        j = jnp.argmax(match, axis=2)  # [b, t, C]
+        take = jax.vmap(lambda x, idx: x[:, idx])  # x [kv, t, d], idx [t, C] -> [kv, t, C, d]
+        kb, vb = take(kn, j), take(vn, j)
+        from_cache = cached[:, None, None, :, None]  # [b, 1, 1(t), C, 1]
+        keys = jnp.where(from_cache, kc[:, :, None], kb)  # [b, kv, t, C, d]
+        values = jnp.where(from_cache, vc[:, :, None], vb)
+        visible = cached[:, None, :] | seen  # [b, t, C]
+        if sliding_window is not None:
+            visible = visible & (q_positions[:, :, None] - pos < sliding_window)
+        scores = tree_sum(qg[:, :, :, :, None, :] * keys[:, :, None], -1) * scale  # [b, kv, g, t, C]
+        if softcap is not None:
+            scores = softcap * jnp.tanh(scores / softcap)
+        visible = visible[:, None, None]  # [b, 1, 1, t, C]
+        scores = jnp.where(visible, scores, -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
+        p = jnp.exp(scores - m_new[..., None])  # masked: exp(-inf) = 0
+        alpha = jnp.exp(m - m_new)  # a chunk that adds nothing: exp(0) = 1
+        weighted = jnp.where(visible[..., None], p[..., None] * values[:, :, None], 0.0)
+        return m_new, l * alpha + tree_sum(p, -1), acc * alpha[..., None] + tree_sum(weighted, -2)
+
+    # A finite floor for the running max: the first visible chunk scales the empty state by 0,
+    # where -inf - -inf would be NaN.
+    init = (jnp.full((b, kv, g, t), -1e30, jnp.float32), jnp.zeros((b, kv, g, t), jnp.float32),
+            jnp.zeros((b, kv, g, t, d), jnp.float32))
+    _, l, acc = jax.lax.fori_loop(0, count, step, init)
+    out = acc / jnp.maximum(l, jnp.finfo(jnp.float32).tiny)[..., None]  # padding queries: l may be 0
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d).astype(q.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Numerics:
+    """How a forward computes its reductions: `linear(layer, x)` applies a linear layer, `mean(x)` is
+    RMSNorm's mean over the last axis (kept; None: `jnp.mean`), `attention` the attention function."""
+
+    linear: Callable
+    attention: Callable
+    mean: Callable | None = None
+
+
+def _apply(layer, x):
+    return layer(x)
+
+
+def plain(attention: Callable) -> Numerics:
+    """XLA's own orders (the fastest): the given attention backend."""
+    return Numerics(linear=_apply, attention=attention)
+
+
+INVARIANT = Numerics(linear=fixed_rows, attention=invariant_attention, mean=tree_mean)
