@@ -54,7 +54,7 @@ MODELS = {  # name: (new tokens, configs it runs)
     "stories260K": (64, [c[0] for c in CONFIGS if not c[0].startswith("speculative")]),
     "pycode-5M": (64, [c[0] for c in CONFIGS]),
     "smollm2-135m-instruct": (32, ["greedy (batched)", "lookahead (7,4,7)", "lookahead (15,5,15)",
-                                   "prompt lookup (5,15)", "jacobi (15)"]),
+                                   "prompt lookup (5,15)", "jacobi (15)", "speculative (PARD-2)"]),
 }
 
 
@@ -100,22 +100,25 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     p.add_argument("--smoke", action="store_true", help="8 new tokens, two configs, batches 1 and 4")
     p.add_argument("--fresh", action="store_true", help="discard the rows of an interrupted run instead of resuming")
+    p.add_argument("--batches", nargs="+", type=int, default=list(BATCHES), help="batch sizes (default 1 4 8)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="load every model with batch_invariant=True (results: exactness_invariant)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-    stem = "exactness_smoke" if args.smoke else "exactness"
-    journal = Journal(args.out / f".{stem}.runs.jsonl", f"{stem} {PROMPTS} {CONFIGS} {MODELS}", args.fresh)
+    stem = ("exactness_smoke" if args.smoke else "exactness") + ("_invariant" if args.batch_invariant else "")
+    journal = Journal(args.out / f".{stem}.runs.jsonl", f"{stem} {PROMPTS} {CONFIGS} {MODELS} {args.batches}", args.fresh)
     keys = []
     for name in args.models:
         new_tokens, labels = (8, MODELS[name][1][:2]) if args.smoke else MODELS[name]
         for dtype in args.dtypes:
-            todo = [(c, b) for c in CONFIGS if c[0] in labels for b in ((1, 4) if args.smoke else BATCHES)
+            todo = [(c, b) for c in CONFIGS if c[0] in labels for b in ((1, 4) if args.smoke else args.batches)
                     if b > 1 or c[1] != "autoregressive"]  # greedy at batch 1 is the reference
             group = [(0, f"{name} {dtype}", f"{c[0]} batch {b}") for c, b in todo]
             keys += group
             if all(key in journal.done for key in group):
                 continue
             try:
-                model = jaxspec.load(name, dtype=dtype)
+                model = jaxspec.load(name, dtype=dtype, batch_invariant=args.batch_invariant)
             except jaxspec.CheckpointError as e:  # SmolLM2 not installed: say so, go on
                 print(f"skipping {name}: {e}", file=sys.stderr)
                 keys = [k for k in keys if not k[1].startswith(f"{name} ")]
@@ -132,7 +135,8 @@ def main(argv=None) -> int:
                           file=sys.stderr, flush=True)
     rows = [{k: v for k, v in journal.done[key].items() if k not in ("round", "case", "setting")} for key in keys]
     write_result({"benchmark": "exactness", "title": "Exactness: identical to greedy (batch 1, same dtype), per "
-                  "dtype, batch and block", "prompts_per_model": PROMPTS, "near_tie_ulps": exactness.NEAR_TIE_ULPS,
+                  "dtype, batch and block" + (", batch-invariant numerics" if args.batch_invariant else ""),
+                  "batch_invariant": args.batch_invariant, "prompts_per_model": PROMPTS, "near_tie_ulps": exactness.NEAR_TIE_ULPS,
                   "rows": rows, "command": command_line(__file__, argv)}, args.out, stem)
     journal.path.unlink()
     return 0

@@ -771,6 +771,28 @@ def cold_start(r: dict) -> list[str]:
     return lines
 
 
+def batch_invariance(r: dict) -> list[str]:
+    """Per dtype and method: tokens/s with the switch off and on, the speed-up over greedy in each mode,
+    and outputs identical to batch-1 greedy in each mode."""
+    rows = {(x["dtype"], x["method"], x["mode"]): x for x in r["rows"]}
+    lines = [f"{r['model']}, {r['prompts']} prompts x {r['new_tokens']} tokens, {r['rounds']} interleaved rounds; "
+             "decode time only. \"identical\": outputs equal to batch-1 greedy's in the same mode (greedy's row: "
+             "greedy at batch " + str(r["prompts"]) + ").", "",
+             "| dtype | method | tok/s off | tok/s on | on / off | x greedy off | x greedy on | identical off | "
+             "identical on |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for dtype, method, mode in rows:
+        if mode != "off":
+            continue
+        off, on = rows[(dtype, method, "off")], rows[(dtype, method, "on")]
+        g_off, g_on = rows[(dtype, "greedy", "off")], rows[(dtype, "greedy", "on")]
+        lines.append(f"| {dtype} | {method} | {off['tokens_per_second']:.1f} | {on['tokens_per_second']:.1f} | "
+                     f"{on['tokens_per_second'] / off['tokens_per_second']:.2f} | "
+                     f"{off['tokens_per_second'] / g_off['tokens_per_second']:.2f} | "
+                     f"{on['tokens_per_second'] / g_on['tokens_per_second']:.2f} | "
+                     f"{off['identical']}/{off['prompts']} | {on['identical']}/{on['prompts']} |")
+    return lines
+
+
 def serve_memory(r: dict) -> list[str]:
     """The server's resident memory, warm and under load; what each program adds."""
     s, pm = r["server"], r["program_memory"]
@@ -992,6 +1014,15 @@ SECTIONS = [
             "What lossless means in float32 and in bfloat16: each method's output against greedy's at batch 1, "
             "8 prompts per model (stories260K, pycode-5M, SmolLM2-135M-Instruct), batches 1, 4 and 8, blocks "
             "from 1 to 320 tokens.", exactness, variants=("exactness_smoke",)),
+    Section("exactness_invariant", "Exactness with batch-invariant numerics: every method against greedy",
+            "python -m benchmarks.exactness --batch-invariant --batches 1 4",
+            "The same comparison as above with every model loaded with `batch_invariant=True`: each method's "
+            "output against greedy's at batch 1 in that mode, bfloat16 included.", exactness),
+    Section("batch_invariance", "Batch-invariant numerics: what they cost, and every output equal to greedy",
+            "python -m benchmarks.batch_invariance",
+            "`jaxspec.load(..., batch_invariant=True)` (`jaxspec/models/batch_invariant.py`) against the same model "
+            "without, per dtype: greedy and drafted methods' tokens/s in interleaved rounds, and their outputs "
+            "against batch-1 greedy in the same mode.", batch_invariance, variants=("batch_invariance_smoke",)),
     Section("vocab_memory", "Large vocabularies: the greedy step with and without its block logits",
             "python -m benchmarks.vocab_memory",
             "Greedy verification reads only the argmax, so where a block's float32 logits would be large the LM "

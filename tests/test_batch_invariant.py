@@ -15,7 +15,7 @@ from flax import nnx
 
 import jaxspec
 from jaxspec.errors import ConfigError
-from jaxspec.models.batch_invariant import ROW_TILE, fixed_rows, tree_sum
+from jaxspec.models.batch_invariant import ROW_TILE, fixed_rows, ordered_sum
 from jaxspec.models.kv_cache import KVCache, commit, init_cache
 from jaxspec.models.model import causal_mask
 from stories import CASES, needs_stories
@@ -133,7 +133,7 @@ def test_tree_tokens_equal_greedy_along_their_path(dtype):
         assert np.array_equal(logits[i], np.asarray(out[0, 0])), f"tree token {i} (path {path})"
 
 
-def test_fixed_rows_and_tree_sum():
+def test_fixed_rows_and_ordered_sum():
     x = jnp.asarray(rng.standard_normal((70, 24)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((24, 40)), jnp.float32)
     f = jax.jit(lambda x: fixed_rows(lambda r: r @ w, x))
@@ -143,9 +143,9 @@ def test_fixed_rows_and_tree_sum():
         np.testing.assert_array_equal(np.asarray(f(x[:m])), whole[:m])
     np.testing.assert_allclose(whole, np.asarray(x @ w), rtol=1e-5, atol=1e-5)
     y = jnp.asarray(rng.standard_normal((3, 5, 37)), jnp.float32)
-    s = np.asarray(jax.jit(lambda y: tree_sum(y, 1))(y))
+    s = np.asarray(jax.jit(lambda y: ordered_sum(y, 1))(y))
     np.testing.assert_allclose(s, np.asarray(y).sum(1), rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(np.asarray(jax.jit(lambda y: tree_sum(y, 1))(y[:1])), s[:1])
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda y: ordered_sum(y, 1))(y[:1])), s[:1])
 
 
 METHODS = [("lookahead", dict(window=7, ngram=4, guesses=7)), ("prompt-lookup", dict(ngram=3, guesses=5)),

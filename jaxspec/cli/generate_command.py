@@ -78,6 +78,7 @@ def _generate(args) -> int:
             "seconds": out.seconds, "tokens_per_second": out.tokens_per_second, "method": out.method,
             "config": {
                 "model": model.source, "dtype": model.dtype, "attention": args.attention,
+                "batch_invariant": model.batch_invariant,
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                 **_sampling(args), "stop_at_eos": not args.no_eos_stop, "compile_seconds": out.compile_seconds,
                 "tensor_parallel": args.tensor_parallel, "data_parallel": args.data_parallel,

@@ -16,8 +16,9 @@ def identical_to_greedy(model, prompt_ids, tokens, greedy_tokens) -> str:
     from jaxspec.decoding import exactness
 
     difference = exactness.compare(model, prompt_ids, greedy_tokens, tokens)
-    return "identical to greedy: yes" if difference is None else \
-        f"identical to greedy: NO, {difference.describe(model.dtype)}"
+    numerics = " (batch-invariant numerics)" if getattr(model, "batch_invariant", False) else ""
+    return f"identical to greedy: yes{numerics}" if difference is None else \
+        f"identical to greedy: NO{numerics}, {difference.describe(model.dtype)}"
 
 
 STATS_WIDTH = 80  # columns of chat's statistics line
@@ -69,11 +70,13 @@ def stats_lines(model, out, prompt_ids, greedy=None, cut_at: int | None = None) 
     plain = ((out.auto or {}).get("step_modes") or {}).get("plain_steps", 0)
     if plain:  # chunks stepped without drafts (`jaxspec.runtime.step_modes`)
         parts["modes"] = (f"{plain} of {out.steps} steps plain", f"{plain} plain", "")
+    if getattr(model, "batch_invariant", False):  # (`jaxspec.models.batch_invariant`)
+        parts["numerics"] = ("batch-invariant", "invariant", "")
     if cut_at is not None:
         parts["cut"] = (f"cut at --max-new-tokens {cut_at}", "cut at the limit", "cut")
     # shorter wording first, then the least needed parts left out; tokens, tokens/s and compile stay
-    lines = [_fit(parts, ["cut", "S", "auto", "modes", "compile", "cut", "auto", "modes", "S", "rate", "rate",
-                          "compile", "rate"])]
+    lines = [_fit(parts, ["cut", "S", "numerics", "auto", "modes", "compile", "cut", "auto", "modes", "S", "numerics",
+                          "rate", "rate", "compile", "rate"])]
     if greedy is not None:
         speedup = out.tokens_per_second / max(greedy.tokens_per_second, 1e-9)
         lines.append(f"[greedy] {greedy.tokens_per_second:.1f} tokens/s, speed-up {speedup:.2f}x; "

@@ -17,16 +17,24 @@ sweep: 10-25 in 459 runs), in bfloat16 most outputs part (SmolLM2: 49 of 112 ide
 * **attention** (`invariant_attention`): an online softmax over key positions in absolute order,
   KEY_CHUNK positions a step of one loop, each query's keys gathered per position: the committed
   cache below the row's length, the query's own ancestors in the block above it. A draft token at
-  position p therefore sums exactly the keys greedy's cache holds at positions 0..p, in the same
+  position p therefore sees exactly the keys greedy's cache holds at positions 0..p, in the same
   chunks, with the same code (one loop body); chunks past a row's positions add exact zeros, so
-  the padded cache length does not count either;
-* **sums** (`tree_sum`: attention's dot products, softmax sums and weighted values, RMSNorm's mean):
-  a fixed binary tree of elementwise adds. XLA:CPU's reduction over an array's last axis orders its
+  the padded cache length does not count either. A chunk's scores are one [G, d] x [d, KEY_CHUNK]
+  product per (row, KV head, query), G query heads per KV head padded to at least 2: the same
+  problem in every call, whatever T and B (measured); its weighted values are added position after
+  position;
+* **sums** (`ordered_sum`: softmax sums, RMSNorm's mean; attention's weighted values in key
+  order): chains of elementwise adds, one IEEE operation each. XLA:CPU's own reduction orders its
   adds by the shape of the axes it keeps (measured: a [.., 12, 128] sum's rows differ from the same
-  rows summed as [.., 1, 128] in 6 of 96), while an elementwise add is one IEEE operation whatever
-  the shape;
+  rows summed as [.., 1, 128] in 6 of 96, and a sum over a non-minor axis changed with the block
+  size too);
 * RoPE, the embedding and the LM head's argmax are per row already (the head's matmul goes
-  through `fixed_rows` and a vocabulary chunk size that does not depend on the rows).
+  through `fixed_rows` over the whole vocabulary, or a vocabulary chunk that does not depend on
+  the rows where it is chunked: tensor parallelism, quantized heads).
+
+What it costs on this project's CPU (docs/performance.md, "Batch invariance"): greedy's one-row
+matmuls leave XLA's matrix-vector code for a 2-row GEMM that is slower on f32 weights; blocks of
+2 or more rows (every drafted method, batched greedy) already took the GEMM.
 
 Greedy at batch 8 then equals greedy at batch 1, and every method equals greedy bit for bit in
 every dtype this backend computes. The claims about the kernels are measurements of this CPU's XLA,
@@ -49,6 +57,8 @@ from jaxspec.models.masks import BlockMask, dense_block_mask
 
 # Rows per matmul: XLA:CPU computes a row of a 2..32-row product alike whatever the rows' number.
 ROW_TILE = 32
+# Columns of `ordered_sum`.
+LANES = 8
 # Key positions per step of the attention loop: fewer steps cost less loop overhead, more cost more
 # padded keys at short contexts.
 KEY_CHUNK = 128
@@ -57,23 +67,30 @@ KEY_CHUNK = 128
 HEAD_CHUNK = 16384
 
 
-def tree_sum(x: Array, axis: int = -1) -> Array:
-    """The sum over `axis` as a fixed binary tree of elementwise adds (the axis zero-padded to a power
-    of two; adding zeros is exact): the same adds in the same order whatever x's other axes are."""
+def _chain(x: Array, axis: int) -> Array:
+    """x's slices along `axis` added first to last: elementwise adds, one IEEE operation each, which
+    XLA neither reorders nor fuses into multiply-adds (no fast math)."""
+    out = jax.lax.index_in_dim(x, 0, axis, keepdims=False)
+    for i in range(1, x.shape[axis]):
+        out = out + jax.lax.index_in_dim(x, i, axis, keepdims=False)
+    return out
+
+
+def ordered_sum(x: Array, axis: int = -1) -> Array:
+    """The sum over `axis` in one order whatever x's other axes are, by construction: the axis cut
+    into rows of LANES, the rows added first to last, then the LANES lanes (zero padding adds
+    nothing). XLA's own reduction would order its adds by the shape of the axes it keeps."""
     x = jnp.moveaxis(x, axis, -1)
     n = x.shape[-1]
-    width = 1 << max(n - 1, 0).bit_length()
+    width = -(-n // LANES) * LANES
     if width != n:
         x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - n)])
-    while x.shape[-1] > 1:
-        half = x.shape[-1] // 2
-        x = x[..., :half] + x[..., half:]
-    return x[..., 0]
+    return _chain(_chain(x.reshape(*x.shape[:-1], width // LANES, LANES), -2), -1)
 
 
-def tree_mean(x: Array) -> Array:
-    """The mean over the last axis (kept), by `tree_sum`."""
-    return (tree_sum(x, -1) / x.shape[-1])[..., None]
+def ordered_mean(x: Array) -> Array:
+    """The mean over the last axis (kept), by `ordered_sum`."""
+    return (ordered_sum(x, -1) / x.shape[-1])[..., None]
 
 
 def fixed_rows(fn, x: Float[Array, "... k"]) -> Float[Array, "... n"]:
@@ -116,15 +133,16 @@ def invariant_attention(
     b, t, h, d = q.shape
     kv, s = k_cache.shape[1], k_cache.shape[2]
     g = h // kv
+    rows = max(g, 2)  # query heads per KV head, padded: a one-row product takes another kernel path
     chunk = KEY_CHUNK
-    qg = q.reshape(b, t, kv, g, d).transpose(0, 2, 3, 1, 4).astype(jnp.float32)  # [b, kv, g, t, d]
+    qg = q.reshape(b, t, kv, g, d).transpose(0, 2, 3, 1, 4).astype(jnp.float32) * (d ** -0.5)  # [b, kv, g, t, d]
+    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, rows - g), (0, 0), (0, 0)))
     kn = k_new.transpose(0, 2, 1, 3).astype(jnp.float32)  # [b, kv, t, d]
     vn = v_new.transpose(0, 2, 1, 3).astype(jnp.float32)
-    scale = d ** -0.5
     offsets = jnp.arange(chunk, dtype=jnp.int32)
     # Chunks up to the last query position (the rest would add nothing: they only cost).
-    last = jnp.max(q_positions)
-    count = jnp.minimum(last // chunk + 1, -(-(s + t) // chunk))
+    count = jnp.minimum(jnp.max(q_positions) // chunk + 1, -(-(s + t) // chunk))
+    take = jax.vmap(lambda x, idx: x[:, idx])  # x [kv, t, d], idx [t, C] -> [kv, t, C, d]
 
     def step(c, carry):
         m, l, acc = carry  # running max [b,kv,g,t], sum [b,kv,g,t], weighted values [b,kv,g,t,d]
@@ -137,31 +155,30 @@ def invariant_attention(
         match = mask[:, :, :, None] & (q_positions[:, None, :, None] == pos)  # [b, t(i), t(j), C]
         seen = jnp.any(match, axis=2)  # [b, t, C]
         j = jnp.argmax(match, axis=2)  # [b, t, C]
-        take = jax.vmap(lambda x, idx: x[:, idx])  # x [kv, t, d], idx [t, C] -> [kv, t, C, d]
-        kb, vb = take(kn, j), take(vn, j)
         from_cache = cached[:, None, None, :, None]  # [b, 1, 1(t), C, 1]
-        keys = jnp.where(from_cache, kc[:, :, None], kb)  # [b, kv, t, C, d]
-        values = jnp.where(from_cache, vc[:, :, None], vb)
+        keys = jnp.where(from_cache, kc[:, :, None], take(kn, j))  # [b, kv, t, C, d]: each query's own
+        values = jnp.where(from_cache, vc[:, :, None], take(vn, j))
         visible = cached[:, None, :] | seen  # [b, t, C]
         if sliding_window is not None:
             visible = visible & (q_positions[:, :, None] - pos < sliding_window)
-        scores = tree_sum(qg[:, :, :, :, None, :] * keys[:, :, None], -1) * scale  # [b, kv, g, t, C]
+        # one product per (row, KV head, query): [rows, d] x [d, C], the same problem in every call
+        scores = jnp.einsum("bkgtd,bktcd->bkgtc", qg, keys, preferred_element_type=jnp.float32)
         if softcap is not None:
             scores = softcap * jnp.tanh(scores / softcap)
         visible = visible[:, None, None]  # [b, 1, 1, t, C]
         scores = jnp.where(visible, scores, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
-        p = jnp.exp(scores - m_new[..., None])  # masked: exp(-inf) = 0
+        p = jnp.where(visible, jnp.exp(scores - m_new[..., None]), 0.0)
         alpha = jnp.exp(m - m_new)  # a chunk that adds nothing: exp(0) = 1
-        weighted = jnp.where(visible[..., None], p[..., None] * values[:, :, None], 0.0)
-        return m_new, l * alpha + tree_sum(p, -1), acc * alpha[..., None] + tree_sum(weighted, -2)
+        weighted = _chain(p[..., None] * values[:, :, None], -2)  # key positions in order
+        return m_new, l * alpha + ordered_sum(p, -1), acc * alpha[..., None] + weighted
 
     # A finite floor for the running max: the first visible chunk scales the empty state by 0,
     # where -inf - -inf would be NaN.
-    init = (jnp.full((b, kv, g, t), -1e30, jnp.float32), jnp.zeros((b, kv, g, t), jnp.float32),
-            jnp.zeros((b, kv, g, t, d), jnp.float32))
+    init = (jnp.full((b, kv, rows, t), -1e30, jnp.float32), jnp.zeros((b, kv, rows, t), jnp.float32),
+            jnp.zeros((b, kv, rows, t, d), jnp.float32))
     _, l, acc = jax.lax.fori_loop(0, count, step, init)
-    out = acc / jnp.maximum(l, jnp.finfo(jnp.float32).tiny)[..., None]  # padding queries: l may be 0
+    out = acc[:, :, :g] / jnp.maximum(l[:, :, :g], jnp.finfo(jnp.float32).tiny)[..., None]  # (padding: l may be 0)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d).astype(q.dtype)
 
 
@@ -184,4 +201,4 @@ def plain(attention: Callable) -> Numerics:
     return Numerics(linear=_apply, attention=attention)
 
 
-INVARIANT = Numerics(linear=fixed_rows, attention=invariant_attention, mean=tree_mean)
+INVARIANT = Numerics(linear=fixed_rows, attention=invariant_attention, mean=ordered_mean)

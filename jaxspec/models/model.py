@@ -254,6 +254,16 @@ class Transformer(nnx.Module):
         head = self.embed_tokens if tied else self.lm_head
         quantized = isinstance(head, QUANTIZED)
         rows = math.prod(x.shape[:-1])
+        if self.batch_invariant and not quantized and shards == 1 and chunk is None:
+            # Tiles of rows over the whole vocabulary: no weight copied into chunks, a tile's logits at most
+            # ROW_TILE x vocab floats, and nothing that follows the number of rows.
+            def tile_argmax(rows):
+                scores = jnp.einsum(spec1, rows, w, preferred_element_type=jnp.float32).astype(jnp.float32)
+                return jnp.argmax(self.softcap(scores), axis=-1).astype(jnp.int32)
+
+            spec1 = "...d,vd->...v" if tied else "...d,dv->...v"
+            w = head.embedding[...] if tied else head.kernel[...]
+            return fixed_rows(tile_argmax, x)
         if self.batch_invariant and chunk is None:  # (a chunk that followed the rows would change the sums)
             chunk = min(HEAD_CHUNK, piece_channels(x.shape[-1])) if quantized else HEAD_CHUNK
         if quantized and chunk is None:

@@ -47,7 +47,9 @@ def model_identity(model) -> tuple:
     """What a measurement of this model on this machine depends on."""
     config = hashlib.sha256(repr(model.config).encode()).hexdigest()[:16]
     mesh = None if model.mesh is None else sorted(model.mesh.shape.items())
-    return (str(Path(model.source).resolve()) if model.source else None, config, str(model.dtype), model.attention,
+    # batch-invariant numerics cost their own time (`jaxspec.models.batch_invariant`)
+    attention = model.attention + ("+batch_invariant" if getattr(model, "batch_invariant", False) else "")
+    return (str(Path(model.source).resolve()) if model.source else None, config, str(model.dtype), attention,
             mesh, socket.gethostname(), os.cpu_count(), jax.default_backend(), jax.devices()[0].device_kind,
             jax.device_count(), jax.process_count(), jax.__version__)
 
