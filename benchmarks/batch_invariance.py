@@ -8,6 +8,11 @@ the two modes see the same machine. Decode time only (`GenerateOutput.seconds`: 
 every program warmed first). "identical" counts outputs equal to greedy's at batch 1 in the same
 mode; greedy's own row is greedy at batch 4 (the prompts decoded together).
 
+Then, where the cost comes from (`--components`): each of the model's matmul shapes as greedy runs
+it (one row: XLA's matrix-vector code) and as the switch runs it (`fixed_rows`: a 2-row GEMM), and
+one layer's attention (`xla_attention` against `invariant_attention`) at several context lengths,
+each a compiled program timed alone.
+
     python -m benchmarks.batch_invariance                     # SmolLM2: float32, bfloat16, blocks
     python -m benchmarks.batch_invariance --model pycode-5M --dtypes float32 --rounds 1 --name batch_invariance_smoke
 """
@@ -15,6 +20,7 @@ mode; greedy's own row is greedy at batch 4 (the prompts decoded together).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -78,6 +84,50 @@ def run(model_name: str, dtype: str, count: int, new_tokens: int, rounds: int) -
     return out
 
 
+def components(model_name: str, dtypes) -> list[dict]:
+    """Microseconds of each matmul shape at one row (plain, `fixed_rows`) and of one layer's attention
+    (plain, invariant) at T = 1 over a few context lengths."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from benchmarks.harness.programs import time_programs
+    from jaxspec.models.attention import xla_attention
+    from jaxspec.models.batch_invariant import fixed_rows, invariant_attention
+
+    cfg = jaxspec.load(model_name, dtype="float32").config
+    d, f, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    rng = np.random.default_rng(0)
+    shapes = {"q/o": (d, cfg.num_heads * hd), "k/v": (d, cfg.num_kv_heads * hd), "gate/up": (d, f), "down": (f, d),
+              "LM head": (d, cfg.vocab_size)}
+    out = []
+    for dtype in dtypes:
+        jd = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
+        for name, (n_in, n_out) in shapes.items():
+            w = jnp.asarray(rng.standard_normal((n_in, n_out)) * 0.05, jd)
+            x = jnp.asarray(rng.standard_normal((1, n_in)), jd)
+            plain = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32))
+            fixed = jax.jit(lambda x, w: fixed_rows(lambda r: jnp.dot(r, w, preferred_element_type=jnp.float32), x))
+            t = time_programs({"plain": (plain, (x, w)), "fixed_rows": (fixed, (x, w))}, rounds=40)
+            out.append(dict(part=f"matmul {name} {n_in}x{n_out}", dtype=dtype, plain_us=min(t["plain"]) * 1e6,
+                            invariant_us=min(t["fixed_rows"]) * 1e6))
+        for context in (100, 300, 1000):
+            s = max(256, -(-(context + 1) // 256) * 256)
+            kv, h = cfg.num_kv_heads, cfg.num_heads
+            q = jnp.asarray(rng.standard_normal((1, 1, h, hd)), jd)
+            cache = jnp.asarray(rng.standard_normal((1, kv, s, hd)), jd)
+            new = jnp.asarray(rng.standard_normal((1, 1, kv, hd)), jd)
+            args = (q, cache, cache, jnp.asarray([context]), new, new, jnp.ones((1, 1, 1), bool),
+                    jnp.asarray([[context]]))
+            t = time_programs({"plain": (jax.jit(xla_attention), args),
+                               "invariant": (jax.jit(invariant_attention), args)}, rounds=40)
+            out.append(dict(part=f"attention, one layer, context {context} (cache {s})", dtype=dtype,
+                            plain_us=min(t["plain"]) * 1e6, invariant_us=min(t["invariant"]) * 1e6))
+    for row in out:
+        row["plain_us"], row["invariant_us"] = round(row["plain_us"], 1), round(row["invariant_us"], 1)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct")
@@ -87,13 +137,28 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--name", default="batch_invariance")
+    p.add_argument("--components", action="store_true", help="also time each matmul shape and attention alone")
+    p.add_argument("--components-only", action="store_true",
+                   help="time the components only and add them to an existing result")
     args = p.parse_args(argv)
+    path = args.out / f"{args.name}.json"
+    if args.components_only:
+        if not path.exists():
+            raise SystemExit(f"{path} does not exist: run without --components-only first")
+        result = json.loads(path.read_text())
+        result["components"] = components(args.model, [d for d in args.dtypes if d != "blocks"])
+        result["components_command"] = command_line(__file__, argv)
+        write_result(result, args.out, args.name)
+        return 0
     rows = []
     for dtype in args.dtypes:
         rows += run(args.model, dtype, args.prompts, args.new_tokens, args.rounds)
-    write_result({"benchmark": "batch_invariance", "title": "Batch-invariant numerics: cost and exactness",
-                  "model": args.model, "prompts": args.prompts, "new_tokens": args.new_tokens, "rounds": args.rounds,
-                  "rows": rows, "command": command_line(__file__, argv)}, args.out, args.name)
+    result = {"benchmark": "batch_invariance", "title": "Batch-invariant numerics: cost and exactness",
+              "model": args.model, "prompts": args.prompts, "new_tokens": args.new_tokens, "rounds": args.rounds,
+              "rows": rows, "command": command_line(__file__, argv)}
+    if args.components:
+        result["components"] = components(args.model, [d for d in args.dtypes if d != "blocks"])
+    write_result(result, args.out, args.name)
     return 0
 
 

@@ -12,6 +12,7 @@ step (FLOPs per step are proportional to it) are in the JSON's `block_tokens`.
 
     python -m benchmarks.lookahead_bench           # 17 settings x (3 + 24) cases (~15 min on 2 idle cores)
     python -m benchmarks.lookahead_bench --quick   # 7 settings x (2 + 6) cases -> lookahead_bench_quick
+    python -m benchmarks.lookahead_bench --batch-invariant   # the same grid, batch-invariant numerics
 
 Exits 1 when an output differs from its expected tokens other than at a near-tie.
 """
@@ -40,6 +41,8 @@ def arguments(p) -> None:
     p.add_argument("--windows", type=int, nargs="+", help="lookahead W grid, G = W (default 1 4 8 15)")
     p.add_argument("--ngrams", type=int, nargs="+", help="lookahead N grid (default 3 5 7)")
     p.add_argument("--held-out", type=int, help="held-out cases (default 24; quick: 6)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="stories260K loaded with batch_invariant=True (results: lookahead_bench_invariant)")
 
 
 def block_tokens(method: str, o: dict) -> int:
@@ -85,13 +88,14 @@ def declare(args) -> DecodeBench:
     windows = args.windows or ([1, 4, 8, 15] if full else [4])
     ngrams = args.ngrams or ([3, 5, 7] if full else [3, 5])
     held = args.held_out if args.held_out is not None else (24 if full else 6)
-    model = jaxspec.load("stories260K")
+    model = jaxspec.load("stories260K", batch_invariant=args.batch_invariant)
     cases = [dataclasses.replace(c, category="reference") for c in story_cases(None if full else 2)]
     configs = grid(windows, ngrams, [5, 15] if full else [5])
     settings = [Setting(name, method, o, peer=own_length(model, method, o)) for name, method, o in configs]
+    name = ("lookahead_bench" if full else "lookahead_bench_quick") + ("_invariant" if args.batch_invariant else "")
     RUN.update(args=args, bench=DecodeBench(
-        "lookahead_bench" if full else "lookahead_bench_quick", "Lookahead Decoding over a (W, N, G) grid on "
-        "stories260K", model, cases + held_out_cases(model, held), settings, HELD_OUT_NEW_TOKENS,
+        name, "Lookahead Decoding over a (W, N, G) grid on stories260K"
+        + (", batch-invariant numerics" if args.batch_invariant else ""), model, cases + held_out_cases(model, held), settings, HELD_OUT_NEW_TOKENS,
         facts={"block_tokens": {n: block_tokens(m, o) for n, m, o in configs},
                "held_out_recipe": "[1] + generate(model, [1], 48, temperature=1.0, seed=1000+i).tokens[:8 + i % 24]"}))
     return RUN["bench"]

@@ -790,6 +790,13 @@ def batch_invariance(r: dict) -> list[str]:
                      f"{off['tokens_per_second'] / g_off['tokens_per_second']:.2f} | "
                      f"{on['tokens_per_second'] / g_on['tokens_per_second']:.2f} | "
                      f"{off['identical']}/{off['prompts']} | {on['identical']}/{on['prompts']} |")
+    if r.get("components"):
+        lines += ["", "Where greedy's cost comes from: each part alone at one row, as greedy runs it and as the switch "
+                  "runs it (microseconds, the fastest of 40 interleaved calls):", "",
+                  "| part | dtype | plain (us) | invariant (us) | ratio |", "|---|---|---:|---:|---:|"]
+        for c in r["components"]:
+            lines.append(f"| {c['part']} | {c['dtype']} | {c['plain_us']:.1f} | {c['invariant_us']:.1f} | "
+                         f"{c['invariant_us'] / c['plain_us']:.2f} |")
     return lines
 
 
@@ -1005,6 +1012,11 @@ SECTIONS = [
             "python -m benchmarks.lookahead_bench",
             "Greedy, Jacobi, prompt lookup and lookahead on stories260K; S against the block size and the cost "
             "of a step on this machine.", decode, variants=("lookahead_bench_quick",)),
+    Section("lookahead_bench_invariant", "The same grid with batch-invariant numerics",
+            "python -m benchmarks.lookahead_bench --batch-invariant",
+            "stories260K loaded with `batch_invariant=True`: every output against its reference (llama2.c's "
+            "greedy for the reference cases, greedy's for the held-out ones), and what the switch costs a step.",
+            decode),
     Section("greedy_bench", "Greedy decoding: jaxspec vs transformers on stories260K",
             "python -m benchmarks.hf_compare --stories",
             "Greedy decoding throughput of the two implementations from the same weights, batch 1, float32.",

@@ -148,29 +148,28 @@ def test_fixed_rows_and_ordered_sum():
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda y: ordered_sum(y, 1))(y[:1])), s[:1])
 
 
-METHODS = [("lookahead", dict(window=7, ngram=4, guesses=7)), ("prompt-lookup", dict(ngram=3, guesses=5)),
-           ("jacobi", dict(window=8))]
+# per model: methods whose blocks are chains, trees and a drafter's (each decoded batched: a block
+# of rows whose caches differ in length)
+METHODS = {
+    "stories260K": [("lookahead", dict(window=7, ngram=4, guesses=7)), ("jacobi", dict(window=8))],
+    "pycode-5M": [("prompt-lookup", dict(ngram=3, guesses=5)), ("speculative", {})],
+}
 
 
-@pytest.mark.parametrize("name", ["stories260K", "pycode-5M"])
+@pytest.mark.parametrize("name", list(METHODS))
 def test_every_method_equals_batch_one_greedy_in_bfloat16(name):
     model = jaxspec.load(name, dtype="bfloat16", batch_invariant=True)
     assert model.batch_invariant and "batch_invariant" in repr(model)
     if name == "stories260K":
         prompts = [list(c["prompt"]) for c in CASES[:3]]
-        methods = METHODS
     else:
         prompts = ["def add(a, b):", "import os\n\ndef read(path):", "class Stack:\n    def __init__(self):"]
-        methods = METHODS + [("speculative", {})]
-    greedy = [jaxspec.generate(model, [p], max_new_tokens=40, stop_at_eos=False).tokens[0]
-              for p in prompts]
-    batched = jaxspec.generate(model, prompts, max_new_tokens=40, stop_at_eos=False).tokens
+    greedy = [jaxspec.generate(model, [p], max_new_tokens=32, stop_at_eos=False).tokens[0] for p in prompts]
+    batched = jaxspec.generate(model, prompts, max_new_tokens=32, stop_at_eos=False).tokens
     assert batched == greedy, "greedy batched != greedy alone"
-    for method, options in methods:
-        for batch in (prompts[:1], prompts):
-            got = jaxspec.generate(model, batch, method=method, max_new_tokens=40, stop_at_eos=False,
-                                   **options).tokens
-            assert got == greedy[:len(batch)], f"{method} {options} at batch {len(batch)}"
+    for method, options in METHODS[name]:
+        got = jaxspec.generate(model, prompts, method=method, max_new_tokens=32, stop_at_eos=False, **options)
+        assert got.tokens == greedy, f"{method} {options}"
 
 
 def test_float32_greedy_still_equals_the_llama2c_references():
@@ -185,3 +184,94 @@ def test_float32_greedy_still_equals_the_llama2c_references():
 def test_the_switch_needs_xla_attention():
     with pytest.raises(ConfigError, match="batch_invariant"):
         jaxspec.load("stories260K", attention="pallas", batch_invariant=True)
+
+
+MESH_SCRIPT = """
+import json, sys
+import jaxspec
+from stories import CASES
+prompts = [list(c["prompt"]) for c in CASES[:2]]
+one = jaxspec.load("stories260K", dtype="bfloat16", batch_invariant=True)
+greedy = [jaxspec.generate(one, [p], max_new_tokens=24, stop_at_eos=False).tokens[0] for p in prompts]
+lp = jaxspec.generate(one, prompts, method="lookahead", window=6, ngram=3, guesses=6, lp_devices=4,
+                      max_new_tokens=24, stop_at_eos=False).tokens
+tp = jaxspec.load("stories260K", dtype="bfloat16", batch_invariant=True, tensor_parallel=2)
+tp_greedy = [jaxspec.generate(tp, [p], max_new_tokens=24, stop_at_eos=False).tokens[0] for p in prompts]
+tp_batched = jaxspec.generate(tp, prompts, max_new_tokens=24, stop_at_eos=False).tokens
+tp_lookahead = jaxspec.generate(tp, prompts, method="lookahead", window=6, ngram=3, guesses=6, max_new_tokens=24,
+                                stop_at_eos=False).tokens
+print(json.dumps(dict(lp=lp == greedy, tp_batched=tp_batched == tp_greedy, tp_lookahead=tp_lookahead == tp_greedy,
+                      tp_invariant=tp.batch_invariant)))
+"""
+
+
+def test_lookahead_parallelism_and_tensor_parallelism_keep_it():
+    """LP (the lookahead branch split over 4 devices) equals one device's greedy; under TP (2 devices)
+    batched greedy and lookahead equal TP greedy alone (TP sums a row's products over devices in its
+    own order, so its greedy is its own reference). bfloat16, 8 forced CPU devices."""
+    import json
+    import os
+    import sys
+
+    from processes import ROOT, cpu_env, run_processes
+
+    env = cpu_env(8)
+    env["PYTHONPATH"] += os.pathsep + str(ROOT / "tests")  # (the worker reads the stories cases as the tests do)
+    [(code, out, err)] = run_processes([[sys.executable, "-c", MESH_SCRIPT]], env, timeout=600)
+    assert code == 0, err[-2000:]
+    assert json.loads(out.strip().splitlines()[-1]) == dict(lp=True, tp_batched=True, tp_lookahead=True,
+                                                            tp_invariant=True)
+
+
+def test_the_server_answers_as_generate_alone_in_bfloat16():
+    """Slots decode requests together (a batch of rows whose caches differ); with the switch each
+    answer equals `generate` of its prompt alone, in bfloat16 as in float32."""
+    import concurrent.futures
+
+    import httpx
+
+    from jaxspec.serving import make_server
+    from jaxspec.serving.app import background
+
+    model = jaxspec.load("pycode-5M", dtype="bfloat16", batch_invariant=True)
+    prompts = ["def fibonacci(n):", "import os\n", "class Stack:\n    def push(self, x):", "for i in range(10):"]
+    server = make_server(model, "pycode-5M", method="autoregressive", slots=4, context=256, chunk_steps=3)
+    with background(server) as url:
+        def complete(prompt):
+            answer = httpx.post(f"{url}/completions", timeout=300,
+                                json={"model": "pycode-5M", "prompt": prompt, "max_tokens": 24, "temperature": 0})
+            answer.raise_for_status()
+            return answer.json()["choices"][0]["text"]
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            texts = list(pool.map(complete, prompts))
+    for prompt, text in zip(prompts, texts):
+        alone = jaxspec.generate(model, prompt, max_new_tokens=24, stop_ids=server.requests.eos_ids)
+        assert text == alone.text, prompt
+
+
+def test_the_command_line_switch():
+    """`--batch-invariant`: the JSON config and `--compare` say which numerics ran; with
+    `--attention pallas` it is one line and exit code 2."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from stories import CHECKPOINT
+
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    base = [sys.executable, "-m", "jaxspec", "generate", "--model", str(CHECKPOINT), "--prompt-ids",
+            ",".join(map(str, CASES[0]["prompt"])), "--max-new-tokens", "16", "--batch-invariant"]
+    proc = subprocess.run(base + ["--json", "--method", "lookahead"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["config"]["batch_invariant"] is True
+    assert result["tokens"] == list(CASES[0]["greedy"][:16])
+    proc = subprocess.run(base + ["--method", "lookahead"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "identical to greedy: yes (batch-invariant numerics)" in proc.stderr
+    proc = subprocess.run(base + ["--attention", "pallas"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "batch_invariant" in proc.stderr and "Traceback" not in proc.stderr

@@ -247,7 +247,10 @@ class Transformer(nnx.Module):
         chunk stays on its device: a chunk that crossed the split would make XLA gather the whole
         head on every device, every step. Each slice's best then meets the others' in one small
         reduction (the first best wins: the lowest id). A head kept quantized (`jaxspec.models.quantize`: int8
-        or blocks) is converted chunk by chunk too: chunks are at most `piece_channels` entries."""
+        or blocks) is converted chunk by chunk too: chunks are at most `piece_channels` entries. With
+        batch-invariant numerics (`jaxspec.models.batch_invariant`) nothing follows the number of rows:
+        one device's plain head runs per tile of rows over the whole vocabulary, any other in chunks of
+        HEAD_CHUNK entries."""
         vocab, shards = self.config.vocab_size, self.vocab_shards
         part = vocab // shards
         tied = self.config.tie_word_embeddings
@@ -257,12 +260,12 @@ class Transformer(nnx.Module):
         if self.batch_invariant and not quantized and shards == 1 and chunk is None:
             # Tiles of rows over the whole vocabulary: no weight copied into chunks, a tile's logits at most
             # ROW_TILE x vocab floats, and nothing that follows the number of rows.
+            whole, spec = (head.embedding[...], "...d,vd->...v") if tied else (head.kernel[...], "...d,dv->...v")
+
             def tile_argmax(rows):
-                scores = jnp.einsum(spec1, rows, w, preferred_element_type=jnp.float32).astype(jnp.float32)
+                scores = jnp.einsum(spec, rows, whole, preferred_element_type=jnp.float32).astype(jnp.float32)
                 return jnp.argmax(self.softcap(scores), axis=-1).astype(jnp.int32)
 
-            spec1 = "...d,vd->...v" if tied else "...d,dv->...v"
-            w = head.embedding[...] if tied else head.kernel[...]
             return fixed_rows(tile_argmax, x)
         if self.batch_invariant and chunk is None:  # (a chunk that followed the rows would change the sums)
             chunk = min(HEAD_CHUNK, piece_channels(x.shape[-1])) if quantized else HEAD_CHUNK
