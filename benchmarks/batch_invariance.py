@@ -99,15 +99,19 @@ def components(model_name: str, dtypes) -> list[dict]:
     d, f, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     rng = np.random.default_rng(0)
     shapes = {"q/o": (d, cfg.num_heads * hd), "k/v": (d, cfg.num_kv_heads * hd), "gate/up": (d, f), "down": (f, d),
-              "LM head": (d, cfg.vocab_size)}
+              "LM head": (d, cfg.vocab_size)}  # (n_in, n_out)
     out = []
     for dtype in dtypes:
         jd = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
         for name, (n_in, n_out) in shapes.items():
-            w = jnp.asarray(rng.standard_normal((n_in, n_out)) * 0.05, jd)
+            # as the model holds it: [in, out], a tied head as the embedding [vocab, d]
+            tied = name == "LM head" and cfg.tie_word_embeddings
+            w = jnp.asarray(rng.standard_normal((n_out, n_in) if tied else (n_in, n_out)) * 0.05, jd)
             x = jnp.asarray(rng.standard_normal((1, n_in)), jd)
-            plain = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32))
-            fixed = jax.jit(lambda x, w: fixed_rows(lambda r: jnp.dot(r, w, preferred_element_type=jnp.float32), x))
+            spec = "md,vd->mv" if tied else "md,dv->mv"
+            plain = jax.jit(lambda x, w: jnp.einsum(spec, x, w, preferred_element_type=jnp.float32))
+            fixed = jax.jit(lambda x, w: fixed_rows(lambda r: jnp.einsum(spec, r, w, preferred_element_type=jnp.float32),
+                                                    x))
             t = time_programs({"plain": (plain, (x, w)), "fixed_rows": (fixed, (x, w))}, rounds=40)
             out.append(dict(part=f"matmul {name} {n_in}x{n_out}", dtype=dtype, plain_us=min(t["plain"]) * 1e6,
                             invariant_us=min(t["fixed_rows"]) * 1e6))

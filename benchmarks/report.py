@@ -1016,7 +1016,7 @@ SECTIONS = [
             "python -m benchmarks.lookahead_bench --batch-invariant",
             "stories260K loaded with `batch_invariant=True`: every output against its reference (llama2.c's "
             "greedy for the reference cases, greedy's for the held-out ones), and what the switch costs a step.",
-            decode),
+            decode, variants=("lookahead_bench_quick_invariant",)),
     Section("greedy_bench", "Greedy decoding: jaxspec vs transformers on stories260K",
             "python -m benchmarks.hf_compare --stories",
             "Greedy decoding throughput of the two implementations from the same weights, batch 1, float32.",
