@@ -37,8 +37,8 @@ matmuls leave XLA's matrix-vector code for a 2-row GEMM that is slower on f32 we
 2 or more rows (every drafted method, batched greedy) already took the GEMM.
 
 Greedy at batch 8 then equals greedy at batch 1, and every method equals greedy bit for bit in
-every dtype this backend computes. The claims about the kernels are measurements of this CPU's XLA,
-held by tests (`tests/test_batch_invariant.py`), not a property of XLA everywhere: a GPU or TPU
+every dtype this backend computes. The claims about the kernels are measurements of this CPU's XLA
+(one-off scripts; the counts above are theirs), held by tests (`tests/test_batch_invariant.py`), not a property of XLA everywhere: a GPU or TPU
 needs kernels with tiles fixed independently of T and B (not written yet: the switch refuses
 the Pallas backend).
 """

@@ -257,13 +257,13 @@ class Transformer(nnx.Module):
         head = self.embed_tokens if tied else self.lm_head
         quantized = isinstance(head, QUANTIZED)
         rows = math.prod(x.shape[:-1])
+        w = head.embedding[...] if tied else head.kernel[...]
         if self.batch_invariant and not quantized and shards == 1 and chunk is None:
             # Tiles of rows over the whole vocabulary: no weight copied into chunks, a tile's logits at most
             # ROW_TILE x vocab floats, and nothing that follows the number of rows.
-            whole, spec = (head.embedding[...], "...d,vd->...v") if tied else (head.kernel[...], "...d,dv->...v")
-
             def tile_argmax(rows):
-                scores = jnp.einsum(spec, rows, whole, preferred_element_type=jnp.float32).astype(jnp.float32)
+                scores = jnp.einsum("...d,vd->...v" if tied else "...d,dv->...v", rows, w,
+                                    preferred_element_type=jnp.float32).astype(jnp.float32)
                 return jnp.argmax(self.softcap(scores), axis=-1).astype(jnp.int32)
 
             return fixed_rows(tile_argmax, x)
@@ -272,7 +272,6 @@ class Transformer(nnx.Module):
         if quantized and chunk is None:
             chunk = min(ARGMAX_LOGITS_BYTES // (4 * max(rows, 1)), piece_channels(x.shape[-1]))
         chunk = argmax_chunk(part, rows, chunk)
-        w = head.embedding[...] if tied else head.kernel[...]
         if shards > 1:  # (a quantized model is on one device: `jaxspec.load`)
             w = w.reshape(shards, part, -1) if tied else w.reshape(-1, shards, part)
         # [..., shards, entries]; one device's plain weight is not reshaped (XLA would copy it).
