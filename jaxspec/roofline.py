@@ -536,6 +536,7 @@ class _HeadOnly:
         vocab, hidden = table.shape
         self.config = types.SimpleNamespace(vocab_size=vocab, tie_word_embeddings=True)
         self.vocab_shards = 1
+        self.batch_invariant = False
         self.embed_tokens = types.SimpleNamespace(embedding=table)
 
     def softcap(self, logits):  # (Gemma's final-logit soft cap: none here)
