@@ -6,7 +6,7 @@ Cases, two categories: "reference", stories260K's reference cases (`story_cases`
 reference length and checked against the reference continuation; "held-out", `--held-out` prompts
 `[1] + the first 8 + i % 24 tokens` of a story the model samples itself (`generate(model, [1], 48,
 temperature=1.0, seed=1000 + i)`), 256 new tokens each, checked against greedy. Where an output
-differs, `jaxspec.decoding.exactness` gives the float32 logit gap of the two disputed tokens: a near-tie
+differs, `jaxspec.exactness` gives the float32 logit gap of the two disputed tokens: a near-tie
 (within 4 ulps; a block forward and a one-token forward round differently) or not. Block tokens per
 step (FLOPs per step are proportional to it) are in the JSON's `block_tokens`.
 
@@ -30,7 +30,7 @@ if __name__ == "__main__" and not __package__:  # run by path: the repository ro
 import jaxspec  # noqa: E402
 from benchmarks.harness import Case, DecodeBench, Setting, main_decode, story_cases, write_result  # noqa: E402
 from benchmarks.harness.decode import decode, differences  # noqa: E402
-from jaxspec.decoding import exactness  # noqa: E402
+from jaxspec import exactness  # noqa: E402
 
 HELD_OUT_NEW_TOKENS = 256
 RUN = {}  # the arguments and bench of this run, for the near-tie analysis after it

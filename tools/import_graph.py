@@ -32,7 +32,7 @@ LAYERS = (
     ("decoding",),  # the engine, draft sources, verification, sampling, methods: no file I/O
     ("checkpoint", "real_prompts"),  # files: checkpoints, tokenizers, chat templates, drafters, prompt data
     ("runtime", "roofline"),  # program cache, memory guard, devices, auto; the step-cost model
-    ("inputs", "stop_strings", "generate", "chat"),  # the API (and the package's own `jaxspec.*` names)
+    ("inputs", "stop_strings", "exactness", "generate", "chat"),  # the API (and the package's own `jaxspec.*` names)
     ("serving", "train", "cli"),  # applications
 )
 API_LAYER = 5

@@ -81,7 +81,7 @@ def _chat(args) -> int:
             out = reply.output
             difference = None
             if greedy is not None:
-                from jaxspec.decoding import exactness
+                from jaxspec import exactness
 
                 difference = exactness.compare(model, reply.prompt_ids, greedy.tokens, out.tokens)
             print(json.dumps({"reply": reply.text, "finish_reason": reply.finish_reason, "tokens": out.tokens,

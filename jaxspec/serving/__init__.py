@@ -13,13 +13,6 @@ from jaxspec.chat import stop_ids
 from jaxspec.errors import GenerationError
 from jaxspec.serving.requests import ServeSettings
 
-def eos_ids(model) -> tuple[int, ...]:
-    """What ends a reply: the model's EOS ids and its tokenizer's end-of-turn ids."""
-    if model.tokenizer is None:
-        return tuple(model.config.eos_token_ids)
-    return tuple(dict.fromkeys(tuple(model.config.eos_token_ids) + stop_ids(model)))
-
-
 def resolve_auto(model, slots: int, temperature: float) -> tuple[str, dict, str, bool]:
     """`auto` for a server (`jaxspec.runtime.auto.serve_choice`), at once: the method and options of
     requests that name none, the reason, and whether their slots choose drafted or plain steps
@@ -76,7 +69,7 @@ def make_server(model, model_id: str, *, method: str = "auto", method_options: d
                              method_options=tuple(sorted(options.items())), temperature=temperature,
                              max_groups=max_groups, max_plans=max_plans, max_waiting=max_waiting, drafters=tuple(sorted(drafters.items())),
                              special_tokens=special_tokens, step_modes=modes)
-    server = Server(model, settings, eos_ids(model), limits, log_requests=log_requests, seed=seed)
+    server = Server(model, settings, stop_ids(model), limits, log_requests=log_requests, seed=seed)
     server.auto_reason = reason
     if warm:
         with progress.phase(f"warming up: compiling {method} for {slots} slot{'s' * (slots != 1)} of {context} "

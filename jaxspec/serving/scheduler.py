@@ -201,8 +201,7 @@ class Scheduler:
             return None
 
         def build() -> SlotGroup:
-            group = SlotGroup(self.model, plan.engine, plan.graphdef, plan.params, slots=self.slots,
-                              context=self.context, eos_ids=plan.eos_ids, chunk_steps=self.chunk_steps,
+            group = SlotGroup(self.model, plan, slots=self.slots, context=self.context, chunk_steps=self.chunk_steps,
                               compiler=self.compiler,
                               modes=StepModes(self.model, plan.label) if plan.step_modes else None)
             group.warm(tiers=1)  # the rest queued behind it
