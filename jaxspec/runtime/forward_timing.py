@@ -1,6 +1,6 @@
 """Seconds of one forward of a model over a block of T tokens after a half-full cache: the
-step cost c(T) that benchmarks (`benchmarks/draft_vocab.py`, `benchmarks/cpu_options.py`)
-measure. `method="auto"` no longer times forwards before it answers: it learns from the decodes
+step cost c(T) that the one-off studies draft_vocab and cpu_options measured (their scripts:
+`git show 1baa28e:benchmarks/NAME.py`). `method="auto"` no longer times forwards before it answers: it learns from the decodes
 it runs (`jaxspec.runtime.auto`)."""
 
 from __future__ import annotations
