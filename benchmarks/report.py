@@ -595,7 +595,7 @@ def roofline_calibration(r: dict) -> list[str]:
 
 def roofline(r: dict) -> list[str]:
     return [*roofline_cpu(r), "", "Calibration (the CPU profile's measurements):", "", *roofline_calibration(r), "",
-            "Model: `jaxspec/roofline.py`; discussion and the accelerator predictions: `docs/performance.md`."]
+            "Model: `benchmarks/roofline.py`; discussion and the accelerator predictions: `docs/performance.md`."]
 
 
 def tp_bench(r: dict) -> list[str]:
@@ -1108,7 +1108,7 @@ SECTIONS = [
     Section("roofline", "The step-cost model against this CPU: c(T) measured and predicted",
             "python -m benchmarks.roofline",
             "c(T) = t(T) / t(1) of one jitted forward of T block tokens (stories260K, pycode-5M, SmolLM2-135M) "
-            "against `jaxspec.roofline`'s prediction from this CPU's calibrated profile (docs/performance.md).",
+            "against `benchmarks/roofline.py`'s prediction from this CPU's calibrated profile (docs/performance.md).",
             roofline),
 ]
 
