@@ -1,50 +1,16 @@
-"""The step-cost model, from first principles: the step-cost ratio c(T) behind lookahead's speed-up, and its
-check against this CPU's measured c(T).
+"""The step-cost model, from first principles: the step-cost ratio c(T) behind every method's speed-up, and
+its check against this CPU's measured c(T).
 
-Lookahead (and every lossless method here) turns one greedy step into one forward over a block
-of T tokens that emits S tokens on average; its speed-up over greedy is `S / c(T)` with
-
-    c(T) = predicted_seconds(T) / predicted_seconds(1)
-
-the cost of a T-token step in greedy steps. S is measured (it depends on the text and the
-model); c(T) is physics, and this module predicts it from the model's shapes and a hardware
-profile, so a speed-up can be predicted for hardware nobody here has run on.
-
-The model (`forward_cost`). A forward is a sequence of operations (per layer: the q, k, v, o,
-gate, up and down matmuls, attention's score and value products, its softmax, the elementwise
-work; then the embedding, final norm, LM head and its argmax). Each operation is a roofline,
-
-    compute = FLOPs / (peak(dtype) * efficiency(rows)) + per-element arithmetic (exp, argmax)
-    memory  = state bytes / read bandwidth + sum of its passes' bytes / bandwidth(working set)
-    t(op)   = max(compute, memory) on an accelerator, compute + memory on a CPU
-
-summed over the operations (they run one after another, so a memory-bound matmul does not hide
-a memory-bound softmax), plus a fixed cost per layer (kernel launches / per-op overhead) and per
-call. Bytes: every weight read once per forward (a CPU GEMM also packs it: one more write and
-read); the KV cache (`jaxspec.runtime.memory.kv_cache_bytes`) read as often as the implementation does
-(the XLA reference transposes it first); activations written and read; the attention scores
-when the implementation materialises them (the XLA reference and PyTorch eager do, a fused flash
-kernel does not); the LM head's table and logits. Why a CPU needs the extra terms (caches, GEMM
-packing, no overlap, slow reductions) is in docs/performance.md, with the checks.
-
-What is calibrated and how (never fitted to the check below):
-
-* Accelerators (`PROFILES`): peak FLOP/s, HBM bandwidth and memory from the vendors' public spec
-  sheets (cited at each entry). Efficiency 1 (the roofline itself), except that a matmul's rows
-  are padded to the hardware's tile (`tile_rows`: tensor-core / MXU tile), a fact of the
-  hardware. The fixed cost is an order-of-magnitude first-principles figure: kernels per fused
-  decoder layer x the per-kernel overhead (`_GPU_FIXED`, `_TPU_FIXED`); not measured here.
-* The paper's stack (`PAPER_PROFILE`): the A100's sheet plus PyTorch eager's host time per aten
-  op x the ops transformers' LLaMA issues (counted with torch.profiler).
-* This CPU (`profile_from_measurements(calibration(...))`): measured by calibration programs that
-  never run a checked model (`calibration_cases`: matmuls against a weight that stays in L2, one-row products through
-  1-256 MB of weights, elementwise passes over 0.5-128 MB, a softmax, exp and argmax over a
-  2 MB array, a tied LM head whole and chunked, a batched tiny matmul, tiny decoders of 2 and
-  10 layers).
-* Implementations (`IMPLEMENTATIONS`): how many times each attention score, KV-cache entry and
-  head weight is touched, counted once from the compiled program (`xla`: the CPU HLO of
-  `jaxspec.models.attention.xla_attention`), from the source (`eager`: transformers' eager LLaMA
-  attention, the paper's stack), or the ideal (`fused`, `unfused`).
+Every lossless method here turns one greedy step into one forward over a block of T tokens that emits S
+tokens on average; its speed-up over greedy is `S / c(T)`, c(T) = predicted_seconds(T) / predicted_seconds(1),
+the cost of a T-token step in greedy steps. S is measured (it depends on the text and the model); c(T) is
+physics, predicted here from the model's shapes and a hardware profile (`forward_cost`: a roofline per
+operation, max(compute, memory) on an accelerator, their sum on a CPU, summed over the operations, plus a fixed
+cost per layer and per call), so a speed-up can be predicted for hardware nobody here has run on. The model,
+what is calibrated and how (accelerators: `PROFILES`, the vendors' spec sheets cited at each entry; the paper's
+stack: `PAPER_PROFILE`; this CPU: `calibration_cases`, programs that never run a checked model; how an
+implementation touches memory: `IMPLEMENTATIONS`) and why a CPU needs its extra terms: docs/performance.md.
+Nothing is fitted to the check.
 
 The check (`python -m benchmarks.roofline`): one jitted forward (the decode step's model call: T block tokens,
 T in {1, 8, 16, 32, 64, 128}, against a 256-position KV cache, greedy argmax head, batch 1, float32) of
