@@ -843,7 +843,7 @@ SECTIONS = [
             '--methods "greedy,speculative TD (K=3) or lookup (N=4,G=4) + 1 alt,speculative TD (K=4) or lookup '
             '(N=5,G=4) + 1 alt"',
             "The two fastest drafted settings against greedy with XLA:CPU's region analysis in copy insertion "
-            "(`compile_cache.CPU_COMPILER_OPTIONS`, benchmarks/long_context): greedy's program no longer copies its "
+            "(`compile_cache.CPU_COMPILER_OPTIONS`, long_context below): greedy's program no longer copies its "
             "KV cache twice a step, the drafted programs never did.", decode),
     Section("real_bench_region_heldout", "The same, on held-out chat prompts",
             'python -m benchmarks.real_bench --name real_bench_region --split heldout --rounds 2 --no-peer --fresh '
@@ -1102,8 +1102,9 @@ def section_markdown(section: Section, results: Path) -> tuple[list[str], bool]:
     if not path.exists():
         found = [results / f"{v}.json" for v in section.variants if (results / f"{v}.json").exists()]
         if not found:
-            return lines + [f"*Not run yet*: `{_rel(path)}` is missing; `{section.command}` "
-                            "produces it.", ""], False
+            script = re.match(r"python -m benchmarks\.(\w+)", section.command)
+            at = f" in a worktree of {RETIRED[script[1]]}" if script and script[1] in RETIRED else ""
+            return lines + [f"*Not run yet*: `{_rel(path)}` is missing; `{section.command}`{at} produces it.", ""], False
         path = found[0]
         caveat = (f"Only `{path.name}` exists (a reduced run, e.g. `--quick` or `--smoke`): indicative of the "
                   "machinery, not of performance.")

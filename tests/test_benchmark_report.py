@@ -26,7 +26,7 @@ def test_missing_and_unknown_results_are_noted(tmp_path):
     assert "*Not run yet*" in found["Lookahead parallelism: work and bytes per device"]
 
 
-DRAFT_VOCAB = {  # a complete draft_vocab result, as benchmarks/draft_vocab.py writes one
+DRAFT_VOCAB = {  # a complete draft_vocab result, as benchmarks/draft_vocab.py (at 1baa28e) wrote one
     "benchmark": "draft_vocab", "date": "2026-01-02T03:04:05+00:00", "command": "python -m benchmarks.draft_vocab",
     "machine": {"cpu": "made-up CPU", "cpu_count": 2, "jax": "0.0", "jax_backend": "cpu"},
     "prompts": 4, "split": "heldout", "new_tokens": 32, "k": 4, "greedy_tokens_per_second": 50.0,
