@@ -31,6 +31,7 @@ import jaxspec  # noqa: E402
 from benchmarks.harness import Case, DecodeBench, Setting, main_decode, story_cases, write_result  # noqa: E402
 from benchmarks.harness.decode import decode, differences  # noqa: E402
 from jaxspec import exactness  # noqa: E402
+from jaxspec.decoding.methods import lookahead_block_tokens, prompt_lookup_block_tokens  # noqa: E402
 
 HELD_OUT_NEW_TOKENS = 256
 RUN = {}  # the arguments and bench of this run, for the near-tie analysis after it
@@ -46,13 +47,10 @@ def arguments(p) -> None:
 
 
 def block_tokens(method: str, o: dict) -> int:
-    """Tokens in one step's forward."""
-    w, n, g = o.get("window"), o.get("ngram"), o.get("guesses")
-    if method == "jacobi":
-        return 1 + w
-    if method == "prompt-lookup":
-        return 1 + g * (n - 1)
-    return 1 + (w - 1) + (n - 2) * w + g * (n - 1) if method == "lookahead" else 1
+    """Tokens in one step's forward (jacobi: its window and the last token; greedy: one)."""
+    if method == "lookahead":
+        return lookahead_block_tokens(o["window"], o["ngram"], o["guesses"])
+    return prompt_lookup_block_tokens(o["ngram"], o["guesses"]) if method == "prompt-lookup" else 1 + o.get("window", 0)
 
 
 def grid(windows, ngrams, jacobi_windows) -> list[tuple[str, str, dict]]:

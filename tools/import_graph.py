@@ -31,7 +31,7 @@ LAYERS = (
     ("models",),  # the model: architecture config, transformer, attention, KV cache, layouts
     ("decoding",),  # the engine, draft sources, verification, sampling, methods: no file I/O
     ("checkpoint", "real_prompts"),  # files: checkpoints, tokenizers, chat templates, drafters, prompt data
-    ("runtime", "roofline"),  # program cache, memory guard, devices, auto; the step-cost model
+    ("runtime",),  # program cache, memory guard, devices, auto
     ("inputs", "stop_strings", "exactness", "generate", "chat"),  # the API (and the package's own `jaxspec.*` names)
     ("serving", "train", "cli"),  # applications
 )
