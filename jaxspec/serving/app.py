@@ -198,7 +198,7 @@ class Server:
 
     async def tokenize(self, request: Request):
         return await self._utility(request, "/tokenize", lambda body: tokens.tokenize(
-            self.model, self.settings, body, self.requests._no_special_tokens))
+            self.model, self.settings, body, self.requests.no_special_tokens))
 
     async def detokenize(self, request: Request):
         return await self._utility(request, "/detokenize", lambda body: tokens.detokenize(
