@@ -490,13 +490,9 @@ class Stream:
             steps = int(host[3][0])
             piece = None
             if tokenizer is not None:
-                hit = stop_strings.cut(tokenizer.decode, row[:num].tolist(), self.stops) if self.stops else None
-                if hit is not None:  # the rest is not wanted: the stream ends here
-                    kept, held = hit
+                kept, held, stopped = stop_strings.settled(tokenizer.decode, row[:num].tolist(), self.stops, done)
+                if stopped:  # the rest is not wanted: the stream ends here
                     new, done = new[:max(len(kept) - sent, 0)], True
-                else:
-                    full = tokenizer.decode(row[:num].tolist())
-                    held = full if done else stop_strings.sendable(full, self.stops)
                 piece, text = held[len(text):], held
             sent = num
             if new or piece:

@@ -1,8 +1,10 @@
 """Serving: an OpenAI-compatible server whose decode slots batch continuously (`jaxspec serve`).
 
 `slots` (fixed-shape continuous batching), `scheduler` (the loop that fills and drains the
-slots), `requests` (OpenAI bodies -> checked jobs), `app` (HTTP routes, streaming). `make_server`
-builds a `Server` for a loaded model; `app.run` serves it.
+slots), `requests` (OpenAI bodies -> checked jobs; `fields`: one field's checks), `openai`
+(OpenAI's answer, chunk and error shapes), `guard` (Host, Origin, API key, body and header
+limits), `app` (HTTP routes, streaming), `metrics` (/metrics), `tokens` (/tokenize,
+/detokenize). `make_server` builds a `Server` for a loaded model; `app.run` serves it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def make_server(model, model_id: str, *, method: str = "auto", method_options: d
                 special_tokens: bool = False,
                 log_requests: bool = False, seed: int | None = None):
     """A `Server` for `model` (checked settings; the default plan compiled when `warm`).
-    `limits`: an `app.Limits` (API key, allowed hosts and origins, body size and timeouts);
+    `limits`: a `guard.Limits` (API key, allowed hosts and origins, body size and timeouts);
     `drafter_dirs`: drafter folders requests may name (by folder name) besides the shipped ones;
     `special_tokens`: let chat content spell special tokens (off: refused); `log_requests`: one
     line per answered completion on stderr; `seed`: the seeds of requests that give none are
