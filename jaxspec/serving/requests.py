@@ -401,7 +401,7 @@ def _special_texts(tokenizer) -> list[str]:
     """The text of every special (added) token a tokenizer parses out of plain text."""
     if tokenizer is None:
         return []
-    backend = getattr(tokenizer, "_tok", None)
+    backend = getattr(tokenizer, "backend", None)
     if backend is not None and hasattr(backend, "get_added_tokens_decoder"):
         return [t.content for t in backend.get_added_tokens_decoder().values() if t.special]
     return [t for t in getattr(tokenizer, "special_tokens", {}).values() if isinstance(t, str)]

@@ -47,7 +47,7 @@ def token_strs(tokenizer, ids: list[int]) -> list[str]:
     backend = getattr(tokenizer, "backend", None)
     if backend is not None and hasattr(backend, "id_to_token"):
         return [backend.id_to_token(int(i)) or "" for i in ids]
-    piece = getattr(tokenizer, "_piece", None)
+    piece = getattr(tokenizer, "piece", None)
     if piece is not None:
         return [piece(int(i)) or "" for i in ids]
     return [tokenizer.decode([int(i)]) for i in ids]
