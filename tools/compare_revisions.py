@@ -49,12 +49,15 @@ for line in sys.stdin:
 
 
 def prompts(model: str, count: int) -> list:
-    """Chat prompts: MT-Bench's first turns through the model's chat template (ids)."""
+    """Chat prompts: MT-Bench's first turns through the model's chat template (ids); a model
+    without a template (a code model such as pycode-5M) gets HumanEval's prompts as text."""
     import jaxspec
     from jaxspec.chat import chat_prompt
-    from jaxspec.real_prompts import mt_bench_questions
+    from jaxspec.real_prompts import humaneval_problems, mt_bench_questions
 
     m = jaxspec.load(model)
+    if m.tokenizer is None or m.tokenizer.chat_template is None:
+        return [p["prompt"] for p in humaneval_problems()[:count]]
     return [chat_prompt(m, [{"role": "user", "content": q["turns"][0]}]) for q in mt_bench_questions()[:count]]
 
 
@@ -115,7 +118,7 @@ def main(argv=None) -> int:
                   model=args.model, prompts=len(ids), new_tokens=args.new_tokens, rounds=args.rounds, rows=rows)
     out = ROOT / "benchmarks" / "results" / args.name
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    md = [f"# {args.name}: {a} vs {b} ({args.model}, {len(ids)} MT-Bench prompts x {args.new_tokens} tokens, "
+    md = [f"# {args.name}: {a} vs {b} ({args.model}, {len(ids)} prompts (MT-Bench chats, or HumanEval for a model without a chat template) x {args.new_tokens} tokens, "
           f"{args.rounds} interleaved rounds)", "", f"`{result['command']}`", "",
           f"| setting | identical | S | {a} tok/s | {b} tok/s | {b} / {a} |", "|---|---|---:|---:|---:|---:|"]
     md += [f"| {r['setting']} | {'yes' if r['identical'] else 'NO'} | {r['S']} | {r[f'tok_s_{a}']} | "
