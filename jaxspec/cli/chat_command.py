@@ -79,22 +79,7 @@ def run_chat(args) -> int:
     if args.message is not None:
         if args.json:
             reply = jaxspec.chat(model, [*messages, {"role": "user", "content": args.message}], **options)
-            greedy = greedy_of(reply)
-            out = reply.output
-            difference = None
-            if greedy is not None:
-                from jaxspec.decoding import exactness
-
-                difference = exactness.compare(model, reply.prompt_ids, greedy.tokens, out.tokens)
-            print(json.dumps({"reply": reply.text, "finish_reason": reply.finish_reason, "tokens": out.tokens,
-                              "steps": out.steps, "compression": out.compression, "seconds": out.seconds,
-                              "tokens_per_second": out.tokens_per_second, "method": out.method,
-                              "identical_to_greedy": None if greedy is None else out.tokens == greedy.tokens,
-                              "first_difference": None if difference is None else
-                              {**dataclasses.asdict(difference), "near_tie": difference.near_tie},
-                              "config": {"model": model.source, "dtype": model.dtype, **sampling_options(args),
-                                         "max_new_tokens": args.max_new_tokens, **out.options},
-                              "memory": out.memory}))
+            print(json.dumps(_json_reply(args, model, reply, greedy_of(reply))))
         else:
             turn(args.message)
         return 0
@@ -109,3 +94,23 @@ def run_chat(args) -> int:
         if not text.strip():
             return 0
         turn(text)
+
+
+def _json_reply(args, model, reply, greedy) -> dict:
+    """--json: the reply, its statistics and settings as one object; with `greedy` (--compare),
+    whether the reply is greedy's and where it first differs."""
+    out = reply.output
+    difference = None
+    if greedy is not None:
+        from jaxspec.decoding import exactness
+
+        difference = exactness.compare(model, reply.prompt_ids, greedy.tokens, out.tokens)
+    return {"reply": reply.text, "finish_reason": reply.finish_reason, "tokens": out.tokens,
+            "steps": out.steps, "compression": out.compression, "seconds": out.seconds,
+            "tokens_per_second": out.tokens_per_second, "method": out.method,
+            "identical_to_greedy": None if greedy is None else out.tokens == greedy.tokens,
+            "first_difference": None if difference is None else
+            {**dataclasses.asdict(difference), "near_tie": difference.near_tie},
+            "config": {"model": model.source, "dtype": model.dtype, **sampling_options(args),
+                       "max_new_tokens": args.max_new_tokens, **out.options},
+            "memory": out.memory}
