@@ -1,5 +1,5 @@
 """How often each method's output is identical to greedy's, per dtype, batch and block size,
-and where it is not, how close the disputed logits were (`jaxspec.decoding.exactness`). Not timed.
+and where it is not, how close the disputed logits were (`jaxspec.exactness`). Not timed.
 
 For each model, dtype (float32, bfloat16), method config and batch (1, 4, 8): the same 8
 prompts are decoded in groups of `batch` and each row is compared with greedy decoding of
@@ -34,7 +34,7 @@ import jaxspec  # noqa: E402
 from benchmarks.harness import RESULTS, chat_cases, code_cases, command_line, story_cases, write_result  # noqa: E402
 from benchmarks.harness.decode import Journal  # noqa: E402
 from jaxspec.checkpoint.method_defaults import FileDefaults  # noqa: E402
-from jaxspec.decoding import exactness  # noqa: E402
+from jaxspec import exactness  # noqa: E402
 from jaxspec.decoding.methods import resolve_method  # noqa: E402
 
 PROMPTS = 8

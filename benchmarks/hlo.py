@@ -1,7 +1,7 @@
 """What a compiled program does, read from its HLO text: the collectives a decode step of
 lookahead or tensor parallelism communicates (`benchmarks/parallel_bench.py`, and the tests of
-both), and the copies of a KV cache its loop makes (`benchmarks/long_context.py`, and the test of
-the in-place update). Not part of the library: nothing at run time reads HLO."""
+both), and the copies of a KV cache its loop makes (the test of the in-place update; the long_context
+study counted them too). Not part of the library: nothing at run time reads HLO."""
 
 from __future__ import annotations
 

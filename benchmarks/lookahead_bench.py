@@ -6,7 +6,7 @@ Cases, two categories: "reference", stories260K's reference cases (`story_cases`
 reference length and checked against the reference continuation; "held-out", `--held-out` prompts
 `[1] + the first 8 + i % 24 tokens` of a story the model samples itself (`generate(model, [1], 48,
 temperature=1.0, seed=1000 + i)`), 256 new tokens each, checked against greedy. Where an output
-differs, `jaxspec.decoding.exactness` gives the float32 logit gap of the two disputed tokens: a near-tie
+differs, `jaxspec.exactness` gives the float32 logit gap of the two disputed tokens: a near-tie
 (within 4 ulps; a block forward and a one-token forward round differently) or not. Block tokens per
 step (FLOPs per step are proportional to it) are in the JSON's `block_tokens`.
 
@@ -30,7 +30,8 @@ if __name__ == "__main__" and not __package__:  # run by path: the repository ro
 import jaxspec  # noqa: E402
 from benchmarks.harness import Case, DecodeBench, Setting, main_decode, story_cases, write_result  # noqa: E402
 from benchmarks.harness.decode import decode, differences  # noqa: E402
-from jaxspec.decoding import exactness  # noqa: E402
+from jaxspec import exactness  # noqa: E402
+from jaxspec.decoding.methods import lookahead_block_tokens, prompt_lookup_block_tokens  # noqa: E402
 
 HELD_OUT_NEW_TOKENS = 256
 RUN = {}  # the arguments and bench of this run, for the near-tie analysis after it
@@ -46,13 +47,10 @@ def arguments(p) -> None:
 
 
 def block_tokens(method: str, o: dict) -> int:
-    """Tokens in one step's forward."""
-    w, n, g = o.get("window"), o.get("ngram"), o.get("guesses")
-    if method == "jacobi":
-        return 1 + w
-    if method == "prompt-lookup":
-        return 1 + g * (n - 1)
-    return 1 + (w - 1) + (n - 2) * w + g * (n - 1) if method == "lookahead" else 1
+    """Tokens in one step's forward (jacobi: its window and the last token; greedy: one)."""
+    if method == "lookahead":
+        return lookahead_block_tokens(o["window"], o["ngram"], o["guesses"])
+    return prompt_lookup_block_tokens(o["ngram"], o["guesses"]) if method == "prompt-lookup" else 1 + o.get("window", 0)
 
 
 def grid(windows, ngrams, jacobi_windows) -> list[tuple[str, str, dict]]:

@@ -52,6 +52,23 @@ def _yes(x) -> str:
     return "yes" if x else "**no**"
 
 
+def _row(*cells) -> str:
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def _table(head, align: str, rows=()) -> list[str]:
+    """A markdown table: its columns (`head`, a list or a string with " | " between them), their alignment
+    (`align`, a letter per column: l left, r right, c centred) and a row per item of `rows` (its cells)."""
+    names = head.split(" | ") if isinstance(head, str) else head
+    return [_row(*names), "|" + "".join({"l": "---|", "r": "---:|", "c": ":---:|"}[a] for a in align),
+            *(_row(*cells) for cells in rows)]
+
+
+def _bytes(n: float) -> str:
+    return next((f"{n / scale:.1f} {unit}" for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)) if n >= scale),
+                f"{n:.0f} B")
+
+
 # ----------------------------------------------------------------------------- tables
 
 
@@ -61,28 +78,31 @@ def _median(s: dict, key: str, fmt: str, rounds: int, unit: str = "") -> str:
     return f"{s[key]:{fmt}}{unit}" + (f" ({lo:{fmt}}..{hi:{fmt}})" if rounds > 1 else "")
 
 
+def _identical(s: dict) -> str:
+    same = f"{s['identical_to_reference']}/{s['cases']}" + ("" if s["same_every_round"] else ", **not each round**")
+    if "identical_to_case_reference" in s:
+        same += f" (references: {s['identical_to_case_reference']}/{s['cases_with_reference']})"
+    return same
+
+
 def decode(r: dict) -> list[str]:
     """Any harness decode result (benchmarks/harness/decode.py): one row per setting."""
     summary, ref, rounds = r["summary"], r["reference"], r["rounds"]
     categories = list(next(iter(summary.values())).get("S_per_category", {}))
-    drafted = any("accept_length" in s for s in summary.values())
+    accept = ["accept length"] if any("accept_length" in s for s in summary.values()) else []
     length = "up to {} new tokens (stop at end of turn)" if r.get("stop_at_eos") else "{} new tokens each (EOS off)"
     lines = [f"{len(r['cases'])} cases x " + length.format(r["new_tokens"]) + f", model `{r['model']}`; tokens/s: "
              + (f"median of {rounds} rounds (min..max), " if rounds > 1 else "one round, ")
              + ("whole call" if r.get("clock") == "wall" else "decode time (compilation excluded)")
              + "; settings interleaved case by case." + (f" {r['note']}" if r.get("note") else "")
              + (f" Resumed: {r['resumed_runs']} runs came from an interrupted run." if r.get("resumed_runs") else ""),
-             "", "| setting | S | " + "".join(f"{c} | " for c in categories) + ("accept length | " if drafted else "")
-             + f"tokens/s | vs {ref} | identical to {ref} |",
-             "|---|---:|" + "---:|" * len(categories) + ("---:|" if drafted else "") + "---:|---:|---:|"]
-    for name, s in summary.items():
-        cats = "".join(f"{s['S_per_category'][c]:.2f} | " for c in categories)
-        acc = f"{_f(s.get('accept_length'))} | " if drafted else ""
-        same = f"{s['identical_to_reference']}/{s['cases']}" + ("" if s["same_every_round"] else ", **not each round**")
-        if "identical_to_case_reference" in s:
-            same += f" (references: {s['identical_to_case_reference']}/{s['cases_with_reference']})"
-        lines.append(f"| {name} | {s['S']:.2f} | {cats}{acc}{_median(s, 'tokens_per_second', '.1f', rounds)} | "
-                     f"{_median(s, 'speed_vs_reference', '.2f', rounds, 'x')} | {same} |")
+             "", *_table(["setting", "S", *categories, *accept, "tokens/s", f"vs {ref}", f"identical to {ref}"],
+                         "l" + "r" * (len(categories) + len(accept) + 4),
+                         ((name, f"{s['S']:.2f}", *(f"{s['S_per_category'][c]:.2f}" for c in categories),
+                           *(_f(s.get("accept_length")) for _ in accept),
+                           _median(s, "tokens_per_second", ".1f", rounds),
+                           _median(s, "speed_vs_reference", ".2f", rounds, "x"), _identical(s))
+                          for name, s in summary.items()))]
     lade_rows, lade_totals = _lade_rows(r, [c["name"] for c in r["cases"]], categories) if r.get("split") else ([], {})
     lines += lade_rows
     ours = summary.get("lookahead (15,5,15)")
@@ -97,10 +117,9 @@ def decode(r: dict) -> list[str]:
     if rated:
         k = min(max(map(len, rated.values())), 8)
         lines += ["", "Per-position acceptance while decoding, a_k = P(draft k accepted | drafts 1..k-1 accepted):",
-                  "", "| setting | " + " | ".join(f"a_{i}" for i in range(1, k + 1)) + " |", "|---|" + "---:|" * k]
-        for name, rates in rated.items():
-            rates = list(rates[:k]) + [None] * (k - len(rates[:k]))
-            lines.append(f"| {name} | " + " | ".join(_f(x) for x in rates) + " |")
+                  "", *_table(["setting", *(f"a_{i}" for i in range(1, k + 1))], "l" + "r" * k,
+                              ((name, *(_f(x) for x in list(rates[:k]) + [None] * (k - len(rates[:k]))))
+                               for name, rates in rated.items()))]
     for name, s in summary.items():
         if "drafter_branch_wins" in s:
             lines += ["", f"{name}: the drafter branch gave the emitted run, strictly longer than every other "
@@ -194,16 +213,15 @@ def _lade_rows(r: dict, names: list[str], categories: list[str]) -> tuple[list[s
 
 
 def draft_vocab(r: dict) -> list[str]:
-    lines = [f"{r['prompts']} {r['split']} chats x {r['new_tokens']} tokens (EOS off), speculative TD K = {r['k']}, "
-             f"interleaved with greedy ({r['greedy_tokens_per_second']:.1f} tokens/s; one-token forward "
-             f"{r['greedy_forward_ms']:.1f} ms). The drafter was trained with V' = 8192.", "",
-             "| V' | S | drafter ms | verify ms | drafter share of a step | step cost (greedy steps) | tokens/s "
-             "| vs greedy | identical |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for size, x in r["rows"].items():
-        lines.append(f"| {size} | {x['S']:.2f} | {x['drafter_ms']:.1f} | {x['verify_ms']:.1f} | "
-                     f"{x['drafter_share']:.0%} | {x['step_cost']:.2f} | {x['tokens_per_second']:.1f} | "
-                     f"{x['speed_vs_greedy']:.2f}x | {x['identical_to_greedy']}/{r['prompts']} |")
-    return lines
+    return [f"{r['prompts']} {r['split']} chats x {r['new_tokens']} tokens (EOS off), speculative TD K = {r['k']}, "
+            f"interleaved with greedy ({r['greedy_tokens_per_second']:.1f} tokens/s; one-token forward "
+            f"{r['greedy_forward_ms']:.1f} ms). The drafter was trained with V' = 8192.", "",
+            *_table("V' | S | drafter ms | verify ms | drafter share of a step | step cost (greedy steps) | tokens/s "
+                    "| vs greedy | identical", "r" * 9,
+                    ((size, f"{x['S']:.2f}", f"{x['drafter_ms']:.1f}", f"{x['verify_ms']:.1f}",
+                      f"{x['drafter_share']:.0%}", f"{x['step_cost']:.2f}", f"{x['tokens_per_second']:.1f}",
+                      f"{x['speed_vs_greedy']:.2f}x", f"{x['identical_to_greedy']}/{r['prompts']}")
+                     for size, x in r["rows"].items()))]
 
 
 PARD_MODES = {"td": "target-dependent", "ti": "target-independent", "-": "no drafter"}
@@ -215,53 +233,43 @@ def route_rule(r: dict) -> list[str]:
     from jaxspec.decoding.sources.routed import RoutedChain
 
     chosen = (RoutedChain.agree, RoutedChain.unsure)
-    lines = [f"{r['prompts']} prompts ({r['prompt_kind']}), the target's greedy continuations of "
-             f"{r['new_tokens']} tokens, drafter `{_rel(r['drafter'])}`; S along each continuation's decoding path "
-             "(teacher-forced: no timing). T: tokens the target verifies per step.", "",
-             "| setting | agree | unsure | T | S |", "|---|---:|---:|---:|---:|"]
-    for row in r["rows"]:
-        mark = "**" if (row.get("agree"), row.get("unsure")) == chosen else ""
-        lines.append(f"| {row['setting']} | {_f(row.get('agree'), 'g')} | {_f(row.get('unsure'), 'g')} | "
-                     f"{row['block_tokens']} | {mark}{row['S']:.3f}{mark} |")
-    return lines
+    mark = lambda row: "**" if (row.get("agree"), row.get("unsure")) == chosen else ""  # noqa: E731
+    return [f"{r['prompts']} prompts ({r['prompt_kind']}), the target's greedy continuations of "
+            f"{r['new_tokens']} tokens, drafter `{_rel(r['drafter'])}`; S along each continuation's decoding path "
+            "(teacher-forced: no timing). T: tokens the target verifies per step.", "",
+            *_table("setting | agree | unsure | T | S", "lrrrr",
+                    ((row["setting"], _f(row.get("agree"), "g"), _f(row.get("unsure"), "g"), row["block_tokens"],
+                      f"{mark(row)}{row['S']:.3f}{mark(row)}") for row in r["rows"]))]
 
 
 def pard_ablation(r: dict) -> list[str]:
     k = min(max(row["k"] for row in r["rows"]), 8)  # a_1..a_8 here; the JSON has every position
     kind = r.get("prompt_kind", "code")
     kind = "held-out code prompts" if kind == "code" else f"chat prompts ({kind.split(':')[1]} split)"
-    cell = lambda x, ci: "-" if x is None else f"{x:.3f}" + (  # noqa: E731
+    cell = lambda x, ci=None: "-" if x is None else f"{x:.3f}" + (  # noqa: E731
         "" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]")
+    a_k = [f"a_{i}" for i in range(1, k + 1)]
     lines = [f"Target `{r['target']}`, {r['prompts']} {kind}, greedy continuation of {r['new_tokens']} tokens; "
              "teacher-forced acceptance at every continuation position (acceptance length includes the bonus token; "
              "a_k = P(draft k accepted | drafts 1..k-1 accepted)); S on the decoding path: steps start only where the "
              "previous step ended (what speculative decoding of these continuations gets). Brackets: 95% bootstrap "
              "intervals over prompts." + (f" {r['note']}" if r.get("note") else ""), "",
-             "| drafter | mode | K | acceptance length | S on the decoding path | "
-             + " | ".join(f"a_{i}" for i in range(1, k + 1)) + " |",
-             "|---|---|---:|---:|---:|" + "---:|" * k]
-    for row in r["rows"]:
-        cis = row.get("position_rates_ci") or [None] * len(row["position_rates"])
-        rates = [cell(x, ci) for x, ci in zip(row["position_rates"][:k], cis[:k])] + ["-"] * k
-        lines.append(f"| {row['drafter']} | {PARD_MODES.get(row['mode'], row['mode'])} | {row['k']} | "
-                     f"{cell(row['accept_length'], row.get('accept_length_ci'))} | "
-                     f"{cell(row.get('decode_path_s'), row.get('decode_path_s_ci'))} | " + " | ".join(rates[:k]) + " |")
-    return lines + pard_path_rates(r, k) + pard_setting_grid(r)
-
-
-def pard_path_rates(r: dict, k: int) -> list[str]:
-    """a_k over the contexts where decoding steps start (those right after a rejection), beside a_k
-    over every context above: what a decoding run's a_k should be compared with."""
-    rows = [row for row in r["rows"] if row.get("decode_path_position_rates")]
-    if not rows:
-        return []
-    lines = ["", "a_k over the contexts where a step of the decoding path starts (just after a rejection and its "
-             "bonus token), the a_k a decoding run measures:", "",
-             "| drafter | mode | " + " | ".join(f"a_{i}" for i in range(1, k + 1)) + " |", "|---|---|" + "---:|" * k]
-    for row in rows:
-        rates = [("-" if x is None else f"{x:.3f}") for x in row["decode_path_position_rates"][:k]] + ["-"] * k
-        lines.append(f"| {row['drafter']} | {PARD_MODES.get(row['mode'], row['mode'])} | " + " | ".join(rates[:k]) + " |")
-    return lines
+             *_table(["drafter", "mode", "K", "acceptance length", "S on the decoding path", *a_k], "llrrr" + "r" * k,
+                     ((row["drafter"], PARD_MODES.get(row["mode"], row["mode"]), row["k"],
+                       cell(row["accept_length"], row.get("accept_length_ci")),
+                       cell(row.get("decode_path_s"), row.get("decode_path_s_ci")),
+                       *([cell(x, ci) for x, ci in zip(row["position_rates"][:k], (row.get("position_rates_ci") or [
+                           None] * len(row["position_rates"]))[:k])] + ["-"] * k)[:k]) for row in r["rows"]))]
+    # a_k over the contexts where decoding steps start (those right after a rejection), beside a_k over every
+    # context above: what a decoding run's a_k should be compared with
+    if rows := [row for row in r["rows"] if row.get("decode_path_position_rates")]:
+        lines += ["", "a_k over the contexts where a step of the decoding path starts (just after a rejection and its "
+                  "bonus token), the a_k a decoding run measures:", "",
+                  *_table(["drafter", "mode", *a_k], "ll" + "r" * k,
+                          ((row["drafter"], PARD_MODES.get(row["mode"], row["mode"]),
+                            *([cell(x) for x in row["decode_path_position_rates"][:k]] + ["-"] * k)[:k])
+                           for row in rows))]
+    return lines + pard_setting_grid(r)
 
 
 def pard_setting_grid(r: dict) -> list[str]:
@@ -270,19 +278,15 @@ def pard_setting_grid(r: dict) -> list[str]:
     if not gridded:
         return []
     ngrams = sorted({g["lookup_ngram"] for row in gridded for g in row["grid"] if g["lookup_ngram"] is not None})
-    lines = ["", f"S on the decoding path of smaller settings: the drafter's first K' drafts alone or beside prompt "
-             f"lookup's chain (N', G={r['grid_lookup_guesses']}: the longer accepted run of the two per step); in "
-             "brackets the tokens the target verifies per step, which set the step's cost.", "",
-             "| drafter | mode | K' | no lookup | " + " | ".join(f"N'={n}" for n in ngrams) + " |",
-             "|---|---|---:|---:|" + "---:|" * len(ngrams)]
-    for row in gridded:
-        by = {(g["draft_len"], g["lookup_ngram"]): g for g in row["grid"]}
-        for k in sorted({g["draft_len"] for g in row["grid"]}):
-            cells = [f"{by[k, n]['decode_path_s']:.3f} ({by[k, n]['block_tokens']})" if (k, n) in by else "-"
-                     for n in [None, *ngrams]]
-            lines.append(f"| {row['drafter']} | {PARD_MODES.get(row['mode'], row['mode'])} | {k} | "
-                         + " | ".join(cells) + " |")
-    return lines
+    cells = lambda by, k: [f"{by[k, n]['decode_path_s']:.3f} ({by[k, n]['block_tokens']})"  # noqa: E731
+                           if (k, n) in by else "-" for n in [None, *ngrams]]
+    return ["", f"S on the decoding path of smaller settings: the drafter's first K' drafts alone or beside prompt "
+            f"lookup's chain (N', G={r['grid_lookup_guesses']}: the longer accepted run of the two per step); in "
+            "brackets the tokens the target verifies per step, which set the step's cost.", "",
+            *_table(["drafter", "mode", "K'", "no lookup", *(f"N'={n}" for n in ngrams)], "llrr" + "r" * len(ngrams),
+                    ((row["drafter"], PARD_MODES.get(row["mode"], row["mode"]), k, *cells(by, k))
+                     for row in gridded for by in [{(g["draft_len"], g["lookup_ngram"]): g for g in row["grid"]}]
+                     for k in sorted({g["draft_len"] for g in row["grid"]})))]
 
 
 @contextlib.contextmanager
@@ -318,60 +322,37 @@ def plot_pard_ablation(r: dict, path: Path) -> None:
 
 
 def drafter_curve(r: dict) -> list[str]:
-    lines = [f"Held-out teacher-forced acceptance length (bonus token included; TD: with the target's features, "
-             f"TI: without) of `{r['target']}`'s drafter against total training steps, from the runs' own "
-             "evaluations (every held-out context of the recipe's split). A stage's step-0 point is the drafter it "
-             "started from, on its own held-out split." + (f" {r['note']}" if r.get("note") else ""), "",
-             "| run | step | total steps | held-out contexts | TD | TI | TD S on the decoding path | TD a_1..a_K |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
-    for run in r["runs"]:
-        for pt in run["points"]:
-            rates = ", ".join("-" if x is None or x != x else f"{x:.2f}" for x in pt.get("rates_td") or [])
-            lines.append(f"| {run['label']} | {pt['step']} | {pt['total_step']} | {pt['contexts'] or '-'} | "
-                         f"{_f(pt['td'], '.3f')} | {_f(pt['ti'], '.3f')} | {_f(pt.get('path_td'), '.3f')} | "
-                         f"{rates or '-'} |")
-    lines += ["", "Per run, acceptance gained per doubling of total steps (least squares over its points after "
-              "step 0):", ""]
-    lines += [f"- {run['label']} (`{run['run']}`, init {run['init']}, K = {run['num_blocks']}"
-              + (f", {run['chat_parts']} part(s) of chat data" if run.get("chat_parts") else "")
-              + (f"; carried from `{run['carried_from']}`" if run.get("carried_from") else "") + "): TD "
-              f"{_f(run['td_per_doubling'], '+.3f')}, TI {_f(run['ti_per_doubling'], '+.3f')}" for run in r["runs"]]
-    return lines
-
-
-def plot_drafter_curve(r: dict, path: Path) -> None:
-    with _axes(path, (7, 4), 120) as ax:
-        for i, run in enumerate(r["runs"]):
-            color = f"C{i}"
-            for key, style, name in (("td", "o-", "TD"), ("ti", "s--", "TI"), ("path_td", "^:", "TD path S")):
-                pts = [(pt["total_step"], pt[key]) for pt in run["points"] if pt.get(key) is not None]
-                if pts:
-                    ax.plot(*zip(*pts), style, color=color, markersize=3, label=f"{run['label']} {name}")
-        ax.set(xlabel="total training steps", ylabel="held-out acceptance length",
-               title=f"{r['target']}'s drafter: learning curve")
-        ax.grid(alpha=0.3)
+    return [f"Held-out teacher-forced acceptance length (bonus token included; TD: with the target's features, "
+            f"TI: without) of `{r['target']}`'s drafter against total training steps, from the runs' own "
+            "evaluations (every held-out context of the recipe's split). A stage's step-0 point is the drafter it "
+            "started from, on its own held-out split." + (f" {r['note']}" if r.get("note") else ""), "",
+            *_table("run | step | total steps | held-out contexts | TD | TI | TD S on the decoding path | TD a_1..a_K",
+                    "lrrrrrrl",
+                    ((run["label"], pt["step"], pt["total_step"], pt["contexts"] or "-", _f(pt["td"], ".3f"),
+                      _f(pt["ti"], ".3f"), _f(pt.get("path_td"), ".3f"),
+                      ", ".join("-" if x is None or x != x else f"{x:.2f}" for x in pt.get("rates_td") or []) or "-")
+                     for run in r["runs"] for pt in run["points"])),
+            "", "Per run, acceptance gained per doubling of total steps (least squares over its points after step 0):",
+            "", *(f"- {run['label']} (`{run['run']}`, init {run['init']}, K = {run['num_blocks']}"
+                  + (f", {run['chat_parts']} part(s) of chat data" if run.get("chat_parts") else "")
+                  + (f"; carried from `{run['carried_from']}`" if run.get("carried_from") else "") + "): TD "
+                  f"{_f(run['td_per_doubling'], '+.3f')}, TI {_f(run['ti_per_doubling'], '+.3f')}"
+                  for run in r["runs"])]
 
 
 def cpu_options(r: dict) -> list[str]:
-    sizes = r["sizes"]
-    base = r["rows"]["default"]
-    lines = [f"`{r['model']}`, {r['rounds']} interleaved rounds (each option set in a fresh process), the minimum of "
-             "each. c(T) = the forward of T tokens / the forward of 1 token (256-token context, median of 25 "
-             f"round-robin runs); greedy tokens/s over the quick chats x {r['new_tokens']} tokens; tokens identical to "
-             "the default options' on every prompt.", "",
-             "| options | XLA_FLAGS | 1-token forward (ms) | " + " | ".join(f"c({t})" for t in sizes[1:])
-             + " | greedy tok/s | vs default | identical |",
-             "|---|---|---:|" + "---:|" * (len(sizes) - 1) + "---:|---:|---|"]
-    for name, row in r["rows"].items():
-        if "error" in row:
-            lines.append(f"| {name} | `{row['flags']}` | failed: {row['error'][:80]} |")
-            continue
-        lines.append(f"| {name} | `{row['flags'] or '(none)'}` | {row['forward_ms'][str(sizes[0])]:.1f} | "
-                     + " | ".join(f"{row['c'][str(t)]:.2f}" for t in sizes[1:])
-                     + f" | {row['greedy_tokens_per_second']:.1f} | "
-                     f"{row['greedy_tokens_per_second'] / base['greedy_tokens_per_second']:.2f}x | "
-                     f"{'yes' if row['tokens_identical'] else 'NO'} |")
-    return lines
+    sizes, base = r["sizes"], r["rows"]["default"]["greedy_tokens_per_second"]
+    return [f"`{r['model']}`, {r['rounds']} interleaved rounds (each option set in a fresh process), the minimum of "
+            "each. c(T) = the forward of T tokens / the forward of 1 token (256-token context, median of 25 "
+            f"round-robin runs); greedy tokens/s over the quick chats x {r['new_tokens']} tokens; tokens identical to "
+            "the default options' on every prompt.", "",
+            *_table(["options", "XLA_FLAGS", "1-token forward (ms)", *(f"c({t})" for t in sizes[1:]), "greedy tok/s",
+                     "vs default", "identical"], "llr" + "r" * (len(sizes) - 1) + "rrl",
+                    ((name, f"`{row['flags']}`", f"failed: {row['error'][:80]}") if "error" in row else
+                     (name, f"`{row['flags'] or '(none)'}`", f"{row['forward_ms'][str(sizes[0])]:.1f}",
+                      *(f"{row['c'][str(t)]:.2f}" for t in sizes[1:]), f"{row['greedy_tokens_per_second']:.1f}",
+                      f"{row['greedy_tokens_per_second'] / base:.2f}x", "yes" if row["tokens_identical"] else "NO")
+                     for name, row in r["rows"].items()))]
 
 
 def long_context(r: dict) -> list[str]:
@@ -379,132 +360,115 @@ def long_context(r: dict) -> list[str]:
     compared = (f"Both with `{r['compiler_options']}`; {first} decoded in a child process from a worktree of it. "
                 f"Identical: every output equals {first}'s greedy." if r.get("against") else
                 f"{second}: `{r['compiler_options']}`. Identical: every output equals greedy's with XLA's defaults.")
-    lines = [f"`{r['model']}`, {r['rounds']} interleaved rounds, the best of each: ms per generated token of the "
-             f"decoding loop ({r['new_tokens']} new tokens streamed in chunks of {r['chunk_steps']} steps; the prefill "
-             f"and the first chunk left out). {compared}", "",
-             f"| context (tokens) | setting | {first} (ms/token) | {second} (ms/token) | speed-up | cache copies "
-             "in the programs | identical |",
-             "|---:|---|---:|---:|---:|---:|---|"]
-    for row in r["rows"]:
-        ms, copies = row["ms_per_token"], row["cache_copies"]
-        lines.append(_row(row["context"], row["method"], f"{ms[first]:.1f}", f"{ms[second]:.1f}",
-                          f"{ms[first] / ms[second]:.2f}x", f"{copies[first]} / {copies[second]}",
-                          "yes" if row["identical"] else "NO"))
-    return lines
-
-
-def _row(*cells) -> str:
-    return "| " + " | ".join(map(str, cells)) + " |"
-
-
-def _bytes(n: float) -> str:
-    return next((f"{n / scale:.1f} {unit}" for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)) if n >= scale),
-                f"{n:.0f} B")
+    return [f"`{r['model']}`, {r['rounds']} interleaved rounds, the best of each: ms per generated token of the "
+            f"decoding loop ({r['new_tokens']} new tokens streamed in chunks of {r['chunk_steps']} steps; the prefill "
+            f"and the first chunk left out). {compared}", "",
+            *_table(f"context (tokens) | setting | {first} (ms/token) | {second} (ms/token) | speed-up | cache copies "
+                    "in the programs | identical", "rlrrrrl",
+                    ((row["context"], row["method"], f"{ms[first]:.1f}", f"{ms[second]:.1f}",
+                      f"{ms[first] / ms[second]:.2f}x", f"{copies[first]} / {copies[second]}",
+                      "yes" if row["identical"] else "NO")
+                     for row in r["rows"] for ms, copies in [(row["ms_per_token"], row["cache_copies"])]))]
 
 
 def lp_bench(r: dict) -> list[str]:
     w, n, g = r.get("config", (15, 5, 15))
-    rows = r["rows"]
     lines = [f"Model `{Path(r['model']).name}`, lookahead ({w}, {n}, {g}), batch 1, greedy. Same tokens and steps on "
              f"every device count: {_yes(r['identical_tokens_and_steps'])}. A device's forward: the re-fed pending "
              "tokens (accepted on another device last step), the whole level 0, its columns of the upper levels and "
              "its candidates; the step's one collective gathers an int32 row per device (accepted length, path id, "
              "the emitted run, its columns' new window tokens). Measured: the result bytes of the collectives inside "
-             "the compiled decode loop (HLO). Decode seconds: the devices share the CPU's cores (structure only).",
-             "", "| devices | tokens / forward (per device) | re-fed | level 0 | upper levels | candidates | "
-             "exchanged per step (HLO) | formula | collectives | steps per prompt | S | equals greedy reference | "
-             "decode s |", "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|:---:|---:|"]
-    for x in rows:
-        ops = ", ".join(f"{c['op']} {c['dtype']}{c['shape']}" for c in x["collectives"]) or "none"
-        lines.append(_row(*(x[k] for k in ("devices", "tokens", "refeed", "level0", "upper", "candidates")),
-                          f"{x['exchanged_bytes_measured']} B", f"{x['exchanged_bytes_formula']} B", ops, x["steps"],
-                          f"{x['S']:.3f}", _yes(x["equals_greedy_reference"]), f"{x['decode_seconds']:.2f}"))
-    lines += ["", "Against the alternatives' traffic per step and device (analytical): K/V if shipped = the accepted "
-              "run's K/V (what an LP shipping K/V instead of re-feeding would send at most); TP = two all-reduces of "
-              "[block, hidden] per layer; weights and KV cache = the HBM reads of every forward; replicated memory = "
-              "weights + KV cache + n-gram pool."]
+             "the compiled decode loop (HLO). Decode seconds: the devices share the CPU's cores (structure only).", "",
+             *_table("devices | tokens / forward (per device) | re-fed | level 0 | upper levels | candidates | "
+                     "exchanged per step (HLO) | formula | collectives | steps per prompt | S | equals greedy "
+                     "reference | decode s", "rrrrrrrrllrcr",
+                     ((*(x[k] for k in ("devices", "tokens", "refeed", "level0", "upper", "candidates")),
+                       f"{x['exchanged_bytes_measured']} B", f"{x['exchanged_bytes_formula']} B",
+                       ", ".join(f"{c['op']} {c['dtype']}{c['shape']}" for c in x["collectives"]) or "none", x["steps"],
+                       f"{x['S']:.3f}", _yes(x["equals_greedy_reference"]), f"{x['decode_seconds']:.2f}")
+                      for x in r["rows"])),
+             "", "Against the alternatives' traffic per step and device (analytical): K/V if shipped = the accepted "
+             "run's K/V (what an LP shipping K/V instead of re-feeding would send at most); TP = two all-reduces of "
+             "[block, hidden] per layer; weights and KV cache = the HBM reads of every forward; replicated memory = "
+             "weights + KV cache + n-gram pool."]
     for key, title in (("llama2_7b_bf16", f"Llama-2-7B shape, bf16, {r['context_7b']}-token context"),
                        ("stories260K", "stories260K, float32, 512-token context")):
-        lines += ["", f"**{title}**", "", "| devices | LP exchange | K/V if shipped | TP all-reduces | weights read | "
-                  "KV cache read | GFLOPs | replicated memory |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for x in rows:
-            c = x[key]
-            lines.append(f"| {x['devices']} | {_bytes(x['exchanged_bytes_formula'])} | "
-                         f"{_bytes(c['kv_per_token_bytes'] * x['refeed'])} | "
-                         f"{_bytes(c['tp_allreduce_bytes']) if x['devices'] > 1 else '0'} | "
-                         f"{_bytes(c['weights_bytes'])} | {_bytes(c['kv_cache_read_bytes'])} | "
-                         f"{_f(c['flops'] / 1e9, '.0f' if c['flops'] >= 1e10 else '.3g')} | "
-                         f"{_bytes(c['weights_bytes'] + c['kv_cache_read_bytes'] + c['pool_bytes'])} |")
+        lines += ["", f"**{title}**", "", *_table(
+            "devices | LP exchange | K/V if shipped | TP all-reduces | weights read | KV cache read | GFLOPs | "
+            "replicated memory", "r" * 8,
+            ((x["devices"], _bytes(x["exchanged_bytes_formula"]), _bytes(c["kv_per_token_bytes"] * x["refeed"]),
+              _bytes(c["tp_allreduce_bytes"]) if x["devices"] > 1 else "0", _bytes(c["weights_bytes"]),
+              _bytes(c["kv_cache_read_bytes"]), _f(c["flops"] / 1e9, ".0f" if c["flops"] >= 1e10 else ".3g"),
+              _bytes(c["weights_bytes"] + c["kv_cache_read_bytes"] + c["pool_bytes"]))
+             for x in r["rows"] for c in [x[key]]))]
     return lines
 
 
 def tp_plan(r: dict) -> list[str]:
     w, n, g = r["config"]
-    lines = [f"Per device: weights (bf16, Megatron layout; replicated under LP), KV cache at {r['context']} tokens, "
-             f"n-gram pool; per lookahead ({w}, {n}, {g}) step at batch {r['batch']} (T = {r['block']}): TP's two "
-             "all-reduces per layer (ring), LP's all_gather (measured by lp_bench). Derived from the configs.", "",
-             "| model | hardware | LP x TP | weights GB | KV GB | pool GB | total GB / chip GB | fits | "
-             "TP bytes/step/device | LP bytes/step |", "|---|---|---|---:|---:|---:|---|---|---:|---:|"]
-    return lines + [_row(x["model"], x["hardware"], f"{x['lp']} x {x['tp']}", f"{x['weights_bytes'] / 1e9:.2f}",
-                         f"{x['kv_bytes'] / 1e9:.3f}", f"{x['pool_bytes'] / 1e9:.3f}",
-                         f"{x['total_bytes'] / 1e9:.1f} / {x['chip_bytes'] / 1e9:.0f}", "yes" if x["fits"] else "no",
-                         f"{x['tp_bytes_per_step'] / 1e6:.1f} MB", f"{x['lp_bytes_per_step']} B") for x in r["rows"]]
+    return [f"Per device: weights (bf16, Megatron layout; replicated under LP), KV cache at {r['context']} tokens, "
+            f"n-gram pool; per lookahead ({w}, {n}, {g}) step at batch {r['batch']} (T = {r['block']}): TP's two "
+            "all-reduces per layer (ring), LP's all_gather (measured by lp_bench). Derived from the configs.", "",
+            *_table("model | hardware | LP x TP | weights GB | KV GB | pool GB | total GB / chip GB | fits | "
+                    "TP bytes/step/device | LP bytes/step", "lllrrrllrr",
+                    ((x["model"], x["hardware"], f"{x['lp']} x {x['tp']}", f"{x['weights_bytes'] / 1e9:.2f}",
+                      f"{x['kv_bytes'] / 1e9:.3f}", f"{x['pool_bytes'] / 1e9:.3f}",
+                      f"{x['total_bytes'] / 1e9:.1f} / {x['chip_bytes'] / 1e9:.0f}", "yes" if x["fits"] else "no",
+                      f"{x['tp_bytes_per_step'] / 1e6:.1f} MB", f"{x['lp_bytes_per_step']} B") for x in r["rows"]))]
 
 
 def attention_bench(r: dict) -> list[str]:
     cfg = r["config"]
     timing = f"; median of {r['rounds']} interleaved rounds x {r['inner']} attentions per program" \
         if "rounds" in r else ""
-    lines = [f"{cfg['heads']} query heads, {cfg['kv_heads']} KV heads, head_dim {cfg['head_dim']}, {cfg['dtype']}, "
-             f"batch {r['batch']}; ms per attention (one layer){timing}. `vs xla` = XLA time / this time.", "",
-             "| block | tokens | cache | variant | ms | GB/s (K/V) | vs xla | max abs diff |",
-             "|---|---:|---:|---|---:|---:|---:|---:|"]
     xla = {(e["block"], e["cache"]): e["ms"] for e in r["rows"] if e["variant"] == "xla"}
-    for e in r["rows"]:
-        lines.append(_row(e["block"], e["tokens"], e["cache"], e["variant"], f"{e['ms']:.3f}", f"{e['gb_per_s']:.1f}",
-                          f"{xla[(e['block'], e['cache'])] / e['ms']:.2f}x", f"{e['max_abs_diff']:.1e}"))
-    return lines
+    return [f"{cfg['heads']} query heads, {cfg['kv_heads']} KV heads, head_dim {cfg['head_dim']}, {cfg['dtype']}, "
+            f"batch {r['batch']}; ms per attention (one layer){timing}. `vs xla` = XLA time / this time.", "",
+            *_table("block | tokens | cache | variant | ms | GB/s (K/V) | vs xla | max abs diff", "lrrlrrrr",
+                    ((e["block"], e["tokens"], e["cache"], e["variant"], f"{e['ms']:.3f}", f"{e['gb_per_s']:.1f}",
+                      f"{xla[(e['block'], e['cache'])] / e['ms']:.2f}x", f"{e['max_abs_diff']:.1e}")
+                     for e in r["rows"]))]
 
 
 def exactness(r: dict) -> list[str]:
+    def summary(diffs: list) -> tuple:  # differing, near-ties, not, the gaps sorted
+        ties = sum(d["near_tie"] for d in diffs)
+        return len(diffs), ties, len(diffs) - ties, sorted(abs(d["logit_gap"]) for d in diffs
+                                                           if d["logit_gap"] is not None)
+
     lines = [f"{r['prompts_per_model']} prompts per model; each row compares every prompt's output with greedy "
              "decoding of that prompt alone (batch 1) in the same dtype. A near-tie is a first difference whose "
              f"logit gap is within {r['near_tie_ulps']} ulps of the largest |logit| in the dtype; T = block tokens.",
-             "", "| model | dtype | config | T | batch | new tokens | identical | differing: near-ties / not | "
-             "largest \\|gap\\| |", "|---|---|---|---:|---:|---:|---:|---|---:|"]
+             "", *_table("model | dtype | config | T | batch | new tokens | identical | differing: near-ties / not | "
+                         "largest \\|gap\\|", "lllrrrrlr",
+                         ((row["model"], row["dtype"], row["config"], row["block"], row["batch"], row["new_tokens"],
+                           f"{row['identical']}/{row['prompts']}", f"{ties} / {other}" if n else "",
+                           f"{gaps[-1]:.3g}" if gaps else "")
+                          for row in r["rows"] for n, ties, other, gaps in [summary(row["differences"])])),
+             "", "Per model and dtype, over every row above (the greedy (batched) rows included):", ""]
+    groups = {}
     for row in r["rows"]:
-        diffs = row["differences"]
-        ties = sum(d["near_tie"] for d in diffs)
-        gaps = [abs(d["logit_gap"]) for d in diffs if d["logit_gap"] is not None]
-        lines.append(f"| {row['model']} | {row['dtype']} | {row['config']} | {row['block']} | {row['batch']} | "
-                     f"{row['new_tokens']} | {row['identical']}/{row['prompts']} | "
-                     f"{f'{ties} / {len(diffs) - ties}' if diffs else ''} | {f'{max(gaps):.3g}' if gaps else ''} |")
-    lines += ["", "Per model and dtype, over every row above (the greedy (batched) rows included):", "",
-              "| model | dtype | outputs identical | differing | of which near-ties | not near-ties | gaps of the "
-              "differences |", "|---|---|---:|---:|---:|---:|---|"]
-    for key in dict.fromkeys((row["model"], row["dtype"]) for row in r["rows"]):
-        rows = [row for row in r["rows"] if (row["model"], row["dtype"]) == key]
-        total = sum(row["prompts"] for row in rows)
-        diffs = [d for row in rows for d in row["differences"]]
-        ties = sum(d["near_tie"] for d in diffs)
-        gaps = sorted(abs(d["logit_gap"]) for d in diffs if d["logit_gap"] is not None)
-        span = f"{gaps[0]:.2g} to {gaps[-1]:.2g}" if gaps else ""
-        lines.append(f"| {key[0]} | {key[1]} | {total - len(diffs)}/{total} ({100 * (total - len(diffs)) / total:.1f}%)"
-                     f" | {len(diffs)} | {ties} | {len(diffs) - ties} | {span} |")
-    return lines
+        group = groups.setdefault((row["model"], row["dtype"]), [0, []])
+        group[0] += row["prompts"]
+        group[1] += row["differences"]
+    return lines + _table("model | dtype | outputs identical | differing | of which near-ties | not near-ties | gaps "
+                          "of the differences", "llrrrrl",
+                          ((*key, f"{total - n}/{total} ({100 * (total - n) / total:.1f}%)", n, ties, other,
+                            f"{gaps[0]:.2g} to {gaps[-1]:.2g}" if gaps else "")
+                           for key, (total, diffs) in groups.items() for n, ties, other, gaps in [summary(diffs)]))
 
 
 def vocab_memory(r: dict) -> list[str]:
-    """Also `benchmarks/vocab_memory.py`'s own markdown."""
     mb = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
     return [f"Each case's program with the block's full logits and with the head in chunks of {r['chunk']} entries "
             f"(jaxspec's head before its {r['budget'] >> 20} MB logits budget; the variant jaxspec compiles now is "
             "marked). Memory is XLA's `memory_analysis()` of the whole compiled decode program; ms/step interleaved, "
-            "the best of the rounds.", "", "| case | vocab | head | jaxspec | temporaries MB | arguments MB | block "
-            "logits MB | ms/step | same tokens |", "|---|---:|---|---|---:|---:|---:|---:|---|"] + [
-        _row(x["case"], x["vocab"], x["variant"], "yes" if x["jaxspec"] else "", mb(x["temp_bytes"]),
-             mb(x["argument_bytes"]), mb(x["block_logits_bytes"]), f"{1e3 * x['seconds_per_step']:.1f}",
-             _yes(x["identical_tokens"])) for x in r["rows"]]
+            "the best of the rounds.", "",
+            *_table("case | vocab | head | jaxspec | temporaries MB | arguments MB | block logits MB | ms/step | same "
+                    "tokens", "lrllrrrrl",
+                    ((x["case"], x["vocab"], x["variant"], "yes" if x["jaxspec"] else "", mb(x["temp_bytes"]),
+                      mb(x["argument_bytes"]), mb(x["block_logits_bytes"]), f"{1e3 * x['seconds_per_step']:.1f}",
+                      _yes(x["identical_tokens"])) for x in r["rows"]))]
 
 
 def _options(options: dict) -> str:
@@ -513,7 +477,6 @@ def _options(options: dict) -> str:
 
 
 def quantized_weights(r: dict) -> list[str]:
-    """Also `benchmarks/quantized_weights.py`'s own markdown."""
     mb = lambda b: f"{b / 1e6:.0f}" if b else "-"  # noqa: E731
     rng = lambda lo_hi, fmt: f" ({lo_hi[0]:{fmt}}..{lo_hi[1]:{fmt}})" if r["rounds"] > 1 else ""  # noqa: E731
     n = len(r["cases"])
@@ -521,46 +484,43 @@ def quantized_weights(r: dict) -> list[str]:
              f"timed whole; {r['rounds']} interleaved rounds: median tokens/s (min..max), the speed against float32 "
              "the median of per-round ratios. Weights: the parameters' bytes; temporaries: XLA's `memory_analysis()` "
              "of the greedy program.", "",
-             "| weights | tokens/s | vs float32 | weights MB | temporaries MB | identical to float32 greedy | first "
-             "difference (token) |", "|---|---:|---:|---:|---:|---|---|"]
-    for v in r["variants"]:
-        first = ", ".join("-" if i is None else str(i) for i in v["first_difference_from_float32"])
-        lines.append(_row(v["variant"], f"{v['tokens_per_s']:.1f}{rng(v['tokens_per_s_range'], '.1f')}",
-                          f"{v['speed_vs_float32']:.2f}x{rng(v['speed_vs_float32_range'], '.2f')}",
-                          mb(v["weights_bytes"]), mb(v["greedy_temp_bytes"]),
-                          f"{v['identical_to_float32_greedy']}/{n}", first))
+             *_table("weights | tokens/s | vs float32 | weights MB | temporaries MB | identical to float32 greedy | "
+                     "first difference (token)", "lrrrrll",
+                     ((v["variant"], f"{v['tokens_per_s']:.1f}{rng(v['tokens_per_s_range'], '.1f')}",
+                       f"{v['speed_vs_float32']:.2f}x{rng(v['speed_vs_float32_range'], '.2f')}",
+                       mb(v["weights_bytes"]), mb(v["greedy_temp_bytes"]), f"{v['identical_to_float32_greedy']}/{n}",
+                       ", ".join("-" if i is None else str(i) for i in v["first_difference_from_float32"]))
+                      for v in r["variants"]))]
     if r["methods"]:
         lines += ["", "The methods (their default options for this model) in the same rounds, each checked against "
                   "greedy decoding of the same weights (int8's reference is int8 greedy: the same quantized model):",
-                  "", "| method | weights | tokens/s | vs its greedy | vs float32, same method | S | identical to its "
-                  "greedy |", "|---|---|---:|---:|---:|---:|---|"]
-        lines += [_row(f"{x['method']} {_options(x['options'])}", x["variant"], f"{x['tokens_per_s']:.1f}",
-                       f"{x['speed_vs_own_greedy']:.2f}x", f"{x['speed_vs_float32_same_method']:.2f}x",
-                       f"{x['compression']:.2f}", _yes(x["identical_to_own_greedy"] == x["cases"]) +
-                       f" ({x['identical_to_own_greedy']}/{x['cases']})") for x in r["methods"]]
-    lines += ["", f"The matmuls alone, each format's own code compiled on its own, {r['micro_rounds']} interleaved "
-              "rounds, median ms (speed against float32: median of per-round ratios); temporaries from "
-              "`memory_analysis()`.", "", "| program | rows | weights | ms | vs float32 | temporaries MB |",
-              "|---|---:|---|---:|---:|---:|"]
-    lines += [_row(x["program"], x["rows"], x["variant"], f"{x['ms']:.2f}", f"{x['speed_vs_float32']:.2f}x",
-                   mb(x["temp_bytes"])) for x in r["micro"]]
-    return lines
+                  "", *_table("method | weights | tokens/s | vs its greedy | vs float32, same method | S | identical "
+                              "to its greedy", "llrrrrl",
+                              ((f"{x['method']} {_options(x['options'])}", x["variant"], f"{x['tokens_per_s']:.1f}",
+                                f"{x['speed_vs_own_greedy']:.2f}x", f"{x['speed_vs_float32_same_method']:.2f}x",
+                                f"{x['compression']:.2f}", _yes(x["identical_to_own_greedy"] == x["cases"])
+                                + f" ({x['identical_to_own_greedy']}/{x['cases']})") for x in r["methods"]))]
+    return lines + ["", f"The matmuls alone, each format's own code compiled on its own, {r['micro_rounds']} "
+                    "interleaved rounds, median ms (speed against float32: median of per-round ratios); temporaries "
+                    "from `memory_analysis()`.", "",
+                    *_table("program | rows | weights | ms | vs float32 | temporaries MB", "lrlrrr",
+                            ((x["program"], x["rows"], x["variant"], f"{x['ms']:.2f}", f"{x['speed_vs_float32']:.2f}x",
+                              mb(x["temp_bytes"])) for x in r["micro"]))]
 
 
 def roofline_cpu(r: dict) -> list[str]:
     """benchmarks/roofline.py's measured and predicted c(T) (also docs/performance.md's table:cpu)."""
-    lines = [f"c(T) = t(T) / t(1) of one jitted forward, batch 1, float32, cache {r['cache_len']}, "
-             f"attention `xla`; measured on {r['machine']['cpu']} ({r['machine']['cpu_count']} cores), "
-             f"{r['date'][:10]}, minimum of {r['calibration']['rounds']} interleaved rounds. "
-             "Predicted from the calibrated profile (no model-specific input but the shapes).", "",
-             "| model | params | T | measured ms | predicted ms | measured c(T) | predicted c(T) | error of c |"
-             " compute-bound share |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for x in r["rows"]:
-        err = f"{100 * (x['predicted_c'] - x['measured_c']) / x['measured_c']:+.0f}%" if x["tokens"] > 1 else ""
-        lines.append(f"| {x['model']} | {x['params'] / 1e6:.2f}M | {x['tokens']} | {1e3 * x['measured_seconds']:.2f} | "
-                     f"{1e3 * x['predicted_seconds']:.2f} | {x['measured_c']:.2f} | {x['predicted_c']:.2f} | {err} | "
-                     f"{100 * x['compute_bound_fraction']:.0f}% |")
-    return lines
+    return [f"c(T) = t(T) / t(1) of one jitted forward, batch 1, float32, cache {r['cache_len']}, "
+            f"attention `xla`; measured on {r['machine']['cpu']} ({r['machine']['cpu_count']} cores), "
+            f"{r['date'][:10]}, minimum of {r['calibration']['rounds']} interleaved rounds. "
+            "Predicted from the calibrated profile (no model-specific input but the shapes).", "",
+            *_table("model | params | T | measured ms | predicted ms | measured c(T) | predicted c(T) | error of c | "
+                    "compute-bound share", "l" + "r" * 8,
+                    ((x["model"], f"{x['params'] / 1e6:.2f}M", x["tokens"], f"{1e3 * x['measured_seconds']:.2f}",
+                      f"{1e3 * x['predicted_seconds']:.2f}", f"{x['measured_c']:.2f}", f"{x['predicted_c']:.2f}",
+                      f"{100 * (x['predicted_c'] - x['measured_c']) / x['measured_c']:+.0f}%"
+                      if x["tokens"] > 1 else "",
+                      f"{100 * x['compute_bound_fraction']:.0f}%") for x in r["rows"]))]
 
 
 def roofline_calibration(r: dict) -> list[str]:
@@ -569,57 +529,53 @@ def roofline_calibration(r: dict) -> list[str]:
     eff = ", ".join(f"{k}: {f / 1e9:.0f}" for k, f in c["matmul_flops"].items())
     curve = lambda points: ", ".join(f"{a / 2 ** 20:g} MiB: {b / 1e9:.1f}" for a, b in points)  # noqa: E731
     w = c["matmul_width"]
-    return ["| quantity | measured | how |", "|---|---:|---|",
-            f"| fp32 matmul peak | {max(c['matmul_flops'].values()) / 1e9:.0f} GFLOP/s | [rows, {w}] x [{w}, {w}] "
-            "(1 MB, stays in L2) looped in one program, best row count |",
-            f"| fp32 matmul by rows (GFLOP/s) | {eff} | the same per row count: the efficiency curve |",
-            f"| bf16 matmul | {c['bf16_flops'] / 1e9:.0f} GFLOP/s | the same in bf16, 256 rows |",
-            f"| read bytes/s by working set (GB/s) | {curve(c['read_curve'])} | one-row product through that "
-            "many bytes of distinct 1 MB weights (matrix by matrix, as a forward streams them) |",
-            f"| read+write bytes/s by working set (GB/s) | {curve(c['rw_curve'])} | elementwise pass over an array "
-            "of that size |",
-            f"| tied-head row-dot read | {c['tied_head_bytes_per_s'] / 1e9:.1f} GB/s | one row against a tied "
-            "[32768, 512] table, whole (argmax's reduce subtracted) |",
-            f"| head chunk copy | {c['copy_bytes_per_s'] / 1e9:.1f} GB/s | the same table in two 16384-row "
-            "chunks (a block over the logits budget) minus whole: 2 x table bytes / extra time |",
-            f"| batched-matmul entry | {1e6 * c['matmul_call_seconds']:.2f} us | [n, 8, 8] x [n, 8, 256], "
-            "n = 256 vs 2 |",
-            f"| softmax pass | {1e9 * c['softmax_access_seconds']:.3f} ns per float32 access | jax.nn.softmax over "
-            "8 x 128 x 512 floats / its 6 accesses per element (from its compiled HLO) |",
-            f"| exp per element | {1e9 * c['exp_seconds']:.2f} ns | exp minus multiply-add over 8 x 128 x 512 floats |",
-            f"| argmax per element | {1e9 * c['reduce_seconds']:.2f} ns | argmax minus max over the same |",
-            f"| fixed per layer | {1e6 * c['fixed_layer_seconds']:.2f} us | tiny decoder (hidden 8), "
-            "10 layers minus 2 layers, / 8 |",
-            f"| fixed per call | {1e6 * c['fixed_call_seconds']:.2f} us | the 2-layer decoder less 3 layers' cost |"]
+    return _table("quantity | measured | how", "lrl", [
+        ("fp32 matmul peak", f"{max(c['matmul_flops'].values()) / 1e9:.0f} GFLOP/s",
+         f"[rows, {w}] x [{w}, {w}] (1 MB, stays in L2) looped in one program, best row count"),
+        ("fp32 matmul by rows (GFLOP/s)", eff, "the same per row count: the efficiency curve"),
+        ("bf16 matmul", f"{c['bf16_flops'] / 1e9:.0f} GFLOP/s", "the same in bf16, 256 rows"),
+        ("read bytes/s by working set (GB/s)", curve(c["read_curve"]), "one-row product through that many bytes of "
+         "distinct 1 MB weights (matrix by matrix, as a forward streams them)"),
+        ("read+write bytes/s by working set (GB/s)", curve(c["rw_curve"]),
+         "elementwise pass over an array of that size"),
+        ("tied-head row-dot read", f"{c['tied_head_bytes_per_s'] / 1e9:.1f} GB/s", "one row against a tied "
+         "[32768, 512] table, whole (argmax's reduce subtracted)"),
+        ("head chunk copy", f"{c['copy_bytes_per_s'] / 1e9:.1f} GB/s", "the same table in two 16384-row chunks (a "
+         "block over the logits budget) minus whole: 2 x table bytes / extra time"),
+        ("batched-matmul entry", f"{1e6 * c['matmul_call_seconds']:.2f} us", "[n, 8, 8] x [n, 8, 256], n = 256 vs 2"),
+        ("softmax pass", f"{1e9 * c['softmax_access_seconds']:.3f} ns per float32 access", "jax.nn.softmax over "
+         "8 x 128 x 512 floats / its 6 accesses per element (from its compiled HLO)"),
+        ("exp per element", f"{1e9 * c['exp_seconds']:.2f} ns", "exp minus multiply-add over 8 x 128 x 512 floats"),
+        ("argmax per element", f"{1e9 * c['reduce_seconds']:.2f} ns", "argmax minus max over the same"),
+        ("fixed per layer", f"{1e6 * c['fixed_layer_seconds']:.2f} us", "tiny decoder (hidden 8), 10 layers minus 2 "
+         "layers, / 8"),
+        ("fixed per call", f"{1e6 * c['fixed_call_seconds']:.2f} us", "the 2-layer decoder less 3 layers' cost")])
 
 
 def roofline(r: dict) -> list[str]:
     return [*roofline_cpu(r), "", "Calibration (the CPU profile's measurements):", "", *roofline_calibration(r), "",
-            "Model: `jaxspec/roofline.py`; discussion and the accelerator predictions: `docs/performance.md`."]
+            "Model: `benchmarks/roofline.py`; discussion and the accelerator predictions: `docs/performance.md`."]
 
 
 def tp_bench(r: dict) -> list[str]:
     shape, (w, n, g) = r["shape"], r["lookahead"]
     mb = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
     kb = lambda b: f"{b / 1024:.1f}"  # noqa: E731
-    lines = [f"Random-weight Llama: {shape['num_layers']} layers, hidden {shape['hidden_size']}, "
-             f"{shape['num_heads']} heads / {shape['num_kv_heads']} KV heads, ffn {shape['intermediate_size']}, "
-             f"vocabulary {shape['vocab_size']} (untied), float32: {mb(r['full_weight_bytes'])} MB of weights; "
-             f"batch {r['batch']}, {r['new_tokens']} new tokens; lookahead ({w},{n},{g}). Weights: device 0's "
-             "shards. Per step: the collectives inside the compiled decode loop (g = devices per group); wire = "
-             "bytes a device sends with ring algorithms (all-reduce 2(g-1)/g, all-gather (g-1)/g of the result). "
-             "ms/step on 8 forced CPU devices sharing 2 cores: says nothing about accelerators.", "",
-             "| setting | devices | method | weights MB / device | share | collectives / step | result KB / step | "
-             "wire KB / step | ops | steps | ms/step | = greedy |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---|"]
-    for x in r["rows"]:
-        c = x["collectives"]
-        lines.append(_row(x["setting"], x["devices"], x["method"], mb(x["weight_bytes"]),
-                          f"{x['weight_bytes'] / r['full_weight_bytes']:.3f}", c["count"], kb(c["result_bytes"]),
-                          kb(c["wire_bytes"]), ", ".join(f"{v}x {k}" for k, v in c["ops"].items()) or "-",
-                          sum(x["steps"]) if isinstance(x["steps"], list) else x["steps"],
-                          f"{1e3 * x['seconds_per_step']:.1f}", _yes(x["identical_to_greedy"])))
-    return lines
+    return [f"Random-weight Llama: {shape['num_layers']} layers, hidden {shape['hidden_size']}, "
+            f"{shape['num_heads']} heads / {shape['num_kv_heads']} KV heads, ffn {shape['intermediate_size']}, "
+            f"vocabulary {shape['vocab_size']} (untied), float32: {mb(r['full_weight_bytes'])} MB of weights; "
+            f"batch {r['batch']}, {r['new_tokens']} new tokens; lookahead ({w},{n},{g}). Weights: device 0's "
+            "shards. Per step: the collectives inside the compiled decode loop (g = devices per group); wire = "
+            "bytes a device sends with ring algorithms (all-reduce 2(g-1)/g, all-gather (g-1)/g of the result). "
+            "ms/step on 8 forced CPU devices sharing 2 cores: says nothing about accelerators.", "",
+            *_table("setting | devices | method | weights MB / device | share | collectives / step | result KB / step "
+                    "| wire KB / step | ops | steps | ms/step | = greedy", "lrlrrrrrlrrl",
+                    ((x["setting"], x["devices"], x["method"], mb(x["weight_bytes"]),
+                      f"{x['weight_bytes'] / r['full_weight_bytes']:.3f}", c["count"], kb(c["result_bytes"]),
+                      kb(c["wire_bytes"]), ", ".join(f"{v}x {k}" for k, v in c["ops"].items()) or "-",
+                      sum(x["steps"]) if isinstance(x["steps"], list) else x["steps"],
+                      f"{1e3 * x['seconds_per_step']:.1f}", _yes(x["identical_to_greedy"]))
+                     for x in r["rows"] for c in [x["collectives"]]))]
 
 
 def device_suite(r: dict) -> list[str]:
@@ -636,28 +592,28 @@ def device_suite(r: dict) -> list[str]:
     sc = parts.get("step_cost", {})
     if sc.get("rows"):
         c, ts = sc["config"], sc["config"]["block_tokens"]
+        cells = {}  # (model, attention) -> {T: row}
+        for row in sc["rows"]:
+            cells.setdefault((row["model"], row["attention"]), {})[row["T"]] = row
         lines += ["", f"**Step cost c(T)**: seconds of one decode-step forward of T block tokens (a chain, greedy "
                       f"head) at batch 1 over a KV cache holding {c['cache_filled']} of {c['cache_len']} positions, "
                       f"{c['dtype']}, random weights, divided by the same for T = 1; median of {c['repeats']} "
                       f"interleaved rounds of {c['inner']} forwards each (min in the JSON). ms = one T = 1 "
                       "forward.", "",
-                  "| model | params | attention | ms (T=1) | " + " | ".join(f"c({t})" for t in ts) + " |",
-                  "|---|---:|---|---:|" + "---:|" * len(ts)]
-        for key in dict.fromkeys((row["model"], row["attention"]) for row in sc["rows"]):
-            rows = {row["T"]: row for row in sc["rows"] if (row["model"], row["attention"]) == key}
-            first = next(iter(rows.values()))
-            ms1 = f"{1e3 * rows[1]['seconds_median']:.3f}" if 1 in rows else "-"
-            cs = [_f(rows[t].get("c_median")) if t in rows else "skipped" for t in ts]
-            params = f"{first['params'] / 1e9:.2f}B" if first["params"] >= 1e8 else f"{first['params'] / 1e6:.1f}M"
-            lines.append(f"| {key[0]} | {params} | {key[1]} | {ms1} | " + " | ".join(cs) + " |")
+                  *_table(["model", "params", "attention", "ms (T=1)", *(f"c({t})" for t in ts)],
+                          "lrlr" + "r" * len(ts),
+                          ((model, f"{p / 1e9:.2f}B" if p >= 1e8 else f"{p / 1e6:.1f}M", attention,
+                            f"{1e3 * rows[1]['seconds_median']:.3f}" if 1 in rows else "-",
+                            *(_f(rows[t].get("c_median")) if t in rows else "skipped" for t in ts))
+                           for (model, attention), rows in cells.items()
+                           for p in [next(iter(rows.values()))["params"]]))]
     for key, e in parts.get("decoding", {}).get("models", {}).items():
         if not e.get("summary"):
             continue
         lines += ["", f"**{key}** ({e['title']}, {e['dtype']}, float32 matmul precision {e['matmul_precision']}, "
                       f"batch 1, {e['rounds']} of {e['rounds_planned']} planned round(s)):", "", *decode(e)]
-        for mm in e.get("mismatches", []):
-            lines.append(f"- {mm['setting']}, {mm['case']}: "
-                         f"{mm.get('describe', 'differs')}{'' if mm['near_tie'] else ' **(not a near-tie)**'}")
+        lines += [f"- {mm['setting']}, {mm['case']}: {mm.get('describe', 'differs')}"
+                  + ("" if mm["near_tie"] else " **(not a near-tie)**") for mm in e.get("mismatches", [])]
     at = parts.get("attention", {})
     if at.get("rows"):
         lines += ["", "**Attention** (`benchmarks/attention_bench.py`'s groups):", "", *attention_bench(at)]
@@ -684,34 +640,31 @@ def serve_bench(r: dict) -> list[str]:
              "time\": output tokens/s against the same requests decoded one after another by `jaxspec.generate` "
              "(decode time only). TTFT: time to the first text; TPOT: time per output token after it. \"wrong\": "
              "responses whose tokens differ from generate alone.", "",
-             "| method | clients | req/s | out tok/s | x one at a time | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
-             "| S | plain steps | lost | wrong |", "|---|---|---:|---:|---:|---|---|---:|---:|---:|---:|"]
+             *_table("method | clients | req/s | out tok/s | x one at a time | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
+                     "| S | plain steps | lost | wrong", "llrrrllrrrr")]
     for m, base in r["one_at_a_time"].items():
         lines.append(f"| {(label := LABELS.get(m, m))} | generate, one at a time | {base['requests_per_second']:.2f} | "
                      f"{base['output_tokens_per_second']:.1f} | 1.00 | | | | | | |")
-        for row in [x for x in r["runs"] if x["method"] == m]:
-            ratio = row["output_tokens_per_second"] / base["output_tokens_per_second"]
-            lines.append(f"| {label} | {row['clients']} | {row['requests_per_second']:.2f} | "
-                         f"{row['output_tokens_per_second']:.1f} | {ratio:.2f} | {row['ttft_p50_ms']:.0f} / "
-                         f"{row['ttft_p99_ms']:.0f} | {row['tpot_p50_ms']:.1f} / {row['tpot_p99_ms']:.1f} | "
-                         f"{row['compression']:.2f} | {row.get('plain_step_share', 0):.0%} | {row['lost']} | "
-                         f"{row['wrong']} |")
+        lines += [_row(label, row["clients"], f"{row['requests_per_second']:.2f}",
+                       f"{row['output_tokens_per_second']:.1f}",
+                       f"{row['output_tokens_per_second'] / base['output_tokens_per_second']:.2f}",
+                       f"{row['ttft_p50_ms']:.0f} / {row['ttft_p99_ms']:.0f}",
+                       f"{row['tpot_p50_ms']:.1f} / {row['tpot_p99_ms']:.1f}", f"{row['compression']:.2f}",
+                       f"{row.get('plain_step_share', 0):.0%}", row["lost"], row["wrong"])
+                  for row in r["runs"] if row["method"] == m]
     if r.get("speedup_over_greedy"):
         methods = list(r["one_at_a_time"])
         lines += ["", "Output tokens/s over greedy's in the same server, per number of clients (runs interleaved):", "",
-                  "| clients | " + " | ".join(LABELS.get(m, m) for m in methods) + " |",
-                  "|---|" + "---:|" * len(methods)]
-        for n, row in r["speedup_over_greedy"].items():
-            lines.append(f"| {n} | " + " | ".join(f"{row.get(m, float('nan')):.2f}" for m in methods) + " |")
+                  *_table(["clients", *(LABELS.get(m, m) for m in methods)], "l" + "r" * len(methods),
+                          ((n, *(f"{row.get(m, float('nan')):.2f}" for m in methods))
+                           for n, row in r["speedup_over_greedy"].items()))]
     if r.get("auto"):
         lines += ["", f"`auto`: {r['auto'].removeprefix('jaxspec: ')}" + (
             f"; fixed: {r['fixed']['method']} {r['fixed']['options']}" if r.get("fixed") else "")]
     if r.get("step_modes"):
-        modes = r["step_modes"]
         lines += ["", "Chunks of the default's slots by mode (the whole run, warm-up included): " + ", ".join(
-            f"{m} {v['chunks']} chunks, {v['tokens']} tokens" for m, v in modes.items()) + "."]
-    s = r.get("soak")
-    if s:
+            f"{m} {v['chunks']} chunks, {v['tokens']} tokens" for m, v in r["step_modes"].items()) + "."]
+    if s := r.get("soak"):
         lines += ["", f"Soak: {s['requests']} requests from {s['clients']} clients in {s['seconds']} s: {s['good']} "
                   f"good ({s['good_ok']} identical to generate alone, {s['wrong']} wrong, {s['lost']} lost), "
                   f"{s['disconnect']} hung up mid-stream, {s['bad']} bad ({s['bad_4xx']} answered 4xx); afterwards "
@@ -737,66 +690,56 @@ def plot_serve_bench(r: dict, path: Path) -> None:
 
 def auto_bench(r: dict) -> list[str]:
     """One decode table per model, and what auto chose against the best fixed setting."""
-    lines = ["| model | auto chose | auto / best fixed | best fixed | first call (of it measuring) s |",
-             "|---|---|---:|---|---:|"]
-    body = []
-    for m in r["models"]:
-        summary = m["summary"]
-        best = max((n for n in summary if n != "auto"), key=lambda n: summary[n]["tokens_per_second"])
-        lines.append(f"| {m['model']} | {', '.join(summary['auto']['auto_choices'])} | "
-                     f"{summary['auto']['tokens_per_second'] / summary[best]['tokens_per_second']:.3f} | {best} | "
-                     f"{m['auto_first_call_seconds']:.1f} ({m.get('auto_measure_seconds', 0.0):.1f}) |")
-        body += ["", f"**{m['model']}**: " + decode(m)[0], "", *decode(m)[2:]]
-    return lines + body
+    best = lambda s: max((n for n in s if n != "auto"), key=lambda n: s[n]["tokens_per_second"])  # noqa: E731
+    return _table("model | auto chose | auto / best fixed | best fixed | first call (of it measuring) s", "llrlr",
+                  ((m["model"], ", ".join(s["auto"]["auto_choices"]),
+                    f"{s['auto']['tokens_per_second'] / s[best(s)]['tokens_per_second']:.3f}", best(s),
+                    f"{m['auto_first_call_seconds']:.1f} ({m.get('auto_measure_seconds', 0.0):.1f})")
+                   for m in r["models"] for s in [m["summary"]])) + [
+        line for m in r["models"] for line in ["", f"**{m['model']}**: " + decode(m)[0], "", *decode(m)[2:]]]
 
 
 def cold_start(r: dict) -> list[str]:
     """Per scenario, each revision's cold and stored waits (seconds from the process's start)."""
-    lines = [f"{r['model']}; each command a new process, \"cold\": empty compile cache and `auto` store, \"stored\": "
-             "what the cold run left. chat: first text of the first reply after the process started, then of each "
-             f"later reply after its question (questions: {'; '.join(r['questions'])}). generate: "
-             f"`--max-new-tokens {r['new_tokens']} --no-compare`, to its output and its exit. serve (8 slots): ready, "
-             "then one streamed chat request's first text and end.", "",
-             "| scenario | revision | state | waits (s) |", "|---|---|---|---|"]
-    for row in r["runs"]:
+    def waits(row: dict) -> str:
         if row["scenario"] == "chat":
             after = ", ".join(f"{x:.1f}" for x in row["first_text_after_question"][1:])
-            waits = f"first reply {row['first_text_after_start']:.1f} after start; next replies {after} after asking"
-        elif row["scenario"] == "generate":
-            waits = f"output {row['output_after_start']:.1f}, exit {row['exit_after_start']:.1f} after start"
-        else:
-            waits = (f"ready {row['ready_after_start']:.1f} after start; first text "
-                     f"{row['first_text_after_request']:.2f}, end {row['request_seconds']:.2f} after the request")
-        lines.append(f"| {row['scenario']} | {row['revision']} | {row['state']} | {waits} |")
-    return lines
+            return f"first reply {row['first_text_after_start']:.1f} after start; next replies {after} after asking"
+        if row["scenario"] == "generate":
+            return f"output {row['output_after_start']:.1f}, exit {row['exit_after_start']:.1f} after start"
+        return (f"ready {row['ready_after_start']:.1f} after start; first text "
+                f"{row['first_text_after_request']:.2f}, end {row['request_seconds']:.2f} after the request")
+
+    return [f"{r['model']}; each command a new process, \"cold\": empty compile cache and `auto` store, \"stored\": "
+            "what the cold run left. chat: first text of the first reply after the process started, then of each "
+            f"later reply after its question (questions: {'; '.join(r['questions'])}). generate: "
+            f"`--max-new-tokens {r['new_tokens']} --no-compare`, to its output and its exit. serve (8 slots): ready, "
+            "then one streamed chat request's first text and end.", "",
+            *_table("scenario | revision | state | waits (s)", "llll",
+                    ((row["scenario"], row["revision"], row["state"], waits(row)) for row in r["runs"]))]
 
 
 def batch_invariance(r: dict) -> list[str]:
     """Per dtype and method: tokens/s with the switch off and on, the speed-up over greedy in each mode,
     and outputs identical to batch-1 greedy in each mode."""
     rows = {(x["dtype"], x["method"], x["mode"]): x for x in r["rows"]}
+    tps = lambda dtype, method, mode: rows[(dtype, method, mode)]["tokens_per_second"]  # noqa: E731
     lines = [f"{r['model']}, {r['prompts']} prompts x {r['new_tokens']} tokens, {r['rounds']} interleaved rounds; "
              "decode time only. \"identical\": outputs equal to batch-1 greedy's in the same mode (greedy's row: "
              "greedy at batch " + str(r["prompts"]) + ").", "",
-             "| dtype | method | tok/s off | tok/s on | on / off | x greedy off | x greedy on | identical off | "
-             "identical on |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for dtype, method, mode in rows:
-        if mode != "off":
-            continue
-        off, on = rows[(dtype, method, "off")], rows[(dtype, method, "on")]
-        g_off, g_on = rows[(dtype, "greedy", "off")], rows[(dtype, "greedy", "on")]
-        lines.append(f"| {dtype} | {method} | {off['tokens_per_second']:.1f} | {on['tokens_per_second']:.1f} | "
-                     f"{on['tokens_per_second'] / off['tokens_per_second']:.2f} | "
-                     f"{off['tokens_per_second'] / g_off['tokens_per_second']:.2f} | "
-                     f"{on['tokens_per_second'] / g_on['tokens_per_second']:.2f} | "
-                     f"{off['identical']}/{off['prompts']} | {on['identical']}/{on['prompts']} |")
+             *_table("dtype | method | tok/s off | tok/s on | on / off | x greedy off | x greedy on | identical off | "
+                     "identical on", "llrrrrrrr",
+                     ((d, m, f"{tps(d, m, 'off'):.1f}", f"{tps(d, m, 'on'):.1f}",
+                       f"{tps(d, m, 'on') / tps(d, m, 'off'):.2f}", f"{tps(d, m, 'off') / tps(d, 'greedy', 'off'):.2f}",
+                       f"{tps(d, m, 'on') / tps(d, 'greedy', 'on'):.2f}",
+                       *(f"{rows[d, m, mode]['identical']}/{rows[d, m, mode]['prompts']}" for mode in ("off", "on")))
+                      for d, m, mode in rows if mode == "off"))]
     if r.get("components"):
         lines += ["", "Where greedy's cost comes from: each part alone at one row, as greedy runs it and as the switch "
                   "runs it (microseconds, the fastest of 40 interleaved calls):", "",
-                  "| part | dtype | plain (us) | invariant (us) | ratio |", "|---|---|---:|---:|---:|"]
-        for c in r["components"]:
-            lines.append(f"| {c['part']} | {c['dtype']} | {c['plain_us']:.1f} | {c['invariant_us']:.1f} | "
-                         f"{c['invariant_us'] / c['plain_us']:.2f} |")
+                  *_table("part | dtype | plain (us) | invariant (us) | ratio", "llrrr",
+                          ((c["part"], c["dtype"], f"{c['plain_us']:.1f}", f"{c['invariant_us']:.1f}",
+                            f"{c['invariant_us'] / c['plain_us']:.2f}") for c in r["components"]))]
     return lines
 
 
@@ -806,16 +749,14 @@ def serve_memory(r: dict) -> list[str]:
     lines = [f"{r['model']}, `jaxspec serve` at its defaults ({s['shape']}), fresh caches. Ready after "
              f"{s['ready_seconds']} s at {s['rss_ready_mb']} MB; warm (nothing compiling) after {s['warm_seconds']} s "
              f"at {s['rss_warm_mb']} MB.", "",
-             "| then | clients | answers | seconds | RSS peak (MB) | RSS after (MB) | slot groups |",
-             "|---|---|---|---|---|---|---|"]
-    for row in s["loads"]:
-        ok = sum(x == 200 for x in row["statuses"])
-        lines.append(f"| {row['load']} | {row['clients']} | {ok}/{len(row['statuses'])} 200 | {row['seconds']} | "
-                     f"{row['rss_peak_mb']} | {row['rss_after_mb']} | {row['groups']} |")
-    lines += ["", f"One program's memory ({pm['model']}, greedy decode loops of distinct lengths, RSS after "
-              "malloc_trim): compiled " + ", ".join(f"{x} MB" for x in pm["compiled_mb"]) + "; loaded from its "
-              "serialized form (" + ", ".join(f"{x} MB" for x in pm["serialized_mb"]) + ") "
-              + ", ".join(f"{x} MB" for x in pm["loaded_mb"]) + "."]
+             *_table("then | clients | answers | seconds | RSS peak (MB) | RSS after (MB) | slot groups", "lllllll",
+                     ((row["load"], row["clients"], f"{sum(x == 200 for x in row['statuses'])}/{len(row['statuses'])} "
+                       "200", row["seconds"], row["rss_peak_mb"], row["rss_after_mb"], row["groups"])
+                      for row in s["loads"])),
+             "", f"One program's memory ({pm['model']}, greedy decode loops of distinct lengths, RSS after "
+             "malloc_trim): compiled " + ", ".join(f"{x} MB" for x in pm["compiled_mb"]) + "; loaded from its "
+             "serialized form (" + ", ".join(f"{x} MB" for x in pm["serialized_mb"]) + ") "
+             + ", ".join(f"{x} MB" for x in pm["loaded_mb"]) + "."]
     if "guard" in r:
         g = r["guard"]
         lines += ["", f"The memory guard's estimate for {g['plan']}: {g['estimate_mb']} MB, against the group's "
@@ -902,7 +843,7 @@ SECTIONS = [
             '--methods "greedy,speculative TD (K=3) or lookup (N=4,G=4) + 1 alt,speculative TD (K=4) or lookup '
             '(N=5,G=4) + 1 alt"',
             "The two fastest drafted settings against greedy with XLA:CPU's region analysis in copy insertion "
-            "(`compile_cache.CPU_COMPILER_OPTIONS`, benchmarks/long_context): greedy's program no longer copies its "
+            "(`compile_cache.CPU_COMPILER_OPTIONS`, long_context below): greedy's program no longer copies its "
             "KV cache twice a step, the drafted programs never did.", decode),
     Section("real_bench_region_heldout", "The same, on held-out chat prompts",
             'python -m benchmarks.real_bench --name real_bench_region --split heldout --rounds 2 --no-peer --fresh '
@@ -960,9 +901,10 @@ SECTIONS = [
             "python -m benchmarks.route_rule --name route_rule_bench --chat bench",
             "The same grid on real_bench's bench split, reported, not chosen on.", route_rule),
     Section("pard_ablation", "PARD-2 drafter ablation: the recipe (K, data, init) and the objective (PARD, CAT, "
-            "CAT + KD)", "python tools/pard_arms.py --out runs/pard-arms; python -m benchmarks.pard_ablation "
-            "--drafter NAME=FOLDER ...", "Teacher-forced acceptance of drafters trained with different recipes and "
-            "objectives at the same budget, with and without the target's features.", pard_ablation),
+            "CAT + KD)", "python tools/pard_arms.py --out runs/pard-arms (at 1baa28e); python -m "
+            "benchmarks.pard_ablation --drafter NAME=FOLDER ...", "Teacher-forced acceptance of drafters trained "
+            "with different recipes and objectives at the same budget, with and without the target's features.",
+            pard_ablation),
     Section("pard2_shipped", "PARD-2 drafters for the final default model (the shipped drafter)",
             "python -m benchmarks.pard_ablation --name pard2_shipped --drafter NAME=FOLDER ...",
             "Teacher-forced acceptance of the shipped drafter (and its alternatives) against the final default "
@@ -1108,18 +1050,18 @@ SECTIONS = [
     Section("roofline", "The step-cost model against this CPU: c(T) measured and predicted",
             "python -m benchmarks.roofline",
             "c(T) = t(T) / t(1) of one jitted forward of T block tokens (stories260K, pycode-5M, SmolLM2-135M) "
-            "against `jaxspec.roofline`'s prediction from this CPU's calibrated profile (docs/performance.md).",
+            "against `benchmarks/roofline.py`'s prediction from this CPU's calibrated profile (docs/performance.md).",
             roofline),
 ]
 
 
+# One-off studies whose results are committed: the benchmark's name -> the last revision that has its script
+# (cold_start, serve_memory and batch_invariance stay: they measure the open bars of issues 59-61)
+RETIRED = dict.fromkeys(("route_rule", "drafter_curve", "cpu_options", "draft_vocab", "long_context",
+                         "vocab_memory", "quantized_weights"), "1baa28e")
 TABLES = {s.stem: s.table for s in SECTIONS}  # a result's renderer by its benchmark name
-TABLES["drafter_curve"] = drafter_curve  # its runs are named after the drafter they train
-TABLES["route_rule"] = route_rule  # one renderer for its three prompt sets
-PLOTS: dict[str, Callable[[dict, Path], None]] = {}
-PLOTS["pard_ablation"] = plot_pard_ablation
-PLOTS["serve_bench"] = plot_serve_bench
-PLOTS["drafter_curve"] = plot_drafter_curve
+TABLES.update(drafter_curve=drafter_curve, route_rule=route_rule)  # (results named after what they measured)
+PLOTS: dict[str, Callable[[dict, Path], None]] = {"pard_ablation": plot_pard_ablation, "serve_bench": plot_serve_bench}
 
 
 # ----------------------------------------------------------------------------- assembly
@@ -1138,8 +1080,11 @@ def provenance(r: dict, path: Path, section: Section) -> list[str]:
     date = r.get("date") or datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc).isoformat(
         timespec="seconds") + " (file time; the JSON records no date)"
     command = f"`{r['command']}`" if r.get("command") else f"`{section.command}` (the JSON records no command line)"
-    return ["| | |", "|---|---|", f"| machine | {machine} |", f"| date | {date} |", f"| command | {command} |",
-            f"| data | `{_rel(path)}` |"]
+    lines = ["| | |", "|---|---|", f"| machine | {machine} |", f"| date | {date} |", f"| command | {command} |"]
+    if (name := r.get("benchmark")) in RETIRED:  # a one-off study: its script is in the history only
+        lines.append(f"| script | `benchmarks/{name}.py`, removed after {RETIRED[name]} (`git show "
+                     f"{RETIRED[name]}:benchmarks/{name}.py`): the command runs in a worktree of {RETIRED[name]} |")
+    return lines + [f"| data | `{_rel(path)}` |"]
 
 
 def companion_markdown(path: Path) -> list[str]:
@@ -1158,8 +1103,9 @@ def section_markdown(section: Section, results: Path) -> tuple[list[str], bool]:
     if not path.exists():
         found = [results / f"{v}.json" for v in section.variants if (results / f"{v}.json").exists()]
         if not found:
-            return lines + [f"*Not run yet*: `{_rel(path)}` is missing; `{section.command}` "
-                            "produces it.", ""], False
+            script = re.match(r"python -m benchmarks\.(\w+)", section.command)
+            at = f" in a worktree of {RETIRED[script[1]]}" if script and script[1] in RETIRED else ""
+            return lines + [f"*Not run yet*: `{_rel(path)}` is missing; `{section.command}`{at} produces it.", ""], False
         path = found[0]
         caveat = (f"Only `{path.name}` exists (a reduced run, e.g. `--quick` or `--smoke`): indicative of the "
                   "machinery, not of performance.")
@@ -1186,9 +1132,10 @@ def build_report(results: Path = RESULTS) -> str:
     lines = ["# Benchmarks", "",
              f"Generated by `python -m benchmarks.report` from `benchmarks/results/*.json` ({now}); do not edit by "
              "hand: rerun a benchmark, then the report. Each section names the machine, the date and the command "
-             "of its run. Numbers from this project's 2-core CPU machine, shared with other jobs, are indicative: "
-             "there a lookahead step costs many greedy steps (arithmetic-bound), so S > 1 does not mean a speed-up; "
-             "README.md, *Choosing (W, N, G)*, says where lookahead pays.", ""]
+             "of its run (a one-off study's, the revision that has its script). Numbers from this project's 2-core "
+             "CPU machine, shared with other jobs, are indicative: there a lookahead step costs many greedy steps "
+             "(arithmetic-bound), so S > 1 does not mean a speed-up; README.md, *Choosing (W, N, G)*, says where "
+             "lookahead pays.", ""]
     present, body = set(), []
     for section in SECTIONS:
         sec_lines, found = section_markdown(section, results)

@@ -233,7 +233,7 @@ def main(argv=None) -> int:
 
     model = jaxspec.load(args.model)
     from jaxspec.runtime import auto
-    from jaxspec.serving import eos_ids
+    from jaxspec.chat import stop_ids
 
     requests = build_requests(model, args.requests, tuple(int(b) for b in args.budgets.split(",")))
     # `fixed`: the drafted setting `auto` chooses for the server (the same ledgers the server reads)
@@ -246,7 +246,7 @@ def main(argv=None) -> int:
             refs[m], base[m] = refs[same], base[same]
             continue
         method, options = (fixed if m == "fixed" else ("greedy" if m == "default" else m, {}))
-        refs[m], base[m] = one_at_a_time(model, requests, method, eos_ids(model), options)
+        refs[m], base[m] = one_at_a_time(model, requests, method, stop_ids(model), options)
         print(f"{m}: one at a time {base[m]['output_tokens_per_second']} tok/s", file=sys.stderr)
     # (lossless alone: a difference here is a near-tie at float rounding, counted, not hidden)
     alone_differs = sum(a != b for a, b in zip(refs.get("fixed", []), refs.get("greedy", [])))

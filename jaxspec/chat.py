@@ -34,7 +34,10 @@ def chat_prompt(model: Model, messages: list[dict]) -> list[int]:
 
 
 def stop_ids(model: Model) -> tuple[int, ...]:
-    return tuple(dict.fromkeys(tuple(model.tokenizer.eos_ids) + tuple(model.config.eos_token_ids)))
+    """What ends a reply (a chat's, a server's): the model's EOS ids and its tokenizer's end-of-turn
+    ids. The one rule; `generate` alone stops at the EOS ids (and the `stop_ids` it is given)."""
+    turn_ends = tuple(model.tokenizer.eos_ids) if model.tokenizer is not None else ()
+    return tuple(dict.fromkeys(tuple(model.config.eos_token_ids) + turn_ends))
 
 
 def _reply(model: Model, messages: list[dict], prompt_ids: list[int], out: GenerateOutput) -> ChatReply:

@@ -2,7 +2,11 @@
 
 Every error a user can cause is a `JaxspecError` (a `ValueError`) whose message says what
 is wrong and how to fix it, in one line. The CLI prints that line and exits with code 2.
+A package jaxspec calls that does not import it (`pallas_kernels`) raises its own error;
+`reraised` turns that into jaxspec's where jaxspec calls in.
 """
+
+import functools
 
 
 class JaxspecError(ValueError):
@@ -27,6 +31,25 @@ class GenerationError(JaxspecError):
 
 class MemoryLimitError(GenerationError):
     """A request needs more device memory than is free (`jaxspec.runtime.memory` estimates it)."""
+
+
+def reraised(fn, caught: type[Exception], error: type[JaxspecError]):
+    """`fn`, raising `error` (same message, the original as its cause) where it raises `caught`.
+
+    For functions of a package that imports nothing from jaxspec (`pallas_kernels` raises its
+    `KernelConfigError`): jaxspec's own names for them raise jaxspec's error, so callers that
+    catch it (and the CLI) see no difference. The checks run while JAX traces `fn`, so a
+    compiled program is the same with or without the wrapper.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except caught as e:
+            raise error(str(e)) from e
+
+    return wrapper
 
 
 def shown(value, limit: int = 60) -> str:

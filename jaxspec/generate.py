@@ -20,7 +20,6 @@ from jaxspec import progress
 from jaxspec.runtime import auto
 from jaxspec import stop_strings
 from jaxspec.runtime import compile_cache
-from jaxspec.runtime import memory
 from jaxspec.runtime.step_modes import StepModes
 from jaxspec.errors import GenerationError, PromptError, shown
 from jaxspec.inputs import as_bool, describe, given, int_arg, is_array, normalize_prompts, number_arg, plain_option
@@ -28,11 +27,9 @@ from jaxspec.checkpoint.loading import Model
 from jaxspec.runtime.memory import MemoryEstimate
 from jaxspec.decoding.engine import finish
 from jaxspec.decoding.methods import ALIASES, METHODS, advance, begin, decode
-from jaxspec.runtime.plan import (AUTO_RUNGS_FROM, CONVERSATION_RUNGS_FROM, context_cache_len, plan_decode,
-                                  prompt_bucket, resolve)
-from jaxspec.models.meshes import lp_mesh, lp_params, replicate
+from jaxspec.runtime.plan import (AUTO_RUNGS_FROM, CONVERSATION_RUNGS_FROM, Program, context_cache_len,
+                                  plan_decode, prompt_bucket, resolve)
 from jaxspec.decoding.sampling import MAX_LOGPROBS, SamplingParams, penalized
-from jaxspec.models.tensor_parallel import MODEL_AXIS, place_inputs
 
 
 @dataclasses.dataclass
@@ -60,21 +57,16 @@ class GenerateOutput:
     finish_reason: str | list[str] = "length"
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 @dataclasses.dataclass
 class Request:
-    """A validated generation request: the engine, its static arguments and its device inputs."""
+    """A validated generation request: its program (`jaxspec.runtime.plan.Program`: the engine, the
+    shapes, the static arguments) and the program's device inputs."""
 
     name: str
     options: Any
-    statics: dict
+    program: Program
     args: tuple  # (graphdef, params, prompts, lengths, rng, sampling)
-    bound: bool  # a drafter's graph travels with the target's (the compile key must say so)
     batched: bool
-    lp_devices: int
     memory: MemoryEstimate | None = None
     auto: Any = None  # `jaxspec.runtime.auto.Choice` when method="auto" or window="auto" chose the method
     arguments: dict = dataclasses.field(default_factory=dict)  # `prepare`'s, as given (a setting to try is
@@ -83,11 +75,14 @@ class Request:
 
     @property
     def engine(self):
-        return self.statics["engine"]
+        return self.program.plan.engine
+
+    @property
+    def statics(self) -> dict:
+        return self.program.statics
 
     def compile_key(self, program: str) -> tuple:
-        return (program, self.args[2].shape, tuple(self.statics.items()),
-                compile_cache.graph_key(self.args[0]) if self.bound else None)
+        return self.program.key(program)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +173,35 @@ def _refuse_foreign(method_options: dict) -> None:
             raise GenerationError(f"{name} is {origin} argument, not jaxspec's; pass {FOREIGN_ARGUMENTS[name]}")
 
 
+def _sampling(temperature, top_k, top_p, **knobs) -> tuple[SamplingParams, tuple, dict]:
+    """The sampling arguments checked: the `SamplingParams`, (temperature, top_k, top_p) and the
+    other knobs (min_p, the penalties) as numbers. The types are checked here; the ranges (and
+    their messages) are `SamplingParams.create`'s."""
+    temperature = number_arg("temperature", temperature, "a number >= 0 (0 = greedy)")
+    top_k = int_arg("top_k", top_k, "an integer in [0, 2**31) (0 = off)", lambda n: n < 2**31)
+    top_p = number_arg("top_p", top_p, "a number in (0, 1] (1 = off)")
+    expected = dict(min_p="a number in [0, 1] (0 = off)", repetition_penalty="a number > 0 (1 = off)",
+                    presence_penalty="a number in [-2, 2] (0 = off)", frequency_penalty="a number in [-2, 2] (0 = off)")
+    knobs = {k: number_arg(k, v, expected[k]) for k, v in knobs.items()}
+    return SamplingParams.create(temperature, top_k, top_p, **knobs), (temperature, top_k, top_p), knobs
+
+
+def _end_ids(model: Model, stop_at_eos, stop_ids) -> tuple[int, ...]:
+    """The ids that end a row: the model's EOS ids (unless `stop_at_eos` is false), then `stop_ids`."""
+    stop_at_eos_flag = as_bool(stop_at_eos)
+    if stop_at_eos_flag is None:
+        raise GenerationError(f"stop_at_eos must be true or false, got {given(stop_at_eos)}")
+    vocab = model.config.vocab_size
+    if is_array(stop_ids) and np.ndim(stop_ids) == 1:
+        stop_ids = np.asarray(stop_ids).tolist()
+    if not isinstance(stop_ids, Sequence) or isinstance(stop_ids, (str, bytes, bytearray)):
+        raise GenerationError(f"stop_ids must be a list of token ids, got {given(stop_ids)}")
+    stop_ids = tuple(int_arg("stop_ids", t, f"token ids in [0, {vocab})", lambda n: 0 <= n < vocab)
+                     for t in stop_ids)
+    eos_ids = tuple(model.config.eos_token_ids) if stop_at_eos_flag else ()
+    return tuple(dict.fromkeys(eos_ids + stop_ids))
+
+
 def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "autoregressive",
             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
             stop_at_eos: bool = True, stop_ids: Sequence[int] = (), *, min_p: float = 0.0,
@@ -206,15 +230,10 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     method_options = {k: plain_option(v) for k, v in method_options.items()}
     max_new_tokens = int_arg("max_new_tokens", max_new_tokens, "an integer >= 1", lambda n: n >= 1)
     rows, batched = normalize_prompts(model, prompt)
-    # Range checks (and their messages) are SamplingParams.create's; the types are checked here.
-    temperature = number_arg("temperature", temperature, "a number >= 0 (0 = greedy)")
-    top_k = int_arg("top_k", top_k, "an integer in [0, 2**31) (0 = off)", lambda n: n < 2**31)
-    top_p = number_arg("top_p", top_p, "a number in (0, 1] (1 = off)")
-    knobs = dict(min_p=number_arg("min_p", min_p, "a number in [0, 1] (0 = off)"),
-                 repetition_penalty=number_arg("repetition_penalty", repetition_penalty, "a number > 0 (1 = off)"),
-                 presence_penalty=number_arg("presence_penalty", presence_penalty, "a number in [-2, 2] (0 = off)"),
-                 frequency_penalty=number_arg("frequency_penalty", frequency_penalty, "a number in [-2, 2] (0 = off)"))
-    sampling = SamplingParams.create(temperature, top_k, top_p, **knobs)
+    sampling, (temperature, top_k, top_p), knobs = _sampling(temperature, top_k, top_p, min_p=min_p,
+                                                             repetition_penalty=repetition_penalty,
+                                                             presence_penalty=presence_penalty,
+                                                             frequency_penalty=frequency_penalty)
     if logprobs is not None:
         logprobs = int_arg("logprobs", logprobs, f"None or an integer in [0, {MAX_LOGPROBS}] (the most likely "
                            "tokens reported per token)", lambda n: 0 <= n <= MAX_LOGPROBS)
@@ -228,67 +247,23 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     learning = _Learning(batch=len(rows), kind=("stream" if conversation else "generate") + ("+logits" * logits),
                          sampled=temperature != 0, lookahead_only=method == "lookahead",
                          shape=(buffer, max_new_tokens, tuple(sorted(generation.items()))))
+    _check_length(model, rows, max_new_tokens)
     choice = _choice
     if choice is not None:
         method, method_options = choice.method, {**method_options, **choice.options}
     elif method == "auto" or (method == "lookahead" and method_options.get("window") == "auto"):
-        _check_length(model, rows, max_new_tokens)
         method, method_options, choice = _choose(model, learning, method, method_options)
     resolved = resolve(model, method, method_options)  # (an unknown method is refused before the rest)
     seed = int_arg("seed", seed, "an integer in [0, 2**32)", lambda n: 0 <= n < 2**32)
-    stop_at_eos_flag = as_bool(stop_at_eos)
-    if stop_at_eos_flag is None:
-        raise GenerationError(f"stop_at_eos must be true or false, got {given(stop_at_eos)}")
-    stop_at_eos = stop_at_eos_flag
-    vocab = model.config.vocab_size
-    if is_array(stop_ids) and np.ndim(stop_ids) == 1:
-        stop_ids = np.asarray(stop_ids).tolist()
-    if not isinstance(stop_ids, Sequence) or isinstance(stop_ids, (str, bytes, bytearray)):
-        raise GenerationError(f"stop_ids must be a list of token ids, got {given(stop_ids)}")
-    stop_ids = tuple(int_arg("stop_ids", t, f"token ids in [0, {vocab})", lambda n: 0 <= n < vocab)
-                     for t in stop_ids)
-    _check_length(model, rows, max_new_tokens)
-    # Bucketed shapes: nearby prompt lengths reuse one compiled program.
-    p = prompt_bucket(longest)
-    eos_ids = tuple(model.config.eos_token_ids) if stop_at_eos else ()
     # Before anything is compiled: refuse what cannot fit (one line).
     plan = plan_decode(model, resolved, greedy=temperature == 0,
                        penalties=penalized(**{k: v for k, v in knobs.items() if k != "min_p"}),
-                       logprobs=-1 if logprobs is None else logprobs, batch=len(rows), prompt_len=p,
-                       max_new_tokens=max_new_tokens, eos_ids=tuple(dict.fromkeys(eos_ids + stop_ids)))
-    name, options, engine, lp_devices = plan.name, plan.options, plan.engine, plan.lp_devices
-    cache_len = _round_up(p + max_new_tokens + engine.max_commit, 64)
-    if rungs is not None:
-        cache_len = context_cache_len(cache_len, _round_up(model.config.max_position_embeddings + engine.max_commit, 64),
-                                      rungs)
-        p = cache_len - max_new_tokens
-    prompts = np.zeros((len(rows), p), np.int32)
-    for i, r in enumerate(rows):
-        prompts[i, : len(r)] = r
-    lengths = np.asarray([len(r) for r in rows], np.int32)
-    graphdef, params = plan.graphdef, plan.params  # a drafter's graph and weights travel with the target's
-    statics = dict(engine=engine, max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=plan.eos_ids,
-                   lp_devices=lp_devices, tensor_parallel=1)
-    # (placed and wrapped, not made by jnp or jax.random.key: each would compile a tiny program per
-    # process; threefry's `key(seed)` is the data [0, seed] for a seed below 2**32)
-    threefry = jax.config.jax_default_prng_impl == "threefry2x32"
-    key = jax.random.wrap_key_data(np.array([0, seed], np.uint32)) if threefry else jax.random.key(seed)
-    inputs = (jax.device_put(prompts), jax.device_put(lengths), key, sampling)
-    if lp_devices > 1 and model.mesh is not None:
-        # LP x TP: the weights split within each LP group, everything else replicated.
-        mesh, target = lp_params(model, lp_devices)
-        statics["tensor_parallel"] = mesh.shape[MODEL_AXIS]
-        params = target if params is model.params else (target, replicate(params[1], mesh))
-        args = (graphdef, params, *replicate(inputs, mesh))
-    elif lp_devices > 1:
-        # Lookahead parallelism: weights and inputs replicated on the `lp` mesh (across processes too).
-        args = (graphdef, *replicate((params, *inputs), lp_mesh(lp_devices)))
-    elif model.mesh is not None:  # tensor parallelism: GSPMD partitions the program from these layouts
-        args = (graphdef, params, *place_inputs(model.mesh, *inputs))
-    else:
-        args = (graphdef, params, *inputs)
-    request = Request(name=name, options=options, statics=statics, args=args, bound=plan.bound,
-                      batched=batched, lp_devices=lp_devices, auto=choice, arguments=arguments, shape=(learning,))
+                       logprobs=-1 if logprobs is None else logprobs, batch=len(rows), prompt_len=prompt_bucket(longest),
+                       max_new_tokens=max_new_tokens, eos_ids=_end_ids(model, stop_at_eos, stop_ids))
+    program = plan.program(model, batch=len(rows), prompt_len=longest, max_new_tokens=max_new_tokens, rungs=rungs)
+    request = Request(name=plan.name, options=plan.options, program=program,
+                      args=program.arguments(model, rows, seed, sampling), batched=batched, auto=choice,
+                      arguments=arguments, shape=(learning,))
     if choice is not None and choice.trying and not learning.lookahead_only and request.compile_key("advance" if conversation else "decode") \
             not in model.compiled:
         # A setting to try whose program is not the one compiled in the background (a shape at a
@@ -297,7 +272,7 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
                                        reason=f"greedy: {choice.label} is not compiled for this request's shape yet")
         return prepare(model, **{**arguments, "method": "autoregressive"}, _choice=fallback)
     # With the loop state's exact size (traced, not compiled): the estimate `generate` reports.
-    request.memory = memory.guard_request(model, request, plan.description, begin)
+    request.memory = program.check_memory(model, request.args)
     return request
 
 
@@ -515,13 +490,9 @@ class Stream:
             steps = int(host[3][0])
             piece = None
             if tokenizer is not None:
-                hit = stop_strings.cut(tokenizer.decode, row[:num].tolist(), self.stops) if self.stops else None
-                if hit is not None:  # the rest is not wanted: the stream ends here
-                    kept, held = hit
+                kept, held, stopped = stop_strings.settled(tokenizer.decode, row[:num].tolist(), self.stops, done)
+                if stopped:  # the rest is not wanted: the stream ends here
                     new, done = new[:max(len(kept) - sent, 0)], True
-                else:
-                    full = tokenizer.decode(row[:num].tolist())
-                    held = full if done else stop_strings.sendable(full, self.stops)
                 piece, text = held[len(text):], held
             sent = num
             if new or piece:
@@ -545,7 +516,7 @@ class Stream:
             return None, None
         key = request.compile_key("advance-plain")
         if key not in model.compiled:
-            statics = {k: request.statics[k] for k in ("engine", "eos_ids", "lp_devices", "tensor_parallel")}
+            statics = request.program.step_statics
             shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
             args = (request.args[0], request.args[1], shapes, request.args[5], jnp.int32(self.chunk_steps))
             _background(model).submit(key, lambda: compile_cache.compiled_into(
@@ -558,7 +529,7 @@ def _stream_programs(model: Model, request: Request, chunk_steps: int):
     `model.compiled` when missing; the state after `begin`, the `advance` program, the seconds
     compiling took and the seconds `begin` ran."""
     statics = request.statics
-    advance_statics = {k: statics[k] for k in ("engine", "eos_ids", "lp_devices", "tensor_parallel")}
+    advance_statics = request.program.step_statics
     graphdef, params, sampling = request.args[0], request.args[1], request.args[5]
     begin_fn, compiling = compile_cache.compiled_into(model.compiled, request.compile_key("begin"), begin,
                                                       request.args, statics)

@@ -1,7 +1,8 @@
 """OpenAI's `stop`: strings that end a generation, the same rule for `generate`, `stream`, `chat`
 and the server. The text ends before the first stop string found (the earliest in the text), and
 the tokens end with the one that completed it; a stream holds back a suffix that may still grow
-into a stop string, so what it has sent is never taken back."""
+into a stop string, so what it has sent is never taken back (`settled`: the one rule of
+`jaxspec.stream` and the server's `Detokenizer` for the text of a generation so far)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,16 @@ def sendable(text: str, stops: tuple[str, ...]) -> str:
                 keep = min(keep, len(held) - k)
                 break
     return held[:keep]
+
+
+def settled(decode: Callable[[list[int]], str], ids: list[int], stops: tuple[str, ...], done: bool
+            ) -> tuple[list[int], str, bool]:
+    """A generation's tokens so far as the text a stream may send: (the ids kept, through the
+    token that completed a stop string; their text, cut before the stop string, whole once
+    `done`, otherwise without what a later token may still change (`sendable`); whether a stop
+    string ended the generation). A stream sends the part of that text it has not sent yet."""
+    hit = cut(decode, ids, stops) if stops else None
+    if hit is not None:
+        return hit[0], hit[1], True
+    text = decode(ids)
+    return ids, text if done else sendable(text, stops), False

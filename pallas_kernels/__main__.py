@@ -21,8 +21,8 @@ import traceback
 import jax
 import jax.numpy as jnp
 
-from jaxspec.models.masks import TreeMask
 from pallas_kernels.decode_attention import decode_attention
+from pallas_kernels.masks import TreeMask
 from pallas_kernels.pard_attention import pard_attention
 
 PLATFORMS = ("tpu", "cuda")

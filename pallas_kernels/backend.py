@@ -25,10 +25,8 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from jaxspec.errors import ConfigError
-
-# Same large finite negative as the XLA reference: fully masked rows stay finite (no NaN).
-MASKED = -1e30
+from pallas_kernels.errors import KernelConfigError
+from pallas_kernels.reference import MASKED  # noqa: F401 -- the reference's masked score: fully masked rows stay finite
 MIN_ROWS = 16  # Triton dots need every dim >= 16; bf16 sublane tiles on TPU are 16 rows
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 
@@ -39,7 +37,7 @@ def resolve(platform: str | None, interpret: bool | None) -> tuple[str, bool]:
     if interpret is None:
         interpret = platform == "cpu"
     if not interpret and platform not in ("tpu", *GPU_PLATFORMS):
-        raise ConfigError(f"no compiled Pallas backend for platform {platform!r}; use interpret=True")
+        raise KernelConfigError(f"no compiled Pallas backend for platform {platform!r}; use interpret=True")
     return platform, interpret
 
 

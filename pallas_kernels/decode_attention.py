@@ -1,6 +1,6 @@
 """Block-decode attention as one Pallas kernel: the `"pallas"` attention backend's decode path.
 
-Computes exactly what `jaxspec.models.attention.xla_attention` computes (same signature, same
+Computes exactly what `pallas_kernels.reference.xla_attention` computes (same signature, same
 masking rules, scores and softmax in float32) for a block of T queries:
 
 * the committed KV cache, masked per row by `cache_lengths` (and by `sliding_window`),
@@ -8,9 +8,9 @@ masking rules, scores and softmax in float32) for a block of T queries:
   accumulator in float32); cache blocks wholly past a row's length, or wholly before every
   query's sliding window, are never loaded: the loop runs over only the needed blocks;
 * then the block's own T keys under the block relation ("query i sees block key j"):
-  - a `jaxspec.models.masks.TreeMask` (every decoding step: the block is a token tree): the
+  - a `pallas_kernels.masks.TreeMask` (every decoding step: the block is a token tree): the
     relation is computed in the kernel from each token's DFS interval (two int32 vectors
-    of length T per row; `jaxspec.models.masks.tree_relation`, two comparisons per element), so
+    of length T per row; `pallas_kernels.masks.tree_relation`, two comparisons per element), so
     no T x T mask is read from memory;
   - any other relation as a dense `[b, T, T]` mask (an int32 copy, tiled over the query
     group): the fallback for prefill, arbitrary masks and tests.
@@ -39,8 +39,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
-from jaxspec.errors import ConfigError
-from jaxspec.models.masks import BlockMask, TreeMask, dense_block_mask, tree_relation
+from pallas_kernels.errors import KernelConfigError
+from pallas_kernels.masks import BlockMask, TreeMask, dense_block_mask, tree_relation
 from pallas_kernels.backend import MASKED, MIN_ROWS, compiler_params, next_pow2, pv, qk, resolve, round_up
 
 _GPU_ROWS = 64  # query rows per Triton program (its float32 accumulator lives in registers)
@@ -117,7 +117,7 @@ def decode_attention(
     """Pallas attention with `xla_attention`'s signature and results.
 
     `block_mask` is a `TreeMask` (relation computed in the kernel) or anything
-    `jaxspec.models.masks.dense_block_mask` accepts (read as a dense mask). `block_s` (a power of
+    `pallas_kernels.masks.dense_block_mask` accepts (read as a dense mask). `block_s` (a power of
     two) is the number of cache keys per online-softmax step. `block_rows` (a power of two
     >= 16) splits each instance's `g*T` query rows into tiles of that many rows, one grid
     step each (each re-reads the cache); default: one tile on TPU and in interpret mode,
@@ -127,23 +127,23 @@ def decode_attention(
     """
     platform, interpret = resolve(platform, interpret)
     if block_s < 16 or block_s & (block_s - 1):
-        raise ConfigError(f"block_s must be a power of two >= 16, got {block_s}")
+        raise KernelConfigError(f"block_s must be a power of two >= 16, got {block_s}")
     b, t, h, d = q.shape
     kv, s = k_cache.shape[1], k_cache.shape[2]
     if h % kv:
-        raise ConfigError(f"query heads ({h}) must be a multiple of KV heads ({kv})")
+        raise KernelConfigError(f"query heads ({h}) must be a multiple of KV heads ({kv})")
     g = h // kv
     gpu = not interpret and platform != "tpu"
     tpu = platform == "tpu" and not interpret
     tree = isinstance(block_mask, TreeMask)
     if tree and block_mask.size != t:
-        raise ConfigError(f"TreeMask describes a block of {block_mask.size} tokens, the forward has {t}")
+        raise KernelConfigError(f"TreeMask describes a block of {block_mask.size} tokens, the forward has {t}")
 
     rows = max(next_pow2(g * t), MIN_ROWS)
     if block_rows is None:
         block_rows = min(rows, _GPU_ROWS) if gpu else rows
     if block_rows < MIN_ROWS or block_rows & (block_rows - 1):
-        raise ConfigError(f"block_rows must be a power of two >= {MIN_ROWS}, got {block_rows}")
+        raise KernelConfigError(f"block_rows must be a power of two >= {MIN_ROWS}, got {block_rows}")
     block_rows = min(block_rows, rows)
     keys = max(next_pow2(t), MIN_ROWS)
     bs = min(block_s, max(next_pow2(s), 16))

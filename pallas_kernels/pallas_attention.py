@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from jaxtyping import Array, Float, Int
 
-from jaxspec.models.masks import BlockMask, PardMask
+from pallas_kernels.masks import BlockMask, PardMask
 from pallas_kernels.decode_attention import decode_attention
 from pallas_kernels.pard_attention import pard_attention
 
@@ -27,7 +27,7 @@ def pallas_attention(
     sliding_window: int | None = None,
     softcap: float | None = None,
 ) -> Float[Array, "b t h d"]:
-    """`jaxspec.models.attention.xla_attention`'s signature and results, with Pallas kernels."""
+    """`pallas_kernels.reference.xla_attention`'s signature and results, with Pallas kernels."""
     if isinstance(block_mask, PardMask) and k_cache.shape[2] == 0:
         return pard_attention(q, k_new, v_new, block_mask.block_ids, q_positions, sliding_window, softcap)
     return decode_attention(q, k_cache, v_cache, cache_lengths, k_new, v_new, block_mask, q_positions,

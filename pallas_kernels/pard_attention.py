@@ -1,10 +1,10 @@
 """PARD drafter-training attention as one Pallas kernel: full-sequence attention, no cache.
 
-The relation is the PARD training mask (`jaxspec.models.masks`, `../shared/docs/pard2.md`): token
+The relation is the PARD training mask (`pallas_kernels.masks`, `../shared/docs/pard2.md`): token
 n carries a block id (0 real, j >= 1 mask block j, -1 padding) and a position id, and
 query (j, t) sees key (j', t') iff `j' == 0 and t' <= t - j` or `1 <= j' <= j and
 t' - j' == t - j`. The kernel evaluates that on the ids of its query and key tiles
-(`jaxspec.models.masks.pard_relation`); no `n x n` mask exists anywhere. The ids are arbitrary per
+(`pallas_kernels.masks.pard_relation`); no `n x n` mask exists anywhere. The ids are arbitrary per
 token, so the full layout (`jaxspec.models.masks.pard_layout`), conditional drop (COD: any subset
 of it) and right padding all work. With every block id 0 the relation is causal attention.
 
@@ -18,7 +18,7 @@ all K blocks.
 
 A query that sees nothing (padding) gets 0 where the XLA reference averages every value;
 nothing reads those rows. Gradients: `pard_attention` is a `jax.custom_vjp` whose
-backward is the VJP of the XLA reference (`jaxspec.models.attention.xla_attention` under the
+backward is the VJP of the XLA reference (`pallas_kernels.reference.xla_attention` under the
 dense `pard_mask`), recomputed: exact, but with the reference's O(n^2) memory; a Pallas
 backward (saving the log-sum-exp) is the next step for long training sequences.
 
@@ -37,9 +37,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
-from jaxspec.errors import ConfigError
-from jaxspec.models.masks import pard_mask, pard_relation
 from pallas_kernels.backend import MASKED, compiler_params, next_pow2, pv, qk, resolve, round_up
+from pallas_kernels.errors import KernelConfigError
+from pallas_kernels.masks import pard_mask, pard_relation
+from pallas_kernels.reference import xla_attention
 
 _FAR = 1 << 30  # beyond any position: "no such token in this tile"
 
@@ -107,11 +108,11 @@ def _forward(q, k, v, block_ids, positions, scores, block_q, block_k, interpret,
     platform, interpret = resolve(platform, interpret)
     for name, size in (("block_q", block_q), ("block_k", block_k)):
         if size < 16 or size & (size - 1):
-            raise ConfigError(f"{name} must be a power of two >= 16, got {size}")
+            raise KernelConfigError(f"{name} must be a power of two >= 16, got {size}")
     b, n, h, d = q.shape
     kv = k.shape[2]
     if h % kv:
-        raise ConfigError(f"query heads ({h}) must be a multiple of KV heads ({kv})")
+        raise KernelConfigError(f"query heads ({h}) must be a multiple of KV heads ({kv})")
     g = h // kv
     tpu = platform == "tpu" and not interpret
     gpu = not interpret and not tpu
@@ -166,8 +167,6 @@ def pard_reference(
     softcap: float | None = None,
 ) -> Float[Array, "b n h d"]:
     """The XLA path: `xla_attention` with an empty cache under the dense `pard_mask`."""
-    from jaxspec.models.attention import xla_attention
-
     b, _, _, d = q.shape
     empty = jnp.zeros((b, k.shape[2], 0, d), k.dtype)  # a heads-major cache of no positions
     return xla_attention(q, empty, empty, jnp.zeros((b,), jnp.int32), k, v, pard_mask(block_ids, positions),

@@ -26,7 +26,7 @@ def test_missing_and_unknown_results_are_noted(tmp_path):
     assert "*Not run yet*" in found["Lookahead parallelism: work and bytes per device"]
 
 
-DRAFT_VOCAB = {  # a complete draft_vocab result, as benchmarks/draft_vocab.py writes one
+DRAFT_VOCAB = {  # a complete draft_vocab result, as benchmarks/draft_vocab.py (at 1baa28e) wrote one
     "benchmark": "draft_vocab", "date": "2026-01-02T03:04:05+00:00", "command": "python -m benchmarks.draft_vocab",
     "machine": {"cpu": "made-up CPU", "cpu_count": 2, "jax": "0.0", "jax_backend": "cpu"},
     "prompts": 4, "split": "heldout", "new_tokens": 32, "k": 4, "greedy_tokens_per_second": 50.0,
@@ -85,66 +85,6 @@ def test_check_fails_when_the_committed_report_is_not_the_one_the_results_make(t
     assert report.main(["--check", "--results", str(tmp_path), "--out", str(out)]) == 0
 
 
-def test_drafter_curve_chains_stages_and_measures_what_a_doubling_bought(tmp_path):
-    """benchmarks/drafter_curve.py reads each run's own evaluations (a resumed run's rewritten
-    step counted once, a torn line skipped), counts a later stage's steps from its start, and
-    fits acceptance against log2(total steps); its result renders and passes --check."""
-    import math
-
-    from benchmarks import drafter_curve
-
-    def run(name, steps, offset, extra=""):
-        folder = tmp_path / name
-        folder.mkdir()
-        lines = [json.dumps({"step": s, "loss": 1.0}) + "\n" + json.dumps(
-            {"step": s, "accept_len_td": 1 + 0.1 * math.log2(s + offset) if s + offset else 1.0,
-             "accept_len_ti": 1.0, "position_rates_td": [0.5, float("nan")], "eval_contexts": 10})
-            for s in steps]
-        (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n" + extra)
-        (folder / "config.json").write_text(json.dumps({"pard": {"num_blocks": 2}, "drafter": {"init": "target:2"},
-                                                        "data": {"corpus": "chat"}, "chat": {"parts": 4}}))
-        return folder
-
-    first = run("one", [0, 100, 200, 400], 0, extra='{"step": 400, "accept_len_td": 9.0, "acc')  # torn by a kill
-    second = run("two", [0, 400, 1200], 400)
-    out = tmp_path / "results"
-    assert drafter_curve.main(["--run", f"stage 1={first}", "--run", f"stage 2={second}@400", "--out", str(out),
-                               "--name", "pard2_smollm2_curve"]) == 0
-    r = json.loads((out / "pard2_smollm2_curve.json").read_text())
-    one, two = r["runs"]
-    assert [p["total_step"] for p in one["points"]] == [0, 100, 200, 400]
-    assert [p["total_step"] for p in two["points"]] == [400, 800, 1600]
-    assert one["td_per_doubling"] == pytest.approx(0.1) and two["td_per_doubling"] == pytest.approx(0.1)
-    assert one["ti_per_doubling"] == pytest.approx(0.0) and two["chat_parts"] == 4
-    text = (out / "pard2_smollm2_curve.md").read_text()
-    assert "| stage 2 | 400 | 800 | 10 | 1.964 | 1.000 | - | 0.50, - |" in text and "TD +0.100" in text
-    assert (out / "pard2_smollm2_curve.png").stat().st_size > 0
-    assert not [p for p in report.check(out) if p.startswith("pard2_smollm2_curve")]
-    with pytest.raises(SystemExit, match="metrics.jsonl is missing"):
-        drafter_curve.main(["--run", f"x={tmp_path}", "--out", str(out)])
-
-    # A later stage whose earlier run folders are gone: their points come from the committed curve,
-    # a --run of the same label replaces its carried namesake, and a rerun of that same command
-    # (reading the result it wrote) leaves the runs as they were.
-    import shutil
-    shutil.rmtree(first)
-    third = run("three", [0, 800], 1600)
-    again = ["--earlier", str(out / "pard2_smollm2_curve.json"), "--run", f"stage 2={second}@400",
-             "--run", f"stage 3={third}@1600", "--out", str(out), "--name", "pard2_smollm2_curve"]
-    for _ in range(2):
-        assert drafter_curve.main(again) == 0
-        r = json.loads((out / "pard2_smollm2_curve.json").read_text())
-        assert [run["label"] for run in r["runs"]] == ["stage 1", "stage 2", "stage 3"]
-        assert r["runs"][0]["points"] == one["points"] and r["runs"][0]["carried_from"].startswith(
-            "pard2_smollm2_curve.json of ")
-        assert "carried_from" not in r["runs"][1] and r["runs"][2]["points"][-1]["total_step"] == 2400
-    assert "carried from `pard2_smollm2_curve.json of " in (out / "pard2_smollm2_curve.md").read_text()
-    assert not [p for p in report.check(out) if p.startswith("pard2_smollm2_curve")]
-    (out / "other.json").write_text(json.dumps({"benchmark": "real_bench"}))
-    with pytest.raises(SystemExit, match="not a drafter_curve result"):
-        drafter_curve.main(["--earlier", str(out / "other.json"), "--run", f"x={third}", "--out", str(out)])
-
-
 def test_pard_ablation_reports_s_on_the_decoding_path(tmp_path):
     """benchmarks/pard_ablation.py on the default model's shipped drafter (2 prompts): every row has
     its S along the decoding path, between 1 and K + 1, inside its interval, in the table."""
@@ -172,20 +112,8 @@ def test_pard_ablation_reports_s_on_the_decoding_path(tmp_path):
     assert f"| shipped | target-dependent | 4 | {r['rows'][1]['decode_path_s']:.3f} (5) |" in text
 
 
-def test_cpu_options_sizes_parse_ranges_and_always_time_one_token():
-    """--sizes: lists and ranges, 1 added (c(T) is relative to the one-token forward), bad input refused."""
-    from benchmarks.cpu_options import parse_sizes
-
-    assert parse_sizes("1-10") == tuple(range(1, 11))
-    assert parse_sizes("2,3,5,9") == (1, 2, 3, 5, 9)
-    assert parse_sizes("4,2-3") == (1, 2, 3, 4)
-    for bad in ("a", "0-3", "3-", "5-3"):
-        with pytest.raises(SystemExit, match="--sizes"):
-            parse_sizes(bad)
-
-
 def test_long_context_counts_a_loops_cache_copies_and_reports_each_option_set():
-    """benchmarks/long_context: copies of a carried cache are counted (not other copies), and the
+    """benchmarks/hlo: copies of a carried cache are counted (not other copies), and the long_context
     table gives each option set's time, the speed-up and the copies, NO where tokens differed."""
     from benchmarks.hlo import cache_copies
 

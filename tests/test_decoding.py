@@ -187,7 +187,7 @@ def test_a_compile_key_hashes_each_graph_definition_once_and_equal_definitions_s
     G = importlib.import_module("jaxspec.generate")
     model = jaxspec.load("pycode-5M")
     request = G.prepare(model, [1, 5, 9], 8, "speculative", draft_len=4)
-    assert request.bound
+    assert request.program.plan.bound
     target, (drafter,) = request.args[0]
     hashed = []
     graph_type = type(target)
@@ -198,9 +198,9 @@ def test_a_compile_key_hashes_each_graph_definition_once_and_equal_definitions_s
     for _ in range(5):
         assert table[request.compile_key("decode")] == "program"
     assert sorted(hashed) == sorted({id(target), id(drafter)})  # once each
-    twin = dataclasses.replace(request, args=((copy.deepcopy(target), (copy.deepcopy(drafter),)),
-                                              *request.args[1:]))
-    assert twin.args[0][0] is not target and table[twin.compile_key("decode")] == "program"
+    plan = dataclasses.replace(request.program.plan, graphdef=(copy.deepcopy(target), (copy.deepcopy(drafter),)))
+    twin = dataclasses.replace(request, program=dataclasses.replace(request.program, plan=plan))
+    assert plan.graphdef[0] is not target and table[twin.compile_key("decode")] == "program"
 
 # ----------------------------------------------------------------------------- warp_logits
 

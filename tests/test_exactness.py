@@ -1,4 +1,4 @@
-"""`jaxspec.decoding.exactness`: where two outputs part, the logit gap there, and the near-tie rule;
+"""`jaxspec.exactness`: where two outputs part, the logit gap there, and the near-tie rule;
 the CLI's "identical to greedy" line that uses them."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding import exactness
+from jaxspec import exactness
 from jaxspec.cli.reporting import identical_to_greedy
 from test_decoding import tiny_model
 

@@ -1,5 +1,6 @@
 """tools/import_graph.py: jaxspec's imports have no cycle and no arrow back up (beyond the
-named debts), and the tool catches each kind of problem on a synthetic package."""
+named debts), pallas_kernels imports nothing from jaxspec, and the tool catches each kind of
+problem on a synthetic package."""
 
 from __future__ import annotations
 
@@ -14,11 +15,17 @@ def test_jaxspec_has_no_cycle_and_no_arrow_back_up():
     found, graph = import_graph.problems(ROOT)
     assert found == []
     assert "jaxspec.decoding.engine" in graph and "jaxspec.models.model" in graph["jaxspec.decoding.engine"]
+    # The attention backends are imported, not named by a string the graph cannot see.
+    assert {"pallas_kernels.pallas_attention", "pallas_kernels.reference"} <= set(graph["jaxspec.models.attention"])
+    assert "pallas_kernels.masks" in graph["jaxspec.models.masks"]
+    kernels = {name: imported for name, imported in graph.items() if name.split(".")[0] == "pallas_kernels"}
+    assert "pallas_kernels.pard_attention" in kernels
+    assert all(not name.startswith("jaxspec") for imported in kernels.values() for name in imported)
 
 
-def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+def _package(tmp_path: Path, files: dict[str, str], package: str = "jaxspec") -> Path:
     for name, text in files.items():
-        path = tmp_path / "jaxspec" / name
+        path = tmp_path / package / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return tmp_path
@@ -51,3 +58,26 @@ def test_a_paid_debt_must_leave_the_lists(tmp_path):
     assert found == ["debt paid: jaxspec.errors no longer imports jaxspec.models.model; remove the pair from KNOWN_UPWARD",
                      "debt paid: jaxspec.errors <-> jaxspec.models.model is no longer a cycle; remove it from "
                      "KNOWN_LAZY_CYCLES"]
+
+
+def test_pallas_kernels_importing_jaxspec_is_caught(tmp_path):
+    """pallas_kernels sits below every jaxspec layer: jaxspec may import it from any layer, and it
+    may import nothing from jaxspec, not even inside a function (how the XLA reference used to
+    be reached) and not even when the pair is listed as a debt."""
+    root = _package(tmp_path, {"__init__.py": "", "errors.py": "from pallas_kernels.errors import KernelConfigError\n",
+                               "models/__init__.py": "", "models/attention.py": "import pallas_kernels.reference\n"})
+    _package(root, {"__init__.py": "from pallas_kernels.errors import KernelConfigError\n", "errors.py": "",
+                    "reference.py": "from .errors import KernelConfigError\n"}, package="pallas_kernels")
+    found, graph = import_graph.problems(root)
+    assert found == []
+    assert graph["jaxspec.models.attention"] == ["pallas_kernels.reference"]
+    assert graph["pallas_kernels.reference"] == ["pallas_kernels.errors"]  # relative imports resolve in the package
+
+    _package(root, {"masks.py": "from jaxspec.errors import ConfigError\n",
+                    "pard_attention.py": "def backward():\n    from jaxspec.models import attention\n"},
+             package="pallas_kernels")
+    found, _ = import_graph.problems(root, known_upward={("pallas_kernels.masks", "jaxspec.errors")})
+    assert [line.split(" (")[0] for line in found] == [
+        "pallas_kernels imports jaxspec: pallas_kernels.masks imports jaxspec.errors",
+        "pallas_kernels imports jaxspec: pallas_kernels.pard_attention imports jaxspec.models.attention"]
+    assert import_graph.main(["--root", str(root)]) == 1

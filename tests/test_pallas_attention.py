@@ -30,7 +30,7 @@ from jaxspec.models.config import ModelConfig
 from jaxspec.errors import ConfigError
 from jaxspec.models.kv_cache import KVCache
 from jaxspec.models.masks import PardMask, dense_block_mask, pard_layout, pard_mask
-from pallas_kernels import decode_attention, pallas_attention, pard_attention, pard_reference
+from pallas_kernels import KernelConfigError, decode_attention, pallas_attention, pard_attention, pard_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 from stories import CASES as STORIES_CASES, CHECKPOINT, needs_stories
@@ -200,9 +200,15 @@ def test_blocks_outside_the_cache_length_and_window_are_never_read():
 def test_tree_mask_of_the_wrong_size_is_an_error():
     args = _inputs(4, 1, 5, 4, 2, 64, 16, jnp.float32, [3])
     args["block_mask"] = StepLayout(window=2, levels=2, guesses=1, cand_len=2).tree.mask(1)  # 6 tokens, not 5
-    for fn in (decode_attention, xla_attention):
+    # The kernels raise their own error (pallas_kernels imports nothing from jaxspec), a ValueError;
+    # jaxspec's backends and masks raise its ConfigError for the same input.
+    with pytest.raises(KernelConfigError, match="TreeMask"):
+        decode_attention(**args)
+    for fn in (get_attention("pallas"), xla_attention):
         with pytest.raises(ConfigError, match="TreeMask"):
             fn(**args)
+    with pytest.raises(ConfigError, match="TreeMask"):
+        dense_block_mask(args["block_mask"], args["q_positions"])
 
 
 # --- the PARD training mask -------------------------------------------------------------
@@ -341,7 +347,7 @@ def test_pard_training_forward_through_the_model():
 # --- the backend ------------------------------------------------------------------------
 
 def test_registered_as_the_pallas_backend():
-    assert get_attention("pallas") is pallas_attention
+    assert get_attention("pallas").__wrapped__ is pallas_attention  # (its errors as jaxspec's ConfigError)
     assert "pallas" in jaxspec.models.attention.available_attention()
 
 

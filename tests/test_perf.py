@@ -1,4 +1,5 @@
-"""jaxspec.roofline: the first-principles step-cost model (pure arithmetic: no JAX program runs here)."""
+"""benchmarks/roofline.py: the first-principles step-cost model (pure arithmetic: no JAX program runs here but
+the calibration programs' head ones) and its check against a recorded run."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import json
 
 import pytest
 
+from benchmarks import roofline
 from jaxspec import ModelConfig
-from jaxspec import roofline
 from jaxspec.errors import ConfigError, JaxspecError
 
 
@@ -186,28 +187,28 @@ def test_cpu_check_predicts_a_recorded_run_from_its_calibration():
     measurement's known error exactly (within 40% here), and the same rows as the run itself.
     (docs/performance.md's claim about the recorded run on this CPU is checked by
     tools/performance_tables.py, which reads it.)"""
-    from benchmarks import roofline as bench
     from benchmarks.harness.result import dumps
+
 
     seconds = calibration_seconds()
     profile = roofline.profile_from_measurements(roofline.calibration(seconds))
-    off = dict(zip(bench.TOKENS, (0.0, 0.25, -0.2, 0.3, -0.25, 0.1)))  # the measurement's error per T
+    off = dict(zip(roofline.TOKENS, (0.0, 0.25, -0.2, 0.3, -0.25, 0.1)))  # the measurement's error per T
     for name, cfg in CHECKED.items():
-        for t in bench.TOKENS:
-            model = roofline.predicted_seconds(cfg, t, 1, bench.CACHE_LEN, 4, profile, "xla")
+        for t in roofline.TOKENS:
+            model = roofline.predicted_seconds(cfg, t, 1, roofline.CACHE_LEN, 4, profile, "xla")
             seconds[("forward", name, t)] = model * (1 + off[t])
-    steps = {("forward", name, t): 8 for name in CHECKED for t in bench.TOKENS}
-    run = bench.record(seconds, CHECKED, steps, 3, {"cpu": "made-up CPU", "cpu_count": 2})
+    steps = {("forward", name, t): 8 for name in CHECKED for t in roofline.TOKENS}
+    run = roofline.record(seconds, CHECKED, steps, 3, {"cpu": "made-up CPU", "cpu_count": 2})
 
     recorded = json.loads(dumps(run))  # as benchmarks/results/roofline.json holds a run
-    rows = bench.predict(recorded)
+    rows = roofline.predict(recorded)
     assert rows == run["rows"]  # the file alone gives the run's predictions
     assert {r["model"] for r in rows} == set(CHECKED)
-    assert [(r["model"], r["tokens"]) for r in rows] == [(name, t) for name in CHECKED for t in bench.TOKENS]
+    assert [(r["model"], r["tokens"]) for r in rows] == [(name, t) for name in CHECKED for t in roofline.TOKENS]
     for r in rows:
         cfg = CHECKED[r["model"]]
         assert r["params"] == cfg.num_params and r["steps"] == 8
-        assert r["predicted_c"] == pytest.approx(roofline.step_cost(cfg, r["tokens"], 1, bench.CACHE_LEN, 4, profile,
+        assert r["predicted_c"] == pytest.approx(roofline.step_cost(cfg, r["tokens"], 1, roofline.CACHE_LEN, 4, profile,
                                                                     "xla"), rel=1e-9)
         assert r["measured_c"] == pytest.approx(r["predicted_c"] * (1 + off[r["tokens"]]), rel=1e-9)
         assert 0 < r["compute_bound_fraction"] < 1
@@ -218,7 +219,7 @@ def test_cpu_check_predicts_a_recorded_run_from_its_calibration():
     # the predictions follow the recorded calibration, not this machine's or a default one
     slower = json.loads(dumps(run))
     slower["calibration"]["fixed_layer_seconds"] *= 100
-    assert all(a["predicted_c"] < b["predicted_c"] for a, b in zip(bench.predict(slower), rows) if a["tokens"] > 1)
+    assert all(a["predicted_c"] < b["predicted_c"] for a, b in zip(roofline.predict(slower), rows) if a["tokens"] > 1)
 
 
 def test_calibration_programs_build_and_the_head_ones_run():

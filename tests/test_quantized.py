@@ -23,7 +23,7 @@ from flax import nnx
 
 import jaxspec
 import jaxspec.models.quantize as quantize
-from jaxspec.decoding import exactness
+from jaxspec import exactness
 from jaxspec.cli import main
 from jaxspec.errors import ConfigError
 from jaxspec.runtime.memory import tree_bytes

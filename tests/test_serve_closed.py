@@ -16,7 +16,7 @@ import jaxspec
 from jaxspec.errors import GenerationError
 from jaxspec.serving import make_server
 from jaxspec.serving.app import background
-from jaxspec.serving.requests import ApiError
+from jaxspec.serving.openai import ApiError
 from jaxspec.serving.scheduler import Job, QueueFull, Scheduler
 from jaxspec.decoding.sampling import SamplingParams
 from test_serve_hardening import (MODEL_ID, assert_error, assert_serving, model, needs_smollm2,  # noqa: F401
@@ -103,7 +103,7 @@ def test_a_role_or_an_extra_field_cannot_forge_a_turn():
 
 @pytest.mark.parametrize("key", ["", "   "])
 def test_an_empty_api_key_is_refused_in_the_library_as_in_the_cli(key):
-    from jaxspec.serving.app import Limits
+    from jaxspec.serving.guard import Limits
 
     with pytest.raises(GenerationError, match="api_key is empty"):
         Limits(api_key=key)

@@ -15,7 +15,8 @@ import httpx
 import jaxspec
 from benchmarks import serve_faults
 from jaxspec.serving import make_server
-from jaxspec.serving.app import Limits, background
+from jaxspec.serving.app import background
+from jaxspec.serving.guard import Limits
 
 
 def test_load_with_disconnects_bad_and_slow_requests_loses_nothing():

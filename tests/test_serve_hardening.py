@@ -24,8 +24,9 @@ import jaxspec
 from jaxspec import cli
 from jaxspec.errors import CheckpointError, GenerationError, PromptError
 from jaxspec.serving import make_server
-from jaxspec.serving.app import Limits, background
-from jaxspec.serving.requests import ApiError
+from jaxspec.serving.app import background
+from jaxspec.serving.guard import Limits
+from jaxspec.serving.openai import ApiError
 from jaxspec.serving.scheduler import Job, Scheduler
 from jaxspec.decoding.sampling import SamplingParams
 

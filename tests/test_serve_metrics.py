@@ -29,7 +29,8 @@ from jaxspec import cli
 from jaxspec.chat import chat_prompt
 from jaxspec.checkpoint.chat_template import ChatTemplate
 from jaxspec.serving import make_server
-from jaxspec.serving.app import Limits, background
+from jaxspec.serving.app import background
+from jaxspec.serving.guard import Limits
 
 MODEL_ID = "pycode-5M"
 PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:\n    def push(self, x):", "for i in range(10):"]

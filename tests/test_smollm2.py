@@ -127,7 +127,7 @@ def test_blocks_logits_equal_float32_bit_for_bit_on_the_real_head_and_layers(mod
     argmax and logits take the chunked dequantize path) against the same file dequantized to
     float32: the same logits, bit for bit, in a prompt's forward (many rows) and in each one-token
     decoding step (the log-probabilities `generate` reports come from those steps' logits)."""
-    from jaxspec.decoding.exactness import next_logits
+    from jaxspec.exactness import next_logits
 
     f32 = jaxspec.load("smollm2-135m-instruct", dtype="float32")
     assert model.dtype == "blocks" and f32.dtype == "float32"

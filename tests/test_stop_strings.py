@@ -52,6 +52,18 @@ def test_a_stream_holds_back_what_may_grow_into_a_stop_string():
     assert stop_strings.cut(lambda ids: "".join(map(str, ids)), [1, 2, 3, 4], ("23",)) == ([1, 2, 3], "1")
 
 
+def test_settled_is_what_a_stream_may_send_so_far():
+    def decode(ids):  # one character per id; 0 stands for half a character
+        return "".join("\ufffd" if i == 0 else chr(i) for i in ids)
+
+    ids = [ord(c) for c in "abcEN"]
+    assert stop_strings.settled(decode, ids, ("END",), done=False) == (ids, "abc", False)
+    assert stop_strings.settled(decode, ids, ("END",), done=True) == (ids, "abcEN", False)
+    assert stop_strings.settled(decode, ids + [0], (), done=False) == (ids + [0], "abcEN", False)
+    more = [ord(c) for c in "abcENDxy"]
+    assert stop_strings.settled(decode, more, ("END", "y"), done=False) == (more[:6], "abc", True)
+
+
 @pytest.mark.parametrize("stop", ["", ["a", 3], ["a"] * 5, 7])
 def test_bad_stop_strings_are_refused(model, stop):
     with pytest.raises(jaxspec.GenerationError, match="stop must be"):

@@ -116,7 +116,7 @@ def worker() -> dict:
         if (tp, dp) == (4, 1):  # LP x TP: 2 LP groups of this 4-way model, 8 devices
             report["lptp"] = {name: _run(model, name, drafter, lp_devices=2) for name in LP_METHODS}
             report["lptp_single"] = {name: _run(single, name, drafter) for name in LP_METHODS}
-            program = next(p for k, p in model.compiled.items() if dict(k[2])["lp_devices"] == 2)
+            program = next(p for k, p in model.compiled.items() if getattr(dict(k[2]).get("block"), "devices", 1) == 2)
             report["lptp_collectives"] = hlo_collectives(program.as_text())
             report["lp_errors"]["devices"] = _error(lambda: jaxspec.generate(model, PROMPTS, max_new_tokens=2,
                                                                               method="lookahead", lp_devices=4))

@@ -21,7 +21,7 @@ import re
 import sys
 from pathlib import Path
 
-from jaxspec import roofline
+from jaxspec.decoding.methods import lookahead_block_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -75,7 +75,7 @@ def _speculative_label(label: str) -> str:
 
 
 def fit(runs: list) -> dict:
-    points = [(roofline.lookahead_block_tokens(*cfg), s) for label, s in runs if (cfg := _lookahead(label))]
+    points = [(lookahead_block_tokens(*cfg), s) for label, s in runs if (cfg := _lookahead(label))]
     slope = sum((s - 1) * math.log(t) for t, s in points) / sum(math.log(t) ** 2 for t, _ in points)
     worst = max(abs(1 + slope * math.log(t) - s) / s for t, s in points)
     out = {"lookahead_slope": round(slope, 4), "lookahead_points": len(points), "lookahead_max_error": round(worst, 3)}

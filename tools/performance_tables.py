@@ -1,11 +1,11 @@
 """docs/performance.md's generated tables: the step-cost model's predictions (pure arithmetic on
-`jaxspec.roofline`), beside this CPU's recorded measurement (benchmarks/results/roofline.json).
+`benchmarks/roofline.py`), beside this CPU's recorded measurement (benchmarks/results/roofline.json).
 
     python tools/performance_tables.py                # rewrites every <!-- table:NAME --> block of the doc
     python tools/performance_tables.py --count-eager  # HF LLaMA eager ops per layer (needs torch + transformers)
 
 roofline.json's predictions are recomputed from its recorded calibration with the current model
-(`benchmarks/roofline.py: predict`) and roofline.{json,md} rewritten first; the run fails (exit 1, after
+(`roofline.predict`) and roofline.{json,md} rewritten first; the run fails (exit 1, after
 writing) if the recorded run's c(T) is no longer predicted within MAX_ERROR at every T > 1.
 """
 
@@ -24,9 +24,8 @@ if __name__ == "__main__" and not __package__:  # run by path: the repository ro
 
 from benchmarks import report  # noqa: E402
 from benchmarks.harness import RESULTS, write_result  # noqa: E402
-from benchmarks.roofline import CACHE_LEN, predict  # noqa: E402
+from benchmarks import roofline  # noqa: E402
 from jaxspec import ModelConfig  # noqa: E402
-from jaxspec import roofline  # noqa: E402
 
 DOC = ROOT / "docs" / "performance.md"
 # docs/performance.md's claim about the recorded CPU run (benchmarks/results/roofline.json): the current model
@@ -207,7 +206,7 @@ def generate_step_table(result: dict, profile: roofline.HardwareProfile) -> list
         if (RESULTS / file).exists() and model in result["configs"]:
             cfg = ModelConfig.from_hf(result["configs"][model])
             for name, t, S, speed, c_step in _steps_of(json.loads((RESULTS / file).read_text())):
-                c_pred = roofline.step_cost(cfg, t, 1, CACHE_LEN, 4, profile, "xla")
+                c_pred = roofline.step_cost(cfg, t, 1, roofline.CACHE_LEN, 4, profile, "xla")
                 lines.append(f"| {model} | {name} | {t} | {S:.2f} | {speed:.2f}x | {c_step:.1f} | {c_pred:.1f} | "
                              f"`{file}` |")
     return lines
@@ -223,7 +222,7 @@ def write_tables(doc: Path = DOC) -> dict[tuple[str, int], float]:
     """roofline.json's predictions recomputed (roofline.{json,md} rewritten), then the doc's tables; returns
     `far_predictions` of the recorded run."""
     result = json.loads((RESULTS / "roofline.json").read_text())
-    result["rows"] = predict(result)
+    result["rows"] = roofline.predict(result)
     write_result(result, RESULTS, quiet=True)
     cpu = roofline.profile_from_measurements(result["calibration"], name=result["profile"]["name"])
     tables = {"profiles": profile_table(cpu), "calibration": report.roofline_calibration(result),

@@ -197,8 +197,8 @@ def run_decode(bench: DecodeBench, journal_path: Path, fresh: bool = False, prog
 def differences(model, cases: Sequence[Case], runs: dict, reference: str) -> list[dict]:
     """Every output unlike what it should be (a case's reference tokens where it has them, else the
     reference setting's), with where and how far apart the two disputed logits are
-    (`jaxspec.decoding.exactness.compare`: one forward over the common prefix, per distinct disagreement)."""
-    from jaxspec.decoding import exactness
+    (`jaxspec.exactness.compare`: one forward over the common prefix, per distinct disagreement)."""
+    from jaxspec import exactness
 
     found, gaps = [], {}
     for name, rounds in runs.items():

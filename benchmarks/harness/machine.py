@@ -19,7 +19,6 @@ def machine_info() -> dict:
     import jax
 
     import jaxspec
-    from jaxspec.roofline import cpu_name
 
     info = {"platform": platform.platform(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "jax": jax.__version__, "jax_backend": jax.default_backend(),
@@ -28,3 +27,14 @@ def machine_info() -> dict:
     if hasattr(os, "getloadavg"):  # a shared machine: how busy it was when the run started
         info["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return info
+
+
+def cpu_name() -> str:
+    """This machine's CPU model (Linux's /proc/cpuinfo), else what `platform` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "CPU"

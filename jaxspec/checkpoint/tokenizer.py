@@ -157,13 +157,14 @@ class SentencePieceTokenizer(Tokenizer):
             if i != self._sp.unk_id() and self._sp.IdToPiece(i) == piece and i not in eos:
                 eos.append(i)
         self.eos_ids = tuple(eos)
-        special = {"bos_token": self._piece(self._sp.bos_id()), "eos_token": self._piece(self._sp.eos_id()),
-                   "unk_token": self._piece(self._sp.unk_id()), "pad_token": self._piece(self._sp.pad_id())}
+        special = {"bos_token": self.piece(self._sp.bos_id()), "eos_token": self.piece(self._sp.eos_id()),
+                   "unk_token": self.piece(self._sp.unk_id()), "pad_token": self.piece(self._sp.pad_id())}
         special.update({n: t for n in SPECIAL_TOKEN_NAMES if (t := _token_text(config.get(n))) is not None})
         source = jinja if jinja is not None else chat_template_source(config.get("chat_template"))
         self.chat_template = ChatTemplate(source, {k: v for k, v in special.items() if v}) if source else None
 
-    def _piece(self, i: int) -> str | None:
+    def piece(self, i: int) -> str | None:
+        """Id `i`'s own vocabulary entry (its SentencePiece piece), None outside the vocabulary."""
         return self._sp.IdToPiece(i) if 0 <= i < self._sp.GetPieceSize() else None
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:

@@ -102,7 +102,7 @@ def _json_reply(args, model, reply, greedy) -> dict:
     out = reply.output
     difference = None
     if greedy is not None:
-        from jaxspec.decoding import exactness
+        from jaxspec import exactness
 
         difference = exactness.compare(model, reply.prompt_ids, greedy.tokens, out.tokens)
     return {"reply": reply.text, "finish_reason": reply.finish_reason, "tokens": out.tokens,

@@ -12,8 +12,8 @@ def jax_backend() -> str:
 
 def identical_to_greedy(model, prompt_ids, tokens, greedy_tokens) -> str:
     """"identical to greedy: yes", or where the outputs part and whether the two disputed
-    tokens' logits are a near-tie at the model's dtype (`jaxspec.decoding.exactness`)."""
-    from jaxspec.decoding import exactness
+    tokens' logits are a near-tie at the model's dtype (`jaxspec.exactness`)."""
+    from jaxspec import exactness
 
     difference = exactness.compare(model, prompt_ids, greedy_tokens, tokens)
     numerics = " (batch-invariant numerics)" if getattr(model, "batch_invariant", False) else ""

@@ -73,6 +73,14 @@ class Engine:
         """The most tokens one step commits or emits: the longest path + the bonus token."""
         return self.tree.max_path + 1
 
+    def cache_length(self, positions: int, *, tree_free: bool = False) -> int:
+        """The KV cache of rows that reach `positions` (prompt and reply): one step's commit more (the
+        last step may overshoot a row's budget before it stops), a multiple of 64. The one rule.
+        `tree_free`: without building the token tree (its tables grow with the block's square; the
+        memory guard's first check): the block's tokens bound a step's commit."""
+        overshoot = self.block_tokens if tree_free else self.max_commit
+        return -(-(positions + overshoot) // 64) * 64
+
     @property
     def hidden_layers(self) -> tuple[int, ...]:
         layers: list[int] = list(self.feature_layers)
@@ -157,7 +165,17 @@ def source_runs(engine: Engine, accepted: Int[Array, "b k"], path_ids: np.ndarra
 
 @dataclasses.dataclass(frozen=True)
 class LocalBlock:
-    """The step's block on one device: the whole tree, one forward, the engine's verifier."""
+    """The step's block on one device: the whole tree, one forward, the engine's verifier.
+
+    A block is a static argument of the programs (`jaxspec.decoding.methods`): it says where a
+    step runs (`on_devices`), what it cannot do (`check`), how a step's block is run (`step`)."""
+
+    def check(self, engine: Engine, *, rows_apart: bool = False) -> None:
+        """Every engine, and rows stepped apart (the server's slots, plain steps), run on one device."""
+
+    def on_devices(self, fn, *args):
+        """`fn(*args)` where this block's steps run: here, as it is."""
+        return fn(*args)
 
     def init(self, batch: int):
         return ()
@@ -360,12 +378,18 @@ def advance(engine: Engine, block, graphdef, params, state: EngineState, samplin
                               (jnp.int32(0), state))[1]
 
 
-def finish(engine: Engine, state: EngineState) -> tuple[DecodeState, dict]:
-    """The decode state and the statistics (accept histogram, sources' own) of a finished state."""
+def accept_histogram(engine: Engine, state: EngineState) -> Int[Array, "... e1"]:
+    """Each row's steps that emitted k tokens (the prefill's first token not counted). A one-token
+    engine's loop leaves its histogram to this: every step emitted 1."""
     histogram = state.accept_histogram
     if engine.max_commit == 1:
-        histogram = histogram.at[:, 1].set(state.decode.steps - 1)
-    stats = {"accept_histogram": histogram}
+        histogram = histogram.at[..., 1].set(jnp.maximum(state.decode.steps - 1, 0))
+    return histogram
+
+
+def finish(engine: Engine, state: EngineState) -> tuple[DecodeState, dict]:
+    """The decode state and the statistics (accept histogram, sources' own) of a finished state."""
+    stats = {"accept_histogram": accept_histogram(engine, state)}
     for source, source_state in zip(engine.sources, state.sources):
         if hasattr(source, "finish"):
             stats.update(source.finish(source_state))

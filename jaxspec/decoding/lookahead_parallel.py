@@ -44,7 +44,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Int
 
-from jaxspec.decoding.engine import Chosen, Engine, EngineState, advance, begin, run, source_runs
+from jaxspec.decoding.engine import Chosen, Engine, LocalBlock, source_runs
 from jaxspec.decoding.prefill import concat_features
 from jaxspec.decoding.state import DecodeState
 from jaxspec.decoding.tree import TokenTree, dfs_intervals
@@ -189,19 +189,33 @@ def _bits(x):
     return jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True)
 class ShardedBlock:
-    """The step's block on device `axis_index(lp)` of the mesh; carries the pending count."""
+    """The step's block on device `axis_index(lp)` of an `lp` mesh of `devices` devices (each a
+    group of `tensor_parallel` devices under LP x TP); carries the pending count. Equal blocks
+    compare equal: a block is a static argument of the programs and part of their compile key."""
 
-    sharded: ShardedTree
+    devices: int
+    tensor_parallel: int = 1
+
+    def check(self, engine: Engine, *, rows_apart: bool = False) -> None:
+        """LP verifies by argmax, and its rows share one step count (one line each)."""
+        check_greedy(engine)
+        if rows_apart:
+            raise GenerationError("lookahead parallelism steps a batch whose rows share one step count")
+
+    def on_devices(self, fn, *args):
+        return _on_lp_mesh(fn, self.devices, self.tensor_parallel, *args)
 
     def init(self, batch: int) -> Int[Array, " b"]:
         """Emitted tokens whose K/V are not committed yet, the last token included."""
         return jnp.ones((batch,), jnp.int32)
 
+    # (one function, ~90 lines: every line is traced into each device's copy of the step, and its
+    # parts share a dozen per-device tables and the gathered verdict; split, they would pass them all)
     def step(self, engine: Engine, model, block_tokens, decode: DecodeState, valid, q, key,
              sampling: SamplingParams, pending) -> tuple[Chosen, KVCache, Int[Array, " b"]]:
-        sharded = self.sharded
+        sharded = shard_tree(engine.tree, self.devices)  # (numpy, once per trace of the step)
         slots, batch = sharded.refeed, block_tokens.shape[0]
         rows = jnp.arange(batch)
         device = jax.lax.axis_index(LP_AXIS)
@@ -312,42 +326,7 @@ def _on_lp_mesh(fn, lp_devices: int, tensor_parallel: int, *args):
                          axis_names={LP_AXIS}, check_vma=False)(*args)
 
 
-def decode(engine: Engine, graphdef, params, prompts: Int[Array, "b p"], prompt_lengths: Int[Array, " b"], rng,
-           sampling: SamplingParams, *, max_new_tokens: int, cache_len: int, eos_ids: tuple[int, ...],
-           lp_devices: int, tensor_parallel: int = 1) -> tuple[DecodeState, dict]:
-    """The engine's loop with each step split over `lp_devices` devices (see the module docstring).
-
-    Pure and jit-able like `jaxspec.decoding.engine.decode`; the inputs are used replicated."""
-    check_greedy(engine)
-    block = ShardedBlock(shard_tree(engine.tree, lp_devices))
-
-    def body(params, prompts, prompt_lengths, rng, sampling):
-        return run(engine, block, graphdef, params, prompts, prompt_lengths, rng, sampling,
-                   max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
-
-    return _on_lp_mesh(body, lp_devices, tensor_parallel, params, prompts, prompt_lengths, rng, sampling)
-
-
-def begin_sharded(engine: Engine, graphdef, params, prompts, prompt_lengths, rng, sampling: SamplingParams, *,
-                  max_new_tokens: int, cache_len: int, eos_ids: tuple[int, ...], lp_devices: int,
-                  tensor_parallel: int = 1) -> EngineState:
-    """`engine.begin` on the `lp` mesh (the state is replicated)."""
-    check_greedy(engine)
-    block = ShardedBlock(shard_tree(engine.tree, lp_devices))
-
-    def body(params, prompts, prompt_lengths, rng, sampling):
-        return begin(engine, block, graphdef, params, prompts, prompt_lengths, rng, sampling,
-                     max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
-
-    return _on_lp_mesh(body, lp_devices, tensor_parallel, params, prompts, prompt_lengths, rng, sampling)
-
-
-def advance_sharded(engine: Engine, graphdef, params, state: EngineState, sampling: SamplingParams, steps, *,
-                    eos_ids: tuple[int, ...], lp_devices: int, tensor_parallel: int = 1) -> EngineState:
-    """`engine.advance` on the `lp` mesh."""
-    block = ShardedBlock(shard_tree(engine.tree, lp_devices))
-
-    def body(params, state, sampling, steps):
-        return advance(engine, block, graphdef, params, state, sampling, steps, eos_ids=eos_ids)
-
-    return _on_lp_mesh(body, lp_devices, tensor_parallel, params, state, sampling, steps)
+def block_for(lp_devices: int, tensor_parallel: int = 1):
+    """The block of a program over `lp_devices` devices: one device's (`LocalBlock`), or each step
+    split over an `lp` mesh (`ShardedBlock`). The one place the device count picks the strategy."""
+    return LocalBlock() if lp_devices == 1 else ShardedBlock(lp_devices, tensor_parallel)

@@ -3,8 +3,8 @@
 Every method is a configuration of the one engine (`jaxspec.decoding.engine`): `Method.engine`
 builds its `Engine` (the sources, in block order, and the verifier: greedy at temperature 0,
 else the method's sampled verifier) from validated options (`jaxspec.decoding.options`).
-`decode` runs an engine on one device or, with `lp_devices` > 1, split over devices
-(`jaxspec.decoding.lookahead_parallel`). The `*_decode` functions below are the same methods as pure
+`decode`, `begin` and `advance` run an engine where their `block` says: one device, or each step
+split over devices (`jaxspec.decoding.lookahead_parallel`). The `*_decode` functions of `jaxspec.decoding.research` are the same methods as pure
 functions of the option values, for research code under your own `jax.jit`.
 """
 
@@ -15,8 +15,7 @@ from typing import Any, Callable
 
 from jaxspec.models.config import ModelConfig
 from jaxspec.decoding import engine as engine_lib
-from jaxspec.decoding import lookahead_parallel
-from jaxspec.decoding.engine import Engine, EngineState
+from jaxspec.decoding.engine import Engine, EngineState, LocalBlock
 from jaxspec.decoding.options import (Defaults, HybridOptions, JacobiOptions, LookaheadOptions, NoOptions, Options,
                                       PromptLookupOptions, SpeculativeOptions)
 from jaxspec.decoding.sources.drafter import PardDrafter
@@ -134,82 +133,43 @@ def bind(model, engine: Engine, options: Options) -> tuple[Any, Any]:
 
 
 def decode(graphdef, params, prompts, prompt_lengths, rng, sampling, *, engine: Engine, max_new_tokens: int,
-           cache_len: int, eos_ids: tuple[int, ...], lp_devices: int = 1, tensor_parallel: int = 1):
-    """Run `engine` on one device, or (`lp_devices` > 1) with each step split over devices
-    (`tensor_parallel` T > 1: over LP groups of T devices each, LP x TP). Without LP, tensor
-    parallelism needs no argument: it follows from the parameters' shardings.
+           cache_len: int, eos_ids: tuple[int, ...], block=LocalBlock()):
+    """Run `engine` where `block` says: one device (`LocalBlock`, the default) or each step split
+    over an `lp` mesh (`jaxspec.decoding.lookahead_parallel.block_for`; LP x TP too). Tensor
+    parallelism alone needs no block of its own: it follows from the parameters' shardings.
     Pure and jit-able: `jax.jit(decode, static_argnames=("engine", "max_new_tokens", "cache_len",
-    "eos_ids", "lp_devices", "tensor_parallel"))`."""
-    if lp_devices > 1:
-        return lookahead_parallel.decode(engine, graphdef, params, prompts, prompt_lengths, rng, sampling,
-                               max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids,
-                               lp_devices=lp_devices, tensor_parallel=tensor_parallel)
-    return engine_lib.decode(engine, graphdef, params, prompts, prompt_lengths, rng, sampling,
-                             max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
+    "eos_ids", "block"))`."""
+    block.check(engine)
+
+    def body(params, prompts, prompt_lengths, rng, sampling):
+        return engine_lib.run(engine, block, graphdef, params, prompts, prompt_lengths, rng, sampling,
+                              max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
+
+    return block.on_devices(body, params, prompts, prompt_lengths, rng, sampling)
 
 
 def begin(graphdef, params, prompts, prompt_lengths, rng, sampling, *, engine: Engine, max_new_tokens: int,
-          cache_len: int, eos_ids: tuple[int, ...], lp_devices: int = 1, tensor_parallel: int = 1) -> EngineState:
+          cache_len: int, eos_ids: tuple[int, ...], block=LocalBlock()) -> EngineState:
     """The state `advance` resumes from (prefill and first token done); jit-able like `decode`."""
-    if lp_devices > 1:
-        return lookahead_parallel.begin_sharded(engine, graphdef, params, prompts, prompt_lengths, rng, sampling,
-                                      max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids,
-                                      lp_devices=lp_devices, tensor_parallel=tensor_parallel)
-    return engine_lib.begin_jit(engine, engine_lib.LocalBlock(), graphdef, params, prompts, prompt_lengths, rng,
-                                sampling, max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
+    block.check(engine)
+
+    def body(params, prompts, prompt_lengths, rng, sampling):
+        return engine_lib.begin_jit(engine, block, graphdef, params, prompts, prompt_lengths, rng, sampling,
+                                    max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids)
+
+    return block.on_devices(body, params, prompts, prompt_lengths, rng, sampling)
 
 
 def advance(graphdef, params, state: EngineState, sampling, steps, *, engine: Engine, eos_ids: tuple[int, ...],
-            lp_devices: int = 1, tensor_parallel: int = 1, row_limit=None, per_row: bool = False,
-            plain: bool = False) -> EngineState:
+            block=LocalBlock(), row_limit=None, per_row: bool = False, plain: bool = False) -> EngineState:
     """At most `steps` (a traced scalar) more steps of the rows not done: `stream` and the
     server's slots run one compiled `advance` chunk after chunk, `engine_lib.finish` gives the
     statistics. `row_limit` / `per_row`: the server's slots; `plain`: steps without drafts over
     the same state (see `engine_lib.advance`)."""
-    if lp_devices > 1:
-        if row_limit is not None or per_row or plain:
-            raise GenerationError("lookahead parallelism steps a batch whose rows share one step count")
-        return lookahead_parallel.advance_sharded(engine, graphdef, params, state, sampling, steps, eos_ids=eos_ids,
-                                                  lp_devices=lp_devices, tensor_parallel=tensor_parallel)
-    return engine_lib.advance(engine, engine_lib.LocalBlock(), graphdef, params, state, sampling, steps,
-                              eos_ids=eos_ids, row_limit=row_limit, per_row=per_row, plain=plain)
+    block.check(engine, rows_apart=row_limit is not None or per_row or plain)
 
+    def body(params, state, sampling, steps):
+        return engine_lib.advance(engine, block, graphdef, params, state, sampling, steps, eos_ids=eos_ids,
+                                  row_limit=row_limit, per_row=per_row, plain=plain)
 
-# ----------------------------------------------------------------------------- research entry points
-#
-# `jax.jit(lookahead_decode, static_argnames=("max_new_tokens", "cache_len", "eos_ids", "greedy",
-# "window", "ngram", "guesses", "pool_from_prompt", "verify_window"))`, and so on.
-
-
-def _by_name(name: str, graphdef, params, prompts, prompt_lengths, rng, sampling, max_new_tokens, cache_len,
-             eos_ids, greedy, **options):
-    opts = METHODS[name].options(**options)
-    return decode(graphdef, params, prompts, prompt_lengths, rng, sampling, engine=METHODS[name].engine(opts, greedy),
-                  max_new_tokens=max_new_tokens, cache_len=cache_len, eos_ids=eos_ids,
-                  lp_devices=getattr(opts, "lp_devices", 1))
-
-
-def autoregressive_decode(graphdef, params, prompts, prompt_lengths, rng, sampling, *, max_new_tokens: int,
-                          cache_len: int, eos_ids: tuple[int, ...], greedy: bool):
-    return _by_name("autoregressive", graphdef, params, prompts, prompt_lengths, rng, sampling, max_new_tokens,
-                    cache_len, eos_ids, greedy)
-
-
-def lookahead_decode(graphdef, params, prompts, prompt_lengths, rng, sampling, *, max_new_tokens: int,
-                     cache_len: int, eos_ids: tuple[int, ...], greedy: bool, window: int, ngram: int, guesses: int,
-                     pool_from_prompt: bool = True, verify_window: bool = True, lp_devices: int = 1):
-    return _by_name("lookahead", graphdef, params, prompts, prompt_lengths, rng, sampling, max_new_tokens, cache_len,
-                    eos_ids, greedy, window=window, ngram=ngram, guesses=guesses, pool_from_prompt=pool_from_prompt,
-                    verify_window=verify_window, lp_devices=lp_devices)
-
-
-def prompt_lookup_decode(graphdef, params, prompts, prompt_lengths, rng, sampling, *, max_new_tokens: int,
-                         cache_len: int, eos_ids: tuple[int, ...], greedy: bool, ngram: int, guesses: int):
-    return _by_name("prompt-lookup", graphdef, params, prompts, prompt_lengths, rng, sampling, max_new_tokens,
-                    cache_len, eos_ids, greedy, ngram=ngram, guesses=guesses)
-
-
-def jacobi_decode(graphdef, params, prompts, prompt_lengths, rng, sampling, *, max_new_tokens: int, cache_len: int,
-                  eos_ids: tuple[int, ...], greedy: bool, window: int):
-    return _by_name("jacobi", graphdef, params, prompts, prompt_lengths, rng, sampling, max_new_tokens, cache_len,
-                    eos_ids, greedy, window=window)
+    return block.on_devices(body, params, state, sampling, steps)

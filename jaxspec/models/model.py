@@ -259,14 +259,7 @@ class Transformer(nnx.Module):
         rows = math.prod(x.shape[:-1])
         w = head.embedding[...] if tied else head.kernel[...]
         if self.batch_invariant and not quantized and shards == 1 and chunk is None:
-            # Tiles of rows over the whole vocabulary: no weight copied into chunks, a tile's logits at most
-            # ROW_TILE x vocab floats, and nothing that follows the number of rows.
-            def tile_argmax(rows):
-                scores = jnp.einsum("...d,vd->...v" if tied else "...d,dv->...v", rows, w,
-                                    preferred_element_type=jnp.float32).astype(jnp.float32)
-                return jnp.argmax(self.softcap(scores), axis=-1).astype(jnp.int32)
-
-            return fixed_rows(tile_argmax, x)
+            return self._argmax_by_row_tiles(x, w, tied)
         if self.batch_invariant and chunk is None:  # (a chunk that followed the rows would change the sums)
             chunk = min(HEAD_CHUNK, piece_channels(x.shape[-1])) if quantized else HEAD_CHUNK
         if quantized and chunk is None:
@@ -302,6 +295,18 @@ class Transformer(nnx.Module):
             return best_id[..., 0]
         winner = jnp.argmax(best, axis=-1)
         return (jnp.take_along_axis(best_id, winner[..., None], axis=-1)[..., 0] + winner * part).astype(jnp.int32)
+
+
+    def _argmax_by_row_tiles(self, x: Float[Array, "... d"], w, tied: bool) -> Int[Array, "..."]:
+        """Batch-invariant numerics, one device, a plain head: tiles of rows over the whole vocabulary.
+        No weight copied into chunks, a tile's logits at most ROW_TILE x vocab floats, and nothing
+        that follows the number of rows."""
+        def tile_argmax(rows):
+            scores = jnp.einsum("...d,vd->...v" if tied else "...d,dv->...v", rows, w,
+                                preferred_element_type=jnp.float32).astype(jnp.float32)
+            return jnp.argmax(self.softcap(scores), axis=-1).astype(jnp.int32)
+
+        return fixed_rows(tile_argmax, x)
 
 
 def _running_argmax(logits, part: int, chunk: int, shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:

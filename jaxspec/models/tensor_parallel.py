@@ -20,7 +20,7 @@ build their arrays the same way, so a mesh can span several processes.
 
 Every decoding method runs unchanged: `generate` jit-compiles the same program on sharded
 parameters and inputs. Float32 results can differ from one device at the last bit (partial
-sums add in another order), so greedy tokens can part only at near-ties (`jaxspec.decoding.exactness`).
+sums add in another order), so greedy tokens can part only at near-ties (`jaxspec.exactness`).
 """
 
 from __future__ import annotations

@@ -154,16 +154,16 @@ def first_estimate(cfg: ModelConfig, dtype_bytes: int, engine, weights_bytes: in
                                                 engine.verifier.sampled))
 
 
-def estimate(request, cfg: ModelConfig, dtype_bytes: int, begin_fn) -> MemoryEstimate:
-    """The estimate for a prepared request (`jaxspec.generate.Request`), free memory not read
-    yet; `begin_fn` is the program's begin (traced by `jax.eval_shape`, never compiled)."""
-    params, prompts = request.args[1], request.args[2]
-    state = compile_cache.eval_shape(begin_fn, request.args, request.statics)
-    engine = request.engine
+def estimate(args: tuple, statics: dict, cfg: ModelConfig, dtype_bytes: int, begin_fn) -> MemoryEstimate:
+    """The estimate of a program (`jaxspec.runtime.plan.Program`) from its `begin`'s arguments and
+    static arguments, free memory not read yet; `begin_fn` is traced (`jax.eval_shape`), never compiled."""
+    params, prompts = args[1], args[2]
+    state = compile_cache.eval_shape(begin_fn, args, statics)
+    engine = statics["engine"]
     batch, prompt_len = prompts.shape
     return MemoryEstimate(weights_bytes=tree_bytes(params), state_bytes=tree_bytes(state),
                           step_bytes=step_bytes(cfg, dtype_bytes, batch, prompt_len, engine.tree.size,
-                                                request.statics["cache_len"], engine.verifier.sampled))
+                                                statics["cache_len"], engine.verifier.sampled))
 
 
 def per_device(estimate: MemoryEstimate, cfg: ModelConfig, dtype_bytes: int, mesh, batch: int, cache_len: int
@@ -240,7 +240,7 @@ def guard_options(model, engine, what: str, batch: int, prompt_len: int, max_new
     """The first check (`first_estimate`, plus `cache_copies` copies of the KV cache in the step),
     before the engine's tree is built. The weights' bytes are counted once per parameter tree
     (flattening it costs milliseconds at every call)."""
-    cache_len = prompt_len + max_new_tokens + engine.block_tokens
+    cache_len = engine.cache_length(prompt_len + max_new_tokens, tree_free=True)
     weights_key = ("weights", id(model.params))
     if weights_key not in model.memory_estimates:
         # A new tree (params reassigned) replaces the old entry; the entry holds its tree, so the
@@ -254,13 +254,12 @@ def guard_options(model, engine, what: str, batch: int, prompt_len: int, max_new
     check(_on_device(model, estimate, batch, cache_len), what)
 
 
-def guard_request(model, request, what: str, begin_fn) -> MemoryEstimate:
-    """The second check (`estimate`, cached on the model per program shape); the estimate with
-    the free memory it was checked against, for `GenerateOutput.memory`."""
-    key = request.compile_key("memory")
+def guard_program(model, key, args: tuple, statics: dict, what: str, begin_fn) -> MemoryEstimate:
+    """The second check (`estimate`, cached on the model under the program's `key`); the estimate
+    with the free memory it was checked against, for `GenerateOutput.memory`."""
     if key not in model.memory_estimates:
-        batch = request.args[2].shape[0]
+        batch = args[2].shape[0]
         model.memory_estimates[key] = _on_device(
-            model, estimate(request, model.config, activation_dtype(model.dtype).itemsize, begin_fn), batch,
-            request.statics["cache_len"])
+            model, estimate(args, statics, model.config, activation_dtype(model.dtype).itemsize, begin_fn), batch,
+            statics["cache_len"])
     return check(model.memory_estimates[key], what)

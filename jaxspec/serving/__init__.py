@@ -1,8 +1,10 @@
 """Serving: an OpenAI-compatible server whose decode slots batch continuously (`jaxspec serve`).
 
 `slots` (fixed-shape continuous batching), `scheduler` (the loop that fills and drains the
-slots), `requests` (OpenAI bodies -> checked jobs), `app` (HTTP routes, streaming). `make_server`
-builds a `Server` for a loaded model; `app.run` serves it.
+slots), `requests` (OpenAI bodies -> checked jobs; `fields`: one field's checks), `openai`
+(OpenAI's answer, chunk and error shapes), `guard` (Host, Origin, API key, body and header
+limits), `app` (HTTP routes, streaming), `metrics` (/metrics), `tokens` (/tokenize,
+/detokenize). `make_server` builds a `Server` for a loaded model; `app.run` serves it.
 """
 
 from __future__ import annotations
@@ -12,13 +14,6 @@ from jaxspec.runtime import auto
 from jaxspec.chat import stop_ids
 from jaxspec.errors import GenerationError
 from jaxspec.serving.requests import ServeSettings
-
-def eos_ids(model) -> tuple[int, ...]:
-    """What ends a reply: the model's EOS ids and its tokenizer's end-of-turn ids."""
-    if model.tokenizer is None:
-        return tuple(model.config.eos_token_ids)
-    return tuple(dict.fromkeys(tuple(model.config.eos_token_ids) + stop_ids(model)))
-
 
 def resolve_auto(model, slots: int, temperature: float) -> tuple[str, dict, str, bool]:
     """`auto` for a server (`jaxspec.runtime.auto.serve_choice`), at once: the method and options of
@@ -34,7 +29,7 @@ def make_server(model, model_id: str, *, method: str = "auto", method_options: d
                 special_tokens: bool = False,
                 log_requests: bool = False, seed: int | None = None):
     """A `Server` for `model` (checked settings; the default plan compiled when `warm`).
-    `limits`: an `app.Limits` (API key, allowed hosts and origins, body size and timeouts);
+    `limits`: a `guard.Limits` (API key, allowed hosts and origins, body size and timeouts);
     `drafter_dirs`: drafter folders requests may name (by folder name) besides the shipped ones;
     `special_tokens`: let chat content spell special tokens (off: refused); `log_requests`: one
     line per answered completion on stderr; `seed`: the seeds of requests that give none are
@@ -76,7 +71,7 @@ def make_server(model, model_id: str, *, method: str = "auto", method_options: d
                              method_options=tuple(sorted(options.items())), temperature=temperature,
                              max_groups=max_groups, max_plans=max_plans, max_waiting=max_waiting, drafters=tuple(sorted(drafters.items())),
                              special_tokens=special_tokens, step_modes=modes)
-    server = Server(model, settings, eos_ids(model), limits, log_requests=log_requests, seed=seed)
+    server = Server(model, settings, stop_ids(model), limits, log_requests=log_requests, seed=seed)
     server.auto_reason = reason
     if warm:
         with progress.phase(f"warming up: compiling {method} for {slots} slot{'s' * (slots != 1)} of {context} "

@@ -5,18 +5,19 @@ server-sent events in OpenAI's chunk format, ending in `data: [DONE]`), `GET /v1
 `GET /v1/models/{id}`, `GET /health`, `GET /metrics` (Prometheus' text format, `metrics`), and
 vLLM's `POST /tokenize` and `POST /detokenize` (`tokens`). Every response carries a `jaxspec`
 object beside OpenAI's fields: the method, the model steps, S (tokens per step), the token ids,
-the seed, the time to the first token. vLLM's own request fields are accepted where they change
-nothing (named in a `Warning` header), and `log_requests` writes one line per answered
-completion on stderr.
+the seed, the time to the first token (the shapes: `openai`). vLLM's own request fields are
+accepted where they change nothing (named in a `Warning` header), and `log_requests` writes one
+line per answered completion on stderr.
 
-A client that disconnects cancels its job (its slot is freed at the next chunk); SIGTERM
-stops accepting connections, lets the requests in flight finish (uvicorn's graceful
-shutdown), then stops the scheduler.
+`Server` holds the parts and the routes; a completion request is read and parsed, its jobs
+submitted, and `Reply` answers it, whole or streamed. A client that disconnects cancels its job
+(its slot is freed at the next chunk); SIGTERM stops accepting connections, lets the requests in
+flight finish (uvicorn's graceful shutdown), then stops the scheduler.
 
-What a client can send is bounded before it costs the server anything (`Guard`, `Limits`):
-the Host header (DNS rebinding), the Origin (cross-site requests), the API key, the body's
-size and the time it may take to arrive (and the headers' time: `_Protocol`); the body is
-parsed and checked on a worker thread, never on the event loop.
+What a client can send is bounded before it costs the server anything (`guard`: `Guard`,
+`Limits`): the Host header (DNS rebinding), the Origin (cross-site requests), the API key, the
+body's size and the time it may take to arrive (and the headers' time: `guard.protocol`); the
+body is parsed and checked on a worker thread, never on the event loop.
 """
 
 from __future__ import annotations
@@ -25,9 +26,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
-import hmac
-import itertools
-import json
 import logging
 import secrets
 import signal
@@ -37,10 +35,12 @@ import time
 
 import numpy as np
 
-from jaxspec.errors import GenerationError
-from jaxspec.serving import tokens
+from jaxspec.serving import openai, tokens
+# (`jaxspec serve` builds its `Limits` and `default_hosts` through this module)
+from jaxspec.serving.guard import Guard, Limits, default_hosts, error_response, protocol, read_body  # noqa: F401
 from jaxspec.serving.metrics import CONTENT_TYPE, Metrics
-from jaxspec.serving.requests import ApiError, Parsed, Requests, ServeSettings, ignored_fields
+from jaxspec.serving.openai import ApiError
+from jaxspec.serving.requests import Parsed, Requests, ServeSettings, ignored_fields, json_body
 from jaxspec.serving.scheduler import Delta, Failure, Finish, Job, QueueFull, Scheduler
 
 try:
@@ -59,12 +59,8 @@ log = logging.getLogger("jaxspec.serve")
 RETRY_AFTER_S = 5
 
 
-def _error(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-
 @dataclasses.dataclass
-class _Answer:
+class Answer:
     """One completion request as `/metrics` and `--log-requests` see it once it is answered."""
 
     ident: str
@@ -76,79 +72,8 @@ class _Answer:
     error: str | None = None  # the error's code (or type) of a refused or failed request
 
 
-@dataclasses.dataclass(frozen=True)
-class Limits:
-    """Who may talk to the server and how much they may send (`jaxspec serve` flags)."""
-
-    api_key: str | None = None  # required as `Authorization: Bearer <key>` (not on /health)
-    allowed_hosts: tuple[str, ...] = ("127.0.0.1", "localhost", "::1")  # Host header names; "*": any
-    allowed_origins: tuple[str, ...] = ()  # browser origins allowed (CORS); none: cross-origin refused
-    max_body_bytes: int = 1 << 20
-    body_timeout_s: float = 30.0  # the whole body, once the headers are in
-    header_timeout_s: float = 10.0  # a connection's request headers, from connect (or the last answer)
-
-    def __post_init__(self):
-        # An empty key would be matched by a request with no Authorization header: refused, as the CLI does.
-        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
-            raise GenerationError("Limits.api_key is empty: give a key, or None for no key")
-
-
-def default_hosts(host: str) -> tuple[str, ...]:
-    """The bound address and localhost's names (a server bound to all interfaces answers only to
-    those names until the operator lists its public ones)."""
-    return tuple(dict.fromkeys((host.strip("[]"), "127.0.0.1", "localhost", "::1")))
-
-
-class Guard:
-    """ASGI middleware: the Host allow-list, the Origin check (and CORS preflight when origins
-    are allowed), the API key. Refusals are in OpenAI's error shape."""
-
-    def __init__(self, app, limits: Limits):
-        self.app, self.limits = app, limits
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        lim = self.limits
-        host = headers.get("host", "")
-        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-        name = name.strip("[]").lower()
-        if "*" not in lim.allowed_hosts and name not in lim.allowed_hosts:
-            return await _error(ApiError(403, f"Host {host!r} is not served here (--allowed-hosts)",
-                                         code="host_not_allowed"))(scope, receive, send)
-        origin = headers.get("origin")
-        cors = {}
-        if origin is not None:
-            if origin not in lim.allowed_origins and "*" not in lim.allowed_origins:
-                return await _error(ApiError(403, f"cross-origin requests from {origin!r} are not allowed "
-                                             "(--allowed-origins)", code="origin_not_allowed"))(scope, receive, send)
-            cors = {"access-control-allow-origin": origin, "vary": "Origin"}
-            if scope["method"] == "OPTIONS":
-                preflight = JSONResponse({}, status_code=204, headers={
-                    **cors, "access-control-allow-methods": "GET, POST",
-                    "access-control-allow-headers": "authorization, content-type", "access-control-max-age": "600"})
-                return await preflight(scope, receive, send)
-        if lim.api_key is not None and scope["path"] != "/health":
-            given = headers.get("authorization", "")
-            token = given[7:] if given.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(token.encode(), lim.api_key.encode()):
-                return await _error(ApiError(401, "a valid API key is needed: Authorization: Bearer <key>",
-                                             kind="invalid_request_error", code="invalid_api_key"))(scope, receive, send)
-        if not cors:
-            return await self.app(scope, receive, send)
-
-        async def send_cors(message):
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []),
-                                                  *((k.encode(), v.encode()) for k, v in cors.items())]}
-            await send(message)
-
-        return await self.app(scope, receive, send_cors)
-
-
 class Server:
-    """The served model, its request parser and its scheduler."""
+    """The served model, its request parser and its scheduler, and the routes over them."""
 
     def __init__(self, model, settings: ServeSettings, eos_ids: tuple[int, ...], limits: Limits | None = None,
                  log_requests: bool = False, seed: int | None = None):
@@ -180,8 +105,7 @@ class Server:
         return JSONResponse({"status": "ok", "model": self.settings.model_id, **self.scheduler.status()})
 
     def _card(self) -> dict:
-        return {"id": self.settings.model_id, "object": "model", "created": self.started, "owned_by": "jaxspec",
-                "max_model_len": self.settings.context}
+        return openai.model_card(self.settings.model_id, self.started, self.settings.context)
 
     async def models(self, request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [self._card()]})
@@ -189,8 +113,8 @@ class Server:
     async def model_card(self, request: Request) -> JSONResponse:
         name = request.path_params["model_id"]
         if name != self.settings.model_id:
-            return _error(ApiError(404, f"the model {name!r} does not exist; this server serves "
-                                   f"{self.settings.model_id!r}", "model", "model_not_found"))
+            return error_response(ApiError(404, f"the model {name!r} does not exist; this server serves "
+                                           f"{self.settings.model_id!r}", "model", "model_not_found"))
         return JSONResponse(self._card())
 
     async def metrics_text(self, request: Request) -> Response:
@@ -198,7 +122,7 @@ class Server:
 
     async def tokenize(self, request: Request):
         return await self._utility(request, "/tokenize", lambda body: tokens.tokenize(
-            self.model, self.settings, body, self.requests._no_special_tokens))
+            self.model, self.settings, body, self.requests.no_special_tokens))
 
     async def detokenize(self, request: Request):
         return await self._utility(request, "/detokenize", lambda body: tokens.detokenize(
@@ -208,11 +132,11 @@ class Server:
         """A route that answers from the tokenizer: the body read with the same limits, decoded
         and answered on the parser thread."""
         try:
-            raw = await self._body(request)
-            answer = await asyncio.get_running_loop().run_in_executor(self.parser, lambda: work(_json_body(raw)))
+            raw = await read_body(request, self.limits)
+            answer = await asyncio.get_running_loop().run_in_executor(self.parser, lambda: work(json_body(raw)))
         except ApiError as e:
             self.metrics.request(endpoint, e.status)
-            return _error(e)
+            return error_response(e)
         except ClientDisconnect:
             self.metrics.request(endpoint, 499)
             return JSONResponse({}, status_code=499)
@@ -226,10 +150,12 @@ class Server:
         return await self._complete(request, chat=False)
 
     async def _complete(self, request: Request, chat: bool):
+        """A completion request: its body read and parsed, one job per choice submitted, then
+        answered by a `Reply` (whole, or streamed)."""
         ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
-        answer = _Answer(ident, "/v1/chat/completions" if chat else "/v1/completions", time.perf_counter())
+        answer = Answer(ident, "/v1/chat/completions" if chat else "/v1/completions", time.perf_counter())
         try:
-            raw = await self._body(request)
+            raw = await read_body(request, self.limits)
             parsed, ignored = await asyncio.get_running_loop().run_in_executor(self.parser, self._parse, raw, chat)
         except ApiError as e:
             return self._refused(answer, e)
@@ -237,18 +163,12 @@ class Server:
             client = request.client
             log.warning("jaxspec: %s went away while sending its request body",
                         f"{client.host}:{client.port}" if client else "a client")
-            self._answered(answer, 499)
+            self.record(answer, 499)
             return JSONResponse({}, status_code=499)
         answer.method, answer.prompt_tokens = parsed.plan.name, len(parsed.prompt)
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()  # (choice index, event) of every choice's job
-        # n choices: n jobs, each in its own slot, with seeds seed, seed + 1, ... (2**32 wraps)
-        jobs = [Job(prompt=parsed.prompt, limit=parsed.limit, seed=(parsed.seed + i) % 2**32,
-                    sampling=parsed.sampling, plan=parsed.plan,
-                    deliver=lambda ev, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, ev)),
-                    stop_strings=parsed.stop_strings, stop_ids=parsed.stop_ids) for i in range(parsed.n)]
+        reply = Reply(self, parsed, answer)
         try:
-            self.scheduler.submit(*jobs)
+            self.scheduler.submit(*reply.jobs)
         except QueueFull as e:
             return self._refused(answer, ApiError(503, str(e), kind="server_error", code="queue_full",
                                                   headers={"Retry-After": str(RETRY_AFTER_S)}))
@@ -258,20 +178,28 @@ class Server:
         warning = {"Warning": f'299 - "ignored fields (they change nothing here): {", ".join(ignored)}"'} \
             if ignored else {}
         if parsed.stream:
-            return StreamingResponse(self._stream(jobs, parsed, events, ident, answer),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache", **warning})
-        response = await self._whole(request, jobs, parsed, events, ident, answer)
+            return StreamingResponse(reply.stream(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", **warning})
+        response = await reply.whole(request)
         if response.status_code == 200:
             response.headers.update(warning)
-        self._answered(answer, response.status_code, parsed, jobs)
+        self.record(answer, response.status_code, parsed, reply.jobs)
         return response
 
-    def _refused(self, answer: _Answer, e: ApiError) -> JSONResponse:
-        answer.error = e.code or e.kind
-        self._answered(answer, e.status)
-        return _error(e)
+    def _parse(self, raw: bytes, chat: bool) -> tuple[Parsed, list[str]]:
+        """The checked request, and the vLLM fields it gave that are ignored."""
+        body = json_body(raw)
+        parsed = self.requests.parse(body, chat)
+        if self.seeds is not None and body.get("seed") is None:  # (--seed: drawn in the order they come)
+            parsed.seed = int(self.seeds.integers(0, 2**32))
+        return parsed, ignored_fields(body, chat)
 
-    def _answered(self, answer: _Answer, status: int, parsed: Parsed | None = None, jobs: list[Job] = ()) -> None:
+    def _refused(self, answer: Answer, e: ApiError) -> JSONResponse:
+        answer.error = e.code or e.kind
+        self.record(answer, e.status)
+        return error_response(e)
+
+    def record(self, answer: Answer, status: int, parsed: Parsed | None = None, jobs: list[Job] = ()) -> None:
         """A completion request is answered (or refused): its metrics, and its log line."""
         now = time.perf_counter()
         self.metrics.request(answer.endpoint, status)
@@ -287,174 +215,11 @@ class Server:
                     f"latency_ms={(now - answer.arrived) * 1000:.1f} status={status}")
             print(line + (f" error={answer.error}" if answer.error else ""), file=sys.stderr, flush=True)
 
-    async def _body(self, request: Request) -> bytes:
-        """The body, at most `max_body_bytes` (413), within `body_timeout_s` (408)."""
-        lim = self.limits
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > lim.max_body_bytes):
-            raise ApiError(413, f"the request body is larger than this server's limit of {lim.max_body_bytes} "
-                           "bytes (--max-body-bytes)", code="request_too_large")
-        chunks, size = [], 0
-
-        async def read():
-            nonlocal size
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > lim.max_body_bytes:
-                    raise ApiError(413, f"the request body is larger than this server's limit of "
-                                   f"{lim.max_body_bytes} bytes (--max-body-bytes)", code="request_too_large")
-                chunks.append(chunk)
-
-        try:
-            await asyncio.wait_for(read(), lim.body_timeout_s)
-        except asyncio.TimeoutError:
-            raise ApiError(408, f"the request body did not arrive within {lim.body_timeout_s:g} s "
-                           "(--body-timeout)", code="request_timeout") from None
-        return b"".join(chunks)
-
-    def _parse(self, raw: bytes, chat: bool) -> tuple[Parsed, list[str]]:
-        """The checked request, and the vLLM fields it gave that are ignored."""
-        body = _json_body(raw)
-        parsed = self.requests.parse(body, chat)
-        if self.seeds is not None and body.get("seed") is None:  # (--seed: drawn in the order they come)
-            parsed.seed = int(self.seeds.integers(0, 2**32))
-        return parsed, ignored_fields(body, chat)
-
-    # ----------------------------------------------------------------------------- answers
-    def _extension(self, job: Job, parsed: Parsed, finish: Finish) -> dict:
-        return {"method": parsed.plan.name, "options": _plain(parsed.plan.options.as_dict()), "seed": parsed.seed,
-                "token_ids": finish.token_ids, "steps": finish.stats["steps"],
-                "compression": finish.stats["compression"],
-                "time_to_first_token": round(finish.stats["time_to_first_token"], 6),
-                "seconds": round(finish.stats["seconds"], 6),
-                "accept_histogram": finish.stats.get("accept_histogram", []),
-                # steps without drafts (the server's auto: chunks its slots ran plain)
-                "plain_steps": finish.stats.get("plain_steps", 0), "step_modes": parsed.plan.step_modes}
-
-    def _usage(self, parsed: Parsed, finishes: list[Finish]) -> dict:
-        n = sum(len(f.token_ids) for f in finishes)
-        return {"prompt_tokens": len(parsed.prompt), "completion_tokens": n, "total_tokens": len(parsed.prompt) + n}
-
-    def _logprobs(self, parsed: Parsed, ids: list[int], logprobs, context: list[int], offset: int = 0):
-        """OpenAI's logprobs object for `ids` (chat: `{"content": [...]}`; a completion: the
-        legacy `tokens` / `token_logprobs` / `top_logprobs` / `text_offset`), or None when the
-        request asked for none. Each token's text is what it adds after the tokens before it."""
-        if parsed.logprobs is None or logprobs is None:
-            return None
-        chosen, top_ids, top = logprobs
-        k = parsed.logprobs
-        pieces = token_pieces(self.model.tokenizer, context, ids, top_ids[:, :k])
-        if parsed.chat:
-            entry = lambda text, value: {"token": text, "logprob": float(value),  # noqa: E731
-                                         "bytes": list(text.encode("utf-8"))}
-            return {"content": [{**entry(text, chosen[j]), "top_logprobs": [entry(t, v) for t, v in zip(alts, top[j])]}
-                                for j, (text, alts) in enumerate(pieces)]}
-        offsets = list(itertools.accumulate([len(text) for text, _ in pieces], initial=offset))[:-1]
-        return {"tokens": [text for text, _ in pieces], "token_logprobs": [float(v) for v in chosen],
-                "top_logprobs": [{t: float(v) for t, v in zip(alts, top[j])} for j, (_, alts) in enumerate(pieces)],
-                "text_offset": offsets}
-
-    def _head(self, ident: str, chat: bool, chunk: bool) -> dict:
-        kind = ("chat.completion" if chat else "text_completion") + (".chunk" if chunk and chat else "")
-        return {"id": ident, "object": kind, "created": int(time.time()), "model": self.settings.model_id}
-
-    async def _whole(self, request: Request, jobs: list[Job], parsed: Parsed, events: asyncio.Queue, ident: str,
-                     answer: _Answer):
-        finishes: dict[int, Finish] = {}
-        while len(finishes) < len(jobs):
-            try:
-                i, event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    for job in jobs:
-                        self.scheduler.cancel(job)
-                    return JSONResponse({}, status_code=499)
-                continue
-            if isinstance(event, Failure):
-                for job in jobs:
-                    self.scheduler.cancel(job)
-                answer.error = "server_error"
-                return _error(ApiError(500, event.message, kind="server_error"))
-            if isinstance(event, Finish):
-                finishes[i] = event
-        answer.finishes = [finishes[i] for i in range(len(jobs))]
-        choices = []
-        for i, job in enumerate(jobs):
-            event = finishes[i]
-            choice = {"index": i, "finish_reason": event.reason,
-                      "logprobs": self._logprobs(parsed, event.token_ids, event.logprobs, parsed.prompt)}
-            if parsed.chat:
-                choice["message"] = {"role": "assistant", "content": event.text}
-            else:
-                choice["text"] = event.text
-            if len(jobs) > 1:  # (each choice's own; the top-level extension is the first's)
-                choice["jaxspec"] = self._extension(job, parsed, event)
-            choices.append(choice)
-        return JSONResponse({**self._head(ident, parsed.chat, False), "choices": choices,
-                             "usage": self._usage(parsed, list(finishes.values())),
-                             "jaxspec": self._extension(jobs[0], parsed, finishes[0])})
-
-    async def _stream(self, jobs: list[Job], parsed: Parsed, events: asyncio.Queue, ident: str, answer: _Answer):
-        def chunk(i: int, text: str | None, reason: str | None = None, role: bool = False, logprobs=None,
-                  **extra) -> str:
-            if parsed.chat:
-                delta = {} if text is None else {"content": text}
-                if role:
-                    delta = {"role": "assistant", **delta}
-                choice = {"index": i, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
-            else:
-                choice = {"index": i, "text": text or "", "finish_reason": reason, "logprobs": logprobs}
-            if parsed.continuous_usage:  # (vLLM's continuous_usage_stats: the tokens sent so far)
-                done = sum(map(len, sent.values()))
-                extra["usage"] = {"prompt_tokens": len(parsed.prompt), "completion_tokens": done,
-                                  "total_tokens": len(parsed.prompt) + done}
-            return _sse({**self._head(ident, parsed.chat, True), "choices": [choice], **extra})
-
-        finishes: dict[int, Finish] = {}
-        sent: dict[int, list[int]] = {i: [] for i in range(len(jobs))}  # each choice's tokens so far
-        try:
-            if parsed.chat:
-                for i in range(len(jobs)):
-                    yield chunk(i, "", role=True)  # the role first, as OpenAI does
-            while len(finishes) < len(jobs):
-                i, event = await events.get()
-                if isinstance(event, Delta):
-                    offset = len(self.model.tokenizer.decode(sent[i])) if self.model.tokenizer and sent[i] else 0
-                    logprobs = self._logprobs(parsed, event.token_ids, event.logprobs, parsed.prompt + sent[i],
-                                              offset)
-                    sent[i] += event.token_ids
-                    if event.text or logprobs:
-                        yield chunk(i, event.text, logprobs=logprobs)
-                    continue
-                if isinstance(event, Finish):
-                    finishes[i] = event
-                    yield chunk(i, None, event.reason, jaxspec=self._extension(jobs[i], parsed, event))
-                    continue
-                for job in jobs:
-                    self.scheduler.cancel(job)
-                answer.error = "server_error"
-                yield _sse(ApiError(500, event.message, kind="server_error").body())
-                yield "data: [DONE]\n\n"
-                return
-            if parsed.include_usage:
-                yield _sse({**self._head(ident, parsed.chat, True), "choices": [],
-                            "usage": self._usage(parsed, list(finishes.values()))})
-            yield "data: [DONE]\n\n"
-            answer.finishes = [finishes[i] for i in range(len(jobs))]
-        finally:
-            if len(finishes) < len(jobs):  # the client went away (the response was cancelled or closed)
-                for job in jobs:
-                    self.scheduler.cancel(job)
-            # (a stream's status: 200 once [DONE] is sent after every choice, 500 when decoding
-            # failed (an error event was sent), 499 when the client went away)
-            status = 500 if answer.error else 200 if answer.finishes else 499
-            self._answered(answer, status, parsed, jobs)
-
     # ----------------------------------------------------------------------------- app
     def app(self) -> "Starlette":
         async def not_found(request: Request, exc: HTTPException):
-            return _error(ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
-                                   code="not_found" if exc.status_code == 404 else None))
+            return error_response(ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                                           code="not_found" if exc.status_code == 404 else None))
 
         async def internal(request: Request, exc: Exception):
             # The exception's text goes to the log under an id, never to the client (it may quote paths).
@@ -462,8 +227,8 @@ class Server:
             log.error("jaxspec: internal error %s on %s %s", ident, request.method, request.url.path,
                       exc_info=(type(exc), exc, exc.__traceback__))
             self.metrics.request(request.url.path, 500)
-            return _error(ApiError(500, f"internal error {ident} (the server's log has it)", kind="server_error",
-                                   code="internal_error"))
+            return error_response(ApiError(500, f"internal error {ident} (the server's log has it)",
+                                           kind="server_error", code="internal_error"))
 
         routes = [Route("/health", self.health), Route("/metrics", self.metrics_text), Route("/v1/models", self.models),
                   Route("/v1/models/{model_id:path}", self.model_card),
@@ -480,85 +245,101 @@ class Server:
                                lifespan=lifespan), self.limits)
 
 
-def token_pieces(tokenizer, context: list[int], ids: list[int], alternatives) -> list[tuple[str, list[str]]]:
-    """Per token of `ids` (after `context`): the text it adds, and the text each of its
-    `alternatives` row would have added in its place. Decoded after the few tokens before it, so
-    a leading space or a character split over byte tokens comes out as in the whole text."""
-    if tokenizer is None:
-        return [(str(t), [str(int(a)) for a in alts]) for t, alts in zip(ids, alternatives)]
-    tokens = list(context) + list(ids)
-    out = []
-    for j, (t, alts) in enumerate(zip(ids, alternatives)):
-        before = tokens[max(0, len(context) + j - 4):len(context) + j]
-        base = tokenizer.decode(before)
-        piece = lambda x: tokenizer.decode(before + [int(x)])[len(base):]  # noqa: E731
-        out.append((piece(t), [piece(a) for a in alts]))
-    return out
+class Reply:
+    """The answer to one completion request: its jobs (one per choice, each in its own slot, with
+    seeds seed, seed + 1, ...), the events they deliver, and the answer built from them, whole
+    (`whole`: one body once every choice has finished) or streamed (`stream`: a chunk per event).
+    The jobs are cancelled when the client goes away or a choice fails; the server records the
+    answer (`Server.record`)."""
 
+    def __init__(self, server: Server, parsed: Parsed, answer: Answer):
+        self.server, self.parsed, self.answer = server, parsed, answer
+        loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue = asyncio.Queue()  # (choice index, event) of every choice's job
+        self.jobs = [Job(prompt=parsed.prompt, limit=parsed.limit, seed=(parsed.seed + i) % 2**32,  # (2**32 wraps)
+                         sampling=parsed.sampling, plan=parsed.plan,
+                         deliver=lambda ev, i=i: loop.call_soon_threadsafe(self.events.put_nowait, (i, ev)),
+                         stop_strings=parsed.stop_strings, stop_ids=parsed.stop_ids) for i in range(parsed.n)]
 
-def _json_body(raw: bytes):
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as e:  # (JSONDecodeError, bad UTF-8, an int past the digit limit)
-        raise ApiError(400, f"the request body is not valid JSON: {type(e).__name__}: {str(e)[:200]}") from None
+    def cancel(self) -> None:
+        for job in self.jobs:
+            self.server.scheduler.cancel(job)
 
+    async def whole(self, request: Request) -> JSONResponse:
+        """The answer once every choice has finished (499 if the client went away first, 500 if
+        decoding failed)."""
+        finishes: dict[int, Finish] = {}
+        while len(finishes) < len(self.jobs):
+            try:
+                i, event = await asyncio.wait_for(self.events.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    self.cancel()
+                    return JSONResponse({}, status_code=499)
+                continue
+            if isinstance(event, Failure):
+                self.cancel()
+                self.answer.error = "server_error"
+                return error_response(ApiError(500, event.message, kind="server_error"))
+            if isinstance(event, Finish):
+                finishes[i] = event
+        self.answer.finishes = [finishes[i] for i in range(len(self.jobs))]
+        return JSONResponse(openai.completion(self.answer.ident, self.server.settings.model_id, self.parsed,
+                                              self.answer.finishes, self.server.model.tokenizer))
 
-def _sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload)}\n\n"
+    async def stream(self):
+        """Server-sent events: the role first (chat), a chunk per delta of text (or logprobs), a
+        last chunk per choice with its finish reason and `jaxspec` object, the usage chunk when
+        asked for, then `[DONE]`; a failure is an error event, then `[DONE]`."""
+        parsed, answer, tokenizer = self.parsed, self.answer, self.server.model.tokenizer
+        finishes: dict[int, Finish] = {}
+        sent: dict[int, list[int]] = {i: [] for i in range(len(self.jobs))}  # each choice's tokens so far
 
+        def chunk(i: int, text: str | None, **kwargs) -> str:
+            return openai.sse(openai.chunk(answer.ident, self.server.settings.model_id, parsed, i, text,
+                                           sent_tokens=sum(map(len, sent.values())), **kwargs))
 
-def _plain(options: dict) -> dict:
-    """Method options as JSON values (a loaded drafter is named by its folder)."""
-    return {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v) for k, v in options.items()}
-
-
-def _protocol(header_timeout_s: float):
-    """uvicorn's HTTP/1.1 protocol with a deadline for a request's headers: a connection that
-    has not sent a whole request head within `header_timeout_s` of connecting (or of its last
-    answer) is closed, so slow or idle connections cannot pile up. A request the HTTP layer
-    cannot parse (a header without a colon, a bad Content-Length or chunk size, no Host or two)
-    gets the API's JSON error shape, not uvicorn's plain text."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class Protocol(H11Protocol):
-        def send_400_response(self, msg: str) -> None:
-            body = json.dumps(ApiError(400, "the HTTP request could not be parsed (malformed request line, headers "
-                                       "or body framing)", code="bad_http_request").body()).encode()
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                       (b"connection", b"close")]
-            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
-                          h11.EndOfMessage()):
-                self.transport.write(self.conn.send(event))
-            self.transport.close()
-
-        def _arm(self):
-            cycle = self.cycle
-            self._header_timer = self.loop.call_later(header_timeout_s, self._headers_late, cycle)
-
-        def _headers_late(self, cycle):
-            if self.cycle is cycle and (cycle is None or cycle.response_complete) and not self.transport.is_closing():
-                self.transport.close()
-
-        def connection_made(self, transport):
-            super().connection_made(transport)
-            self._arm()
-
-        def on_response_complete(self):
-            super().on_response_complete()
-            self._arm()
-
-        def connection_lost(self, exc):
-            self._header_timer.cancel()
-            super().connection_lost(exc)
-
-    return Protocol
+        try:
+            if parsed.chat:
+                for i in range(len(self.jobs)):
+                    yield chunk(i, "", role=True)  # the role first, as OpenAI does
+            while len(finishes) < len(self.jobs):
+                i, event = await self.events.get()
+                if isinstance(event, Delta):
+                    offset = len(tokenizer.decode(sent[i])) if tokenizer and sent[i] else 0
+                    logprobs = openai.logprobs_body(tokenizer, parsed, event.token_ids, event.logprobs,
+                                                    parsed.prompt + sent[i], offset)
+                    sent[i] += event.token_ids
+                    if event.text or logprobs:
+                        yield chunk(i, event.text, logprobs=logprobs)
+                    continue
+                if isinstance(event, Finish):
+                    finishes[i] = event
+                    yield chunk(i, None, reason=event.reason, jaxspec=openai.extension(parsed, event))
+                    continue
+                self.cancel()
+                answer.error = "server_error"
+                yield openai.sse(ApiError(500, event.message, kind="server_error").body())
+                yield openai.DONE
+                return
+            if parsed.include_usage:
+                yield openai.sse(openai.usage_chunk(answer.ident, self.server.settings.model_id, parsed,
+                                                    list(finishes.values())))
+            yield openai.DONE
+            answer.finishes = [finishes[i] for i in range(len(self.jobs))]
+        finally:
+            if len(finishes) < len(self.jobs):  # the client went away (the response was cancelled or closed)
+                self.cancel()
+            # (a stream's status: 200 once [DONE] is sent after every choice, 500 when decoding
+            # failed (an error event was sent), 499 when the client went away)
+            status = 500 if answer.error else 200 if answer.finishes else 499
+            self.server.record(answer, status, parsed, self.jobs)
 
 
 def _config(server: "Server", **kwargs):
     import uvicorn
 
-    return uvicorn.Config(server.app(), log_level="warning", http=_protocol(server.limits.header_timeout_s),
+    return uvicorn.Config(server.app(), log_level="warning", http=protocol(server.limits.header_timeout_s),
                           **kwargs)
 
 

@@ -1,11 +1,13 @@
-"""OpenAI request bodies -> validated jobs, and bad input -> OpenAI's error shape.
+"""OpenAI request bodies -> validated jobs; bad input -> `openai.ApiError` (OpenAI's error shape).
 
 Every check a request can fail raises `ApiError` (an HTTP status and OpenAI's
 `{"error": {"message", "type", "param", "code"}}`); nothing a client sends reaches the
-scheduler unchecked. Fields OpenAI defines that jaxspec does not implement are accepted at
-their neutral value and refused otherwise; so are vLLM's own fields (`VLLM_NEUTRAL`: accepted
-where they change nothing, and named in the answer's `Warning` header); unknown fields are
-refused, as OpenAI's API does.
+scheduler unchecked. `Requests.parse` checks a body field group by field group (the fields and
+the model, the answer's form, the prompt and its budget, sampling, stops, the method), each
+field with the checks of `fields`. Fields OpenAI defines that jaxspec does not implement are
+accepted at their neutral value and refused otherwise; so are vLLM's own fields
+(`VLLM_NEUTRAL`: accepted where they change nothing, and named in the answer's `Warning`
+header); unknown fields are refused, as OpenAI's API does.
 `n` choices decode in n slots; the penalties, `min_p` and `logprobs` apply identically under
 every method (`jaxspec.decoding.sampling`), so each answer is the one autoregressive decoding gives.
 
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from typing import Any
 
 from jaxspec.stop_strings import MAX_STOPS
@@ -29,6 +30,8 @@ from jaxspec.checkpoint.method_defaults import SHIPPED_DRAFTERS
 from jaxspec.decoding.methods import ALIASES, METHODS
 from jaxspec.runtime.plan import DecodePlan, plan_decode
 from jaxspec.decoding.sampling import MAX_LOGPROBS, SamplingParams, penalized
+from jaxspec.serving.fields import chat_messages, integer, neutral_only, number, same, typed
+from jaxspec.serving.openai import ApiError, bad
 from jaxspec.serving.scheduler import random_seed
 
 COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "n",
@@ -61,24 +64,6 @@ VLLM_CHAT_NEUTRAL: dict[str, Any] = {
 VLLM_COMPLETION_NEUTRAL: dict[str, Any] = {**VLLM_NEUTRAL, "add_special_tokens": (True,)}
 MAX_CHOICES = 8  # n: each choice takes a slot
 BOOL_OPTIONS = ("pool_from_prompt", "verify_window", "target_features")  # method options that are true/false
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict | None = None):
-        # (what a client sent is echoed escaped: a lone surrogate in a key cannot be encoded as UTF-8)
-        message, param = (None if x is None else x.encode("utf-8", "backslashreplace").decode("utf-8")
-                          for x in (message, param))
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
-def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
-    return ApiError(400, message, param, code)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,41 +106,6 @@ class Parsed:
     logprobs: int | None = None  # top tokens reported per token (None: no logprobs)
 
 
-def _typed(body: dict, name: str, kinds, what: str, default=None):
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
-        raise bad(f"{name} must be {what}, got a boolean", name)
-    if not isinstance(value, kinds):
-        raise bad(f"{name} must be {what}, got {type(value).__name__}", name)
-    return value
-
-
-def _number(body: dict, name: str, default: float, low: float, high: float, what: str) -> float:
-    value = _typed(body, name, (int, float), what, default)
-    # (the range first: Python compares a long integer with a float exactly, and float() of it overflows)
-    if not (low <= value <= high and math.isfinite(value)):
-        raise bad(f"{name} must be {what}, got {shown(value)}", name)
-    return float(value)
-
-
-def _integer(body: dict, name: str, default, low: int, high: int, what: str):
-    value = _typed(body, name, int, what, default)
-    if value is not None and not low <= value <= high:
-        raise bad(f"{name} must be {what}, got {shown(value)}", name)
-    return value
-
-
-def _same(value, neutral) -> bool:
-    """`value == neutral`, with true/false never equal to 1/0."""
-    if isinstance(value, bool) or isinstance(neutral, bool):
-        return type(value) is type(neutral) and value == neutral
-    if isinstance(neutral, (int, float)):
-        return isinstance(value, (int, float)) and value == neutral
-    return type(value) is type(neutral) and value == neutral
-
-
 def ignored_fields(body: dict, chat: bool) -> list[str]:
     """The vLLM fields of `body` that are accepted and ignored (`VLLM_NEUTRAL`); one at a value
     that would change the answer is a 400 naming it."""
@@ -165,7 +115,7 @@ def ignored_fields(body: dict, chat: bool) -> list[str]:
         value, allowed = body[name], neutral[name]
         if value is None or (isinstance(allowed, type) and isinstance(value, allowed)
                              and (allowed is bool or not isinstance(value, bool))) or \
-                (isinstance(allowed, tuple) and any(_same(value, v) for v in allowed)):
+                (isinstance(allowed, tuple) and any(same(value, v) for v in allowed)):
             out.append(name)
             continue
         what = f"any {allowed.__name__}" if isinstance(allowed, type) else " or ".join(
@@ -175,54 +125,119 @@ def ignored_fields(body: dict, chat: bool) -> list[str]:
     return out
 
 
-def _neutral(body: dict, name: str, neutral, why: str) -> None:
-    value = body.get(name)
-    if value is not None and value != neutral and not (neutral == 0 and value == 0.0):
-        raise bad(f"{name}={value!r} is not supported: {why}", name, "unsupported_parameter")
+def json_body(raw: bytes):
+    """A request body's JSON (any value: the routes check its shape); not JSON is a 400."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:  # (JSONDecodeError, bad UTF-8, an int past the digit limit)
+        raise ApiError(400, f"the request body is not valid JSON: {type(e).__name__}: {str(e)[:200]}") from None
 
 
-# The roles a chat message may have (OpenAI's); the template renders nothing else.
-ROLES = ("system", "developer", "user", "assistant", "tool")
-# OpenAI message fields beside role and content: `name` is accepted and not rendered; the others
-# (tools, reasoning, audio) only where they are empty, since they are not rendered either.
-MESSAGE_FIELDS = {"name": str, "tool_calls": list, "tool_call_id": str, "function_call": dict, "refusal": str,
-                  "reasoning_content": str, "reasoning": str, "audio": dict}
+# ---------------------------------------------------------------------------- field groups
+def _known_fields(body: Any, chat: bool, model_id: str) -> None:
+    """A JSON object of known fields (vLLM's neutral ones included), naming the served model."""
+    if not isinstance(body, dict):
+        raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
+    allowed = CHAT_FIELDS if chat else COMPLETION_FIELDS
+    unknown = sorted(set(body) - allowed - set(ignored_fields(body, chat)))
+    if unknown:
+        raise bad(f"unrecognized request argument supplied: {shown(unknown[0])}", unknown[0], "unknown_parameter")
+    name = typed(body, "model", str, "a str")
+    if name is None:
+        raise bad("you must provide a model parameter", "model")
+    if name != model_id:
+        raise ApiError(404, f"the model {name!r} does not exist; this server serves {model_id!r}", "model",
+                       "model_not_found")
 
 
-def _messages(value) -> list[dict]:
-    """OpenAI messages (content as a str or a list of text parts) as the chat template takes them:
-    a role among ROLES and the content, nothing else (a client's field never reaches the template
-    unchecked: a role or an extra key could otherwise spell a turn of its own)."""
-    if not isinstance(value, list) or not value:
-        raise bad("messages must be a non-empty list of {role, content} objects", "messages")
-    out = []
-    for i, m in enumerate(value):
-        if not isinstance(m, dict):
-            raise bad(f"messages[{i}] must be an object with role and content", "messages")
-        content = m.get("content")
-        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            parts = []
-            for part in content:
-                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                    raise bad(f"messages[{i}].content: only text parts are supported", "messages")
-                parts.append(part["text"])
-            content = "".join(parts)
-        if not isinstance(m.get("role"), str) or not isinstance(content, str):
-            raise bad(f"messages[{i}] needs a str role and a str (or text parts) content", "messages")
-        if m["role"] not in ROLES:
-            raise bad(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {shown(m['role'])}", "messages",
-                      "invalid_role")
-        for key in sorted(set(m) - {"role", "content"}):
-            kind = MESSAGE_FIELDS.get(key)
-            if kind is None:
-                raise bad(f"messages[{i}] has an unrecognized field {shown(key)}", "messages", "unknown_parameter")
-            if m[key] is not None and not isinstance(m[key], kind):
-                raise bad(f"messages[{i}].{key} must be a {kind.__name__}", "messages")
-            if key != "name" and m[key]:
-                raise bad(f"messages[{i}].{key} is not supported: this server renders text turns only", "messages",
-                          "unsupported_parameter")
-        out.append({"role": m["role"], "content": content})
-    return out
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """The top tokens to report per token, None for no logprobs: chat's `logprobs` (true/false)
+    + `top_logprobs`, a completion's `logprobs` (a count, as OpenAI's legacy API)."""
+    if chat:
+        wanted = typed(body, "logprobs", bool, "true or false", False)
+        top = integer(body, "top_logprobs", None, 0, MAX_LOGPROBS, f"an integer in [0, {MAX_LOGPROBS}]")
+        if top is not None and not wanted:
+            raise bad("top_logprobs needs logprobs: true", "top_logprobs")
+        return (top or 0) if wanted else None
+    return integer(body, "logprobs", None, 0, MAX_LOGPROBS, f"an integer in [0, {MAX_LOGPROBS}]")
+
+
+def _unimplemented(body: dict) -> None:
+    """OpenAI's fields jaxspec does not implement, at their neutral values only."""
+    for field, neutral, why in (("echo", False, "the prompt is not echoed"), ("best_of", 1, "one candidate"),
+                                ("suffix", "", "no insertion"), ("logit_bias", {}, "logits are not biased"),
+                                ("tools", [], "no tool calls"), ("tool_choice", "none", "no tool calls")):
+        neutral_only(body, field, neutral, why)
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise bad("response_format: only {'type': 'text'} is supported", "response_format",
+                  "unsupported_parameter")
+
+
+def _streaming(body: dict) -> tuple[bool, dict]:
+    """`stream` and its `stream_options` (OpenAI's include_usage, vLLM's continuous_usage_stats)."""
+    stream = typed(body, "stream", bool, "true or false", False)
+    options = typed(body, "stream_options", dict, "an object", {})
+    if set(options) - {"include_usage", "continuous_usage_stats"} or not all(
+            isinstance(options.get(k, False), bool) for k in ("include_usage", "continuous_usage_stats")):
+        raise bad("stream_options takes include_usage and vLLM's continuous_usage_stats (true or false)",
+                  "stream_options")
+    if options and not stream:
+        raise bad("stream_options is only allowed with stream: true", "stream_options")
+    return stream, options
+
+
+def _limit(body: dict, chat: bool, prompt_tokens: int, context: int) -> int:
+    """The new tokens asked for (`max_tokens`, chat's `max_completion_tokens`), within the context."""
+    room = context - prompt_tokens
+    if room < 1:
+        raise bad(f"the prompt has {prompt_tokens} tokens; this server's context is {context} tokens "
+                  "(prompt + output)", "messages" if chat else "prompt", "context_length_exceeded")
+    limit_field = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    limit = integer(body, limit_field, room if chat else min(16, room), 1, 2**31, "an integer >= 1")
+    if limit > room:
+        raise bad(f"{limit_field}={limit} does not fit: the prompt has {prompt_tokens} tokens and the context "
+                  f"is {context} (at most {room} new tokens)", limit_field, "context_length_exceeded")
+    return limit
+
+
+def _sampling(body: dict, default_temperature: float) -> tuple[float, float, int, dict]:
+    """(temperature, top_p, top_k, the other knobs: min_p and the penalties)."""
+    temperature = number(body, "temperature", default_temperature, 0, 2, "a number in [0, 2]")
+    top_p = number(body, "top_p", 1.0, 1e-9, 1, "a number in (0, 1]")
+    top_k = integer(body, "top_k", 0, -1, 2**31 - 1, "an integer in [0, 2**31) (0 or vLLM's -1 = off)")
+    knobs = dict(min_p=number(body, "min_p", 0.0, 0, 1, "a number in [0, 1] (0 = off)"),
+                 repetition_penalty=number(body, "repetition_penalty", 1.0, 1e-6, 100,
+                                           "a number in (0, 100] (1 = off)"),
+                 presence_penalty=number(body, "presence_penalty", 0.0, -2, 2, "a number in [-2, 2]"),
+                 frequency_penalty=number(body, "frequency_penalty", 0.0, -2, 2, "a number in [-2, 2]"))
+    return temperature, top_p, max(top_k, 0), knobs
+
+
+def _stops(body: dict, vocab: int) -> tuple[list[str], list[int]]:
+    """`stop` (up to MAX_STOPS strings) and vLLM's `stop_token_ids`."""
+    stops = body.get("stop")
+    stops = [stops] if isinstance(stops, str) else ([] if stops is None else stops)
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(x, str) and x for x in stops):
+        raise bad(f"stop must be a non-empty str or a list of up to {MAX_STOPS} of them", "stop")
+    stop_ids = typed(body, "stop_token_ids", list, "a list of token ids", [])
+    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in stop_ids):
+        raise bad(f"stop_token_ids must be token ids in [0, {vocab})", "stop_token_ids")
+    return stops, stop_ids
+
+
+def _method_options(body: dict) -> dict:
+    """`method_options`: an object of numbers, strs and true/false (true/false where BOOL_OPTIONS)."""
+    options = typed(body, "method_options", dict, "an object of method options", {})
+    bad_value = next((k for k, v in options.items() if v is not None and not isinstance(v, (str, int, float, bool))),
+                     None)
+    if bad_value is not None:
+        raise bad(f"method_options.{bad_value} must be a number, a str or true/false", "method_options")
+    for name in BOOL_OPTIONS:
+        if options.get(name) is not None and not isinstance(options[name], bool):
+            raise bad(f"method_options.{name} must be true or false, got {options[name]!r}", "method_options")
+    return options
 
 
 class Requests:
@@ -262,101 +277,25 @@ class Requests:
         return self._plans[key]
 
     def parse(self, body: Any, chat: bool) -> Parsed:
-        if not isinstance(body, dict):
-            raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
-        allowed = CHAT_FIELDS if chat else COMPLETION_FIELDS
-        unknown = sorted(set(body) - allowed - set(ignored_fields(body, chat)))
-        if unknown:
-            raise bad(f"unrecognized request argument supplied: {shown(unknown[0])}", unknown[0], "unknown_parameter")
-        s, model = self.settings, self.model
-        name = _typed(body, "model", str, "a str")
-        if name is None:
-            raise bad("you must provide a model parameter", "model")
-        if name != s.model_id:
-            raise ApiError(404, f"the model {name!r} does not exist; this server serves {s.model_id!r}", "model",
-                           "model_not_found")
-        n = _integer(body, "n", 1, 1, min(MAX_CHOICES, s.slots),
-                     f"an integer in [1, {min(MAX_CHOICES, s.slots)}] (each choice takes a slot)")
-        logprobs = self._logprobs(body, chat)
-        for field, neutral, why in (("echo", False, "the prompt is not echoed"), ("best_of", 1, "one candidate"),
-                                    ("suffix", "", "no insertion"), ("logit_bias", {}, "logits are not biased"),
-                                    ("tools", [], "no tool calls"), ("tool_choice", "none", "no tool calls")):
-            _neutral(body, field, neutral, why)
-        response_format = body.get("response_format")
-        if response_format is not None and response_format != {"type": "text"}:
-            raise bad("response_format: only {'type': 'text'} is supported", "response_format",
-                      "unsupported_parameter")
-        stream = _typed(body, "stream", bool, "true or false", False)
-        options = _typed(body, "stream_options", dict, "an object", {})
-        if set(options) - {"include_usage", "continuous_usage_stats"} or not all(
-                isinstance(options.get(k, False), bool) for k in ("include_usage", "continuous_usage_stats")):
-            raise bad("stream_options takes include_usage and vLLM's continuous_usage_stats (true or false)",
-                      "stream_options")
-        if options and not stream:
-            raise bad("stream_options is only allowed with stream: true", "stream_options")
-        _typed(body, "user", str, "a str")
-
-        try:
-            if chat:
-                messages = _messages(body.get("messages"))
-                if not s.special_tokens:
-                    self._no_special_tokens(messages)
-                prompt = chat_prompt(model, messages)
-            else:
-                prompt = self._prompt(body.get("prompt"))
-        except JaxspecError as e:
-            raise bad(self._no_paths(str(e)), "messages" if chat else "prompt") from None
-
-        room = s.context - len(prompt)
-        if room < 1:
-            raise bad(f"the prompt has {len(prompt)} tokens; this server's context is {s.context} tokens "
-                      "(prompt + output)", "messages" if chat else "prompt", "context_length_exceeded")
-        limit_field = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None \
-            else "max_tokens"
-        limit = _integer(body, limit_field, room if chat else min(16, room), 1, 2**31, "an integer >= 1")
-        if limit > room:
-            raise bad(f"{limit_field}={limit} does not fit: the prompt has {len(prompt)} tokens and the context "
-                      f"is {s.context} (at most {room} new tokens)", limit_field, "context_length_exceeded")
-
-        temperature = _number(body, "temperature", s.temperature, 0, 2, "a number in [0, 2]")
-        top_p = _number(body, "top_p", 1.0, 1e-9, 1, "a number in (0, 1]")
-        top_k = _integer(body, "top_k", 0, -1, 2**31 - 1, "an integer in [0, 2**31) (0 or vLLM's -1 = off)")
-        top_k = max(top_k, 0)
-        knobs = dict(min_p=_number(body, "min_p", 0.0, 0, 1, "a number in [0, 1] (0 = off)"),
-                     repetition_penalty=_number(body, "repetition_penalty", 1.0, 1e-6, 100,
-                                                "a number in (0, 100] (1 = off)"),
-                     presence_penalty=_number(body, "presence_penalty", 0.0, -2, 2, "a number in [-2, 2]"),
-                     frequency_penalty=_number(body, "frequency_penalty", 0.0, -2, 2, "a number in [-2, 2]"))
-        seed = _integer(body, "seed", None, 0, 2**32 - 1, "an integer in [0, 2**32)")
+        """The checked job of a request body, its field groups checked in a fixed order (a body
+        with several bad fields is refused for the first): the fields and the model, the
+        answer's form, the prompt and its budget, sampling, stops, the method."""
+        s = self.settings
+        _known_fields(body, chat, s.model_id)
+        n = integer(body, "n", 1, 1, min(MAX_CHOICES, s.slots),
+                    f"an integer in [1, {min(MAX_CHOICES, s.slots)}] (each choice takes a slot)")
+        logprobs = _logprobs(body, chat)
+        _unimplemented(body)
+        stream, options = _streaming(body)
+        typed(body, "user", str, "a str")
+        prompt = self._prompt_ids(body, chat)
+        limit = _limit(body, chat, len(prompt), s.context)
+        temperature, top_p, top_k, knobs = _sampling(body, s.temperature)
+        seed = integer(body, "seed", None, 0, 2**32 - 1, "an integer in [0, 2**32)")
         seed = random_seed() if seed is None else seed
-        stops = body.get("stop")
-        stops = [stops] if isinstance(stops, str) else ([] if stops is None else stops)
-        if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(x, str) and x for x in stops):
-            raise bad(f"stop must be a non-empty str or a list of up to {MAX_STOPS} of them", "stop")
-        stop_ids = _typed(body, "stop_token_ids", list, "a list of token ids", [])
-        vocab = model.config.vocab_size
-        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in stop_ids):
-            raise bad(f"stop_token_ids must be token ids in [0, {vocab})", "stop_token_ids")
-        ignore_eos = _typed(body, "ignore_eos", bool, "true or false", False)
-
-        method = _typed(body, "method", str, "a method name", None)
-        method_options = _typed(body, "method_options", dict, "an object of method options", {})
-        bad_value = next((k for k, v in method_options.items()
-                          if v is not None and not isinstance(v, (str, int, float, bool))), None)
-        if bad_value is not None:
-            raise bad(f"method_options.{bad_value} must be a number, a str or true/false", "method_options")
-        for name in BOOL_OPTIONS:
-            if method_options.get(name) is not None and not isinstance(method_options[name], bool):
-                raise bad(f"method_options.{name} must be true or false, got {method_options[name]!r}",
-                          "method_options")
-        if method_options.get("drafter") is not None:
-            method_options = {**method_options, "drafter": self._drafter(method_options["drafter"])}
-        if method == "auto" and method_options:
-            raise bad("method 'auto' takes no method_options (it is the server's measured choice)", "method_options")
-        default = method is None or method == "auto"
-        if default:
-            method = s.method
-            method_options = {**dict(s.method_options), **method_options}
+        stops, stop_ids = _stops(body, self.model.config.vocab_size)
+        ignore_eos = typed(body, "ignore_eos", bool, "true or false", False)
+        method, method_options, default = self._method(body)
         try:
             penalties = penalized(**{k: v for k, v in knobs.items() if k != "min_p"})
             plan = self.plan(method, method_options, temperature == 0, ignore_eos, penalties, logprobs is not None,
@@ -373,17 +312,33 @@ class Requests:
                       include_usage=bool(options.get("include_usage", False)), chat=chat, n=n, logprobs=logprobs,
                       continuous_usage=bool(options.get("continuous_usage_stats", False)))
 
-    @staticmethod
-    def _logprobs(body: dict, chat: bool) -> int | None:
-        """The top tokens to report per token, None for no logprobs: chat's `logprobs` (true/false)
-        + `top_logprobs`, a completion's `logprobs` (a count, as OpenAI's legacy API)."""
-        if chat:
-            wanted = _typed(body, "logprobs", bool, "true or false", False)
-            top = _integer(body, "top_logprobs", None, 0, MAX_LOGPROBS, f"an integer in [0, {MAX_LOGPROBS}]")
-            if top is not None and not wanted:
-                raise bad("top_logprobs needs logprobs: true", "top_logprobs")
-            return (top or 0) if wanted else None
-        return _integer(body, "logprobs", None, 0, MAX_LOGPROBS, f"an integer in [0, {MAX_LOGPROBS}]")
+    def _prompt_ids(self, body: dict, chat: bool) -> list[int]:
+        """The prompt's token ids: chat's `messages` rendered by the chat template, or a
+        completion's `prompt`."""
+        try:
+            if chat:
+                messages = chat_messages(body.get("messages"))
+                if not self.settings.special_tokens:
+                    self.no_special_tokens(messages)
+                return chat_prompt(self.model, messages)
+            return self._prompt(body.get("prompt"))
+        except JaxspecError as e:
+            raise bad(self._no_paths(str(e)), "messages" if chat else "prompt") from None
+
+    def _method(self, body: dict) -> tuple[str, dict, bool]:
+        """(the method, its options, whether they are the server's: the request named none or
+        `auto`); a drafter is resolved to a folder the operator offers."""
+        method = typed(body, "method", str, "a method name", None)
+        options = _method_options(body)
+        if options.get("drafter") is not None:
+            options = {**options, "drafter": self._drafter(options["drafter"])}
+        if method == "auto" and options:
+            raise bad("method 'auto' takes no method_options (it is the server's measured choice)", "method_options")
+        default = method is None or method == "auto"
+        if default:
+            method = self.settings.method
+            options = {**dict(self.settings.method_options), **options}
+        return method, options, default
 
     def _no_paths(self, message: str) -> str:
         """A library error as a client reads it: the server's folders (the model's, the offered
@@ -406,7 +361,7 @@ class Requests:
         raise bad(f"method_options.drafter must name a drafter this server offers: {', '.join(names)} "
                   "(the operator adds folders with --drafter-dir)", "method_options", "unknown_drafter")
 
-    def _no_special_tokens(self, messages: list[dict]) -> None:
+    def no_special_tokens(self, messages: list[dict]) -> None:
         """Chat content that spells a special token (e.g. `<|im_end|>`) would become that token
         (the rendered template is tokenized whole, as transformers does), letting a user forge a
         turn: refused unless the operator allows it (`--allow-special-tokens`)."""
@@ -446,7 +401,7 @@ def _special_texts(tokenizer) -> list[str]:
     """The text of every special (added) token a tokenizer parses out of plain text."""
     if tokenizer is None:
         return []
-    backend = getattr(tokenizer, "_tok", None)
+    backend = getattr(tokenizer, "backend", None)
     if backend is not None and hasattr(backend, "get_added_tokens_decoder"):
         return [t.content for t in backend.get_added_tokens_decoder().values() if t.special]
     return [t for t in getattr(tokenizer, "special_tokens", {}).values() if isinstance(t, str)]

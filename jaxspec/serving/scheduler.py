@@ -86,7 +86,8 @@ class Job:
 
 class Detokenizer:
     """Text of a job's tokens so far, cut at its stops; what may be sent without a later token
-    changing it (no half character, no possible start of a stop string)."""
+    changing it (no half character, no possible start of a stop string: `stop_strings.settled`,
+    the rule `jaxspec.stream` follows too)."""
 
     def __init__(self, tokenizer, eos_ids: tuple[int, ...]):
         self.tokenizer, self.eos_ids = tokenizer, frozenset(eos_ids)
@@ -104,13 +105,9 @@ class Detokenizer:
         if reason is None and done:
             reason = "stop" if ids and ids[-1] in self.eos_ids else "length"
         body = ids[:-1] if ids and (ids[-1] in self.eos_ids or ids[-1] in job.stop_ids) and reason == "stop" else ids
-        hit = stop_strings.cut(self.decode, body, job.stop_strings) if job.stop_strings else None
-        if hit is not None:
-            (ids, text), reason = hit, "stop"
-        else:
-            text = self.decode(body)
-        if reason is None:
-            text = stop_strings.sendable(text, job.stop_strings)
+        kept, text, stopped = stop_strings.settled(self.decode, body, job.stop_strings, reason is not None)
+        if stopped:
+            ids, reason = kept, "stop"
         return ids, text, reason
 
 
@@ -201,8 +198,7 @@ class Scheduler:
             return None
 
         def build() -> SlotGroup:
-            group = SlotGroup(self.model, plan.engine, plan.graphdef, plan.params, slots=self.slots,
-                              context=self.context, eos_ids=plan.eos_ids, chunk_steps=self.chunk_steps,
+            group = SlotGroup(self.model, plan, slots=self.slots, context=self.context, chunk_steps=self.chunk_steps,
                               compiler=self.compiler,
                               modes=StepModes(self.model, plan.label) if plan.step_modes else None)
             group.warm(tiers=1)  # the rest queued behind it

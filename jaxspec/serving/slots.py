@@ -46,10 +46,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.runtime import compile_cache
-from jaxspec.decoding.engine import Engine, EngineState
+from jaxspec.decoding.engine import Engine, EngineState, accept_histogram
 from jaxspec.decoding.methods import advance, begin
 from jaxspec.decoding.sampling import SamplingParams
-from jaxspec.runtime.plan import prompt_bucket
+from jaxspec.runtime.plan import DecodePlan
 from jaxspec.runtime.step_modes import MODES, StepModes
 
 
@@ -67,10 +67,8 @@ def _pad_to(x, like: jax.ShapeDtypeStruct):
     return jnp.pad(x, [(0, b - a) for a, b in zip(x.shape, like.shape)])
 
 
-def _start(graphdef, params, prompts, lengths, rng, sampling, *, engine: Engine, max_new_tokens: int, cache_len: int,
-           eos_ids: tuple[int, ...], shapes) -> EngineState:
-    state = begin(graphdef, params, prompts, lengths, rng, sampling, engine=engine, max_new_tokens=max_new_tokens,
-                  cache_len=cache_len, eos_ids=eos_ids)
+def _start(graphdef, params, prompts, lengths, rng, sampling, *, shapes, **statics) -> EngineState:
+    state = begin(graphdef, params, prompts, lengths, rng, sampling, **statics)
     return jax.tree.map(_pad_to, state, shapes)
 
 
@@ -147,14 +145,15 @@ class SlotGroup:
     """B slots decoding with one engine (one method, greedy or sampled) and one set of
     end-of-sequence ids. Not thread-safe: one scheduler thread drives it."""
 
-    def __init__(self, model, engine: Engine, graphdef, params, *, slots: int, context: int,
-                 eos_ids: tuple[int, ...], chunk_steps: int, compiler=None, modes: StepModes | None = None):
-        self.model, self.engine, self.graphdef, self.params = model, engine, graphdef, params
-        self.slots, self.context, self.eos_ids, self.chunk_steps = slots, context, eos_ids, chunk_steps
-        # A request's prompt + output fit in `context` positions; the output buffer holds up to
-        # `context` tokens, the cache one step's commit more.
-        self.max_new_tokens = context
-        self.cache_len = -(-(context + engine.max_commit) // 64) * 64
+    def __init__(self, model, plan: DecodePlan, *, slots: int, context: int, chunk_steps: int, compiler=None,
+                 modes: StepModes | None = None):
+        engine = plan.engine
+        self.model, self.engine, self.graphdef, self.params = model, engine, plan.graphdef, plan.params
+        self.slots, self.context, self.eos_ids, self.chunk_steps = slots, context, plan.eos_ids, chunk_steps
+        # A request's prompt + output fit in `context` positions: the output buffer holds up to
+        # `context` tokens, every prompt is padded to one buffer (`start`), the cache is the plan's.
+        self.program = plan.program(model, batch=slots, prompt_len=context, max_new_tokens=context, context=context)
+        self.max_new_tokens, self.cache_len, self.bucket = context, self.program.cache_len, self.program.prompt_len
         self.compile_seconds = 0.0
         self.compiler = compiler  # a `Background` that compiles off the scheduler's thread, or None
         self.stalls = 0  # chunks that had to compile on the caller's thread (no covering program yet)
@@ -163,8 +162,7 @@ class SlotGroup:
         self.modes = modes  # drafted or plain, chunk by chunk (None: drafted, as the engine is)
         # Programs live in the model's one program table (`Model.compiled`, as generate's), keyed
         # by what decides them: a group made again for the same plan finds them there.
-        self._key = ("slots", engine, eos_ids, slots, context, chunk_steps,
-                     compile_cache.graph_key(graphdef) if isinstance(graphdef, tuple) else None)
+        self._key = self.program.key("slots", chunk_steps)
         self._sampling0 = SamplingParams.create()
         # Greedy verification reads no randomness and no knob: the engine's own batch is exact
         # per row. Sampling and penalties read each row's own knobs (and sampling its own key).
@@ -179,7 +177,6 @@ class SlotGroup:
         else:
             self.axes = _differing_axis(self.row_shapes, self._shapes(2, self.cache_len))
         self.used = np.zeros(slots, np.int32)  # cache positions each slot's request may reach by the next read
-        self.bucket = prompt_bucket(self.context)  # every prompt's buffer (`start`)
         empty = self._start_program()(*self._start_args(np.zeros(self.bucket, np.int32), 1, 0, self._sampling0))
 
         def tile(x, axis):
@@ -210,16 +207,14 @@ class SlotGroup:
 
     def _shapes(self, batch: int, cache_len: int):
         """The loop state's shapes for `batch` rows at the prompt buffer."""
-        bucket = prompt_bucket(self.context)
-        args = (self.graphdef, self.params, jax.ShapeDtypeStruct((batch, bucket), jnp.int32),
+        args = (self.graphdef, self.params, jax.ShapeDtypeStruct((batch, self.bucket), jnp.int32),
                 jax.ShapeDtypeStruct((batch,), jnp.int32), jax.random.key(0), self._sampling0)
         statics = {**self._begin_statics(), "cache_len": cache_len}
         return jax.eval_shape(lambda *a: begin(*a, **statics), *args)
 
     # ----------------------------------------------------------------------------- programs
     def _begin_statics(self) -> dict:
-        return dict(engine=self.engine, max_new_tokens=self.max_new_tokens, cache_len=self.cache_len,
-                    eos_ids=self.eos_ids)
+        return self.program.statics
 
     def _start_args(self, padded: np.ndarray, length: int, seed: int, sampling: SamplingParams) -> tuple:
         return (self.graphdef, self.params, jnp.asarray(padded[None]), jnp.asarray([length], jnp.int32),
@@ -438,10 +433,8 @@ class SlotGroup:
         d = self.state.decode
         tokens, num, done, steps, histogram = (
             np.asarray(x).reshape(self.slots, -1)
-            for x in jax.device_get((d.tokens, d.num_generated, d.done, d.steps, self.state.accept_histogram)))
-        if self.engine.max_commit == 1:  # (the engine leaves a one-token tree's histogram to `finish`: 1 per step)
-            histogram = np.zeros((self.slots, 2), histogram.dtype)
-            histogram[:, 1] = np.maximum(steps[:, 0] - 1, 0)
+            for x in jax.device_get((d.tokens, d.num_generated, d.done, d.steps,
+                                     accept_histogram(self.engine, self.state))))
         logprobs = None
         if d.logprobs is not None:  # (the same host sync)
             lp = d.logprobs

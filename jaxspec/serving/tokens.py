@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from jaxspec.errors import JaxspecError, shown
-from jaxspec.serving.requests import ApiError, _messages, _typed, bad
+from jaxspec.serving.fields import chat_messages, typed
+from jaxspec.serving.openai import ApiError, bad
 
 TOKENIZE_FIELDS = {"model", "prompt", "add_special_tokens", "return_token_strs"}
 TOKENIZE_CHAT_FIELDS = {"model", "messages", "add_generation_prompt", "add_special_tokens", "return_token_strs"}
@@ -27,7 +28,7 @@ def _checked(body: Any, allowed: set[str], model_id: str) -> dict:
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise bad(f"unrecognized request argument supplied: {shown(unknown[0])}", unknown[0], "unknown_parameter")
-    name = _typed(body, "model", str, "a str")
+    name = typed(body, "model", str, "a str")
     if name is not None and name != model_id:
         raise ApiError(404, f"the model {name!r} does not exist; this server serves {model_id!r}", "model",
                        "model_not_found")
@@ -46,7 +47,7 @@ def token_strs(tokenizer, ids: list[int]) -> list[str]:
     backend = getattr(tokenizer, "backend", None)
     if backend is not None and hasattr(backend, "id_to_token"):
         return [backend.id_to_token(int(i)) or "" for i in ids]
-    piece = getattr(tokenizer, "_piece", None)
+    piece = getattr(tokenizer, "piece", None)
     if piece is not None:
         return [piece(int(i)) or "" for i in ids]
     return [tokenizer.decode([int(i)]) for i in ids]
@@ -54,16 +55,17 @@ def token_strs(tokenizer, ids: list[int]) -> list[str]:
 
 def tokenize(model, settings, body: Any, no_special_tokens=None) -> dict:
     """The answer to a tokenize body. `no_special_tokens(messages)`: the chat check of
-    `Requests` (content that spells a special token is refused unless the server allows it)."""
+    `Requests.no_special_tokens` (content that spells a special token is refused unless the
+    server allows it)."""
     chat = isinstance(body, dict) and "messages" in body
     body = _checked(body, TOKENIZE_CHAT_FIELDS if chat else TOKENIZE_FIELDS, settings.model_id)
-    want_strs = _typed(body, "return_token_strs", bool, "true or false", False)
-    special = _typed(body, "add_special_tokens", bool, "true or false", not chat)
+    want_strs = typed(body, "return_token_strs", bool, "true or false", False)
+    special = typed(body, "add_special_tokens", bool, "true or false", not chat)
     tokenizer = _tokenizer(model)
     try:
         if chat:
-            messages = _messages(body.get("messages"))
-            generation = _typed(body, "add_generation_prompt", bool, "true or false", True)
+            messages = chat_messages(body.get("messages"))
+            generation = typed(body, "add_generation_prompt", bool, "true or false", True)
             if not settings.special_tokens and no_special_tokens is not None:
                 no_special_tokens(messages)
             if tokenizer.chat_template is None:

@@ -16,7 +16,7 @@ L = max(K, N-1) tokens a step:
 
 `agree` = `unsure` = 0.3 were chosen on the drafter recipe's own held-out chats (184 greedy replies of
 parts 4-7, teacher-forced, never the benchmark prompts): S 2.053-2.060 for agree 0.1-0.5 and unsure
-0.2-0.4 (`benchmarks/route_rule.py`; docs/pard2.md, "Routing"). The drafter sees every step's emitted tokens whichever chain was
+0.2-0.4 (`benchmarks/results/route_rule_recipe.md`; docs/pard2.md, "Routing"). The drafter sees every step's emitted tokens whichever chain was
 verified (its pending run is the emitted path), so its cache and features stay exact.
 
 With the drafter's `alternatives` A > 0 the step also verifies the A first tokens q1 rates highest
