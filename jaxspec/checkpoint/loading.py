@@ -255,6 +255,35 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str | None = No
     batched greedy equals greedy alone, bit for bit in every dtype; XLA attention only."""
     from jaxspec.models import tensor_parallel as tp_lib
 
+    mesh = _checked_mesh(dtype, attention, tensor_parallel, data_parallel, mesh, batch_invariant)
+    path = resolve(path_or_name)
+    if dtype is None:  # a GGUF's blocks where they can be kept: the float32 model, faster, a third of the memory
+        dtype = "blocks" if path.suffix == ".gguf" and mesh is None else "float32"
+    if dtype == "blocks" and path.suffix != ".gguf":
+        raise ConfigError(f"dtype blocks keeps a GGUF file's quantized blocks; {path} is not a .gguf file "
+                          "(use float32, bfloat16 or int8)")
+
+    def build(cfg: ModelConfig, tensors) -> Transformer:
+        return _build_module(cfg, tensors, path, dtype=dtype, attention=attention, mesh=mesh)
+
+    module, tokenizer = _read_checkpoint(path, build)
+    if tokenizer is not None and tokenizer.vocab_size > module.config.vocab_size:
+        raise CheckpointError(
+            f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only {module.config.vocab_size}"
+        )
+    if dtype == "blocks" and not any(isinstance(sub, QUANTIZED) for _, sub in nnx.iter_modules(module)):
+        dtype = "float32"  # no matrix was in a block format: the float32 model, and it says so
+    module.batch_invariant = bool(batch_invariant)
+    model = Model.from_module(module, tokenizer=tokenizer, dtype=dtype, source=str(path))
+    return model if mesh is None else tp_lib.on_mesh(model, model.params, mesh)
+
+
+def _checked_mesh(dtype: str | None, attention: str, tensor_parallel: int, data_parallel: int, mesh,
+                  batch_invariant: bool):
+    """`load`'s options checked before the checkpoint is read; returns the mesh the weights go on
+    (None: one device)."""
+    from jaxspec.models import tensor_parallel as tp_lib
+
     if dtype in ("int8", "blocks") and (mesh is not None or (tensor_parallel, data_parallel) != (1, 1)):
         raise ConfigError(f"dtype {dtype} runs on one device; tensor_parallel, data_parallel and mesh need "
                           "float32 or bfloat16 weights")
@@ -270,34 +299,37 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str | None = No
     if batch_invariant and attention != "xla":
         raise ConfigError(f"batch_invariant=True computes attention its own way (XLA ops in a fixed order); "
                           f"attention={attention!r} has no batch-invariant form yet: use attention='xla'")
-    path = resolve(path_or_name)
-    if dtype is None:  # a GGUF's blocks where they can be kept: the float32 model, faster, a third of the memory
-        dtype = "blocks" if path.suffix == ".gguf" and mesh is None else "float32"
+    return mesh
+
+
+def _build_module(cfg: ModelConfig, tensors, path: Path, *, dtype: str, attention: str, mesh) -> Transformer:
+    """The Transformer of `tensors` in `dtype`: "blocks" keeps a GGUF's block formats, "int8"
+    quantizes each matrix as it is read, any other is made on `mesh` (None: one device)."""
+    from jaxspec.models import tensor_parallel as tp_lib
+
     jdtype = DTYPES.get(dtype, jnp.float32)  # (int8: read as float32, then quantized tensor by tensor)
+    if dtype == "blocks":
+        kept: dict = {}
 
-    if dtype == "blocks" and path.suffix != ".gguf":
-        raise ConfigError(f"dtype blocks keeps a GGUF file's quantized blocks; {path} is not a .gguf file "
-                          "(use float32, bfloat16 or int8)")
+        def block_scales(param_path):
+            return getattr(tensors[hf_name(param_path)[0]], "block_scales", lambda: None)()
 
-    def build(cfg: ModelConfig, tensors) -> Transformer:
-        if dtype == "blocks":
-            kept: dict = {}
+        module = model_from_tensors(cfg, tensors, dtype=jdtype, attention=attention, source=str(path),
+                                    place=block_placement(block_scales, kept))
+        return blocks_model(module, kept)
+    if dtype == "int8":
+        scales: dict = {}
+        module = model_from_tensors(cfg, tensors, dtype=jdtype, attention=attention, source=str(path),
+                                    place=placement(scales))
+        return quantize_model(module, scales)
+    # On a mesh each parameter is made in its layout, each process reading only its shards.
+    place = None if mesh is None else tp_lib.placement(mesh, cfg, jdtype)
+    return model_from_tensors(cfg, tensors, dtype=jdtype, attention=attention, source=str(path), place=place)
 
-            def block_scales(param_path):
-                return getattr(tensors[hf_name(param_path)[0]], "block_scales", lambda: None)()
 
-            module = model_from_tensors(cfg, tensors, dtype=jdtype, attention=attention, source=str(path),
-                                        place=block_placement(block_scales, kept))
-            return blocks_model(module, kept)
-        if dtype == "int8":
-            scales: dict = {}
-            module = model_from_tensors(cfg, tensors, dtype=jdtype, attention=attention, source=str(path),
-                                        place=placement(scales))
-            return quantize_model(module, scales)
-        # On a mesh each parameter is made in its layout, each process reading only its shards.
-        place = None if mesh is None else tp_lib.placement(mesh, cfg, jdtype)
-        return model_from_tensors(cfg, tensors, dtype=jdtype, attention=attention, source=str(path), place=place)
-
+def _read_checkpoint(path: Path, build) -> tuple[Transformer, Any]:
+    """(module, tokenizer or None) of an HF folder, a GGUF file or a llama2.c .bin; `build(cfg,
+    tensors)` makes the module."""
     if path.is_dir():
         module = build(read_config(path), read_tensors(path))
         tokenizer = find_tokenizer(path)
@@ -315,12 +347,4 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str | None = No
         raise CheckpointError(
             f"{path} is neither an HF folder, a .gguf file nor a llama2.c .bin; pass the folder that holds config.json"
         )
-    if tokenizer is not None and tokenizer.vocab_size > module.config.vocab_size:
-        raise CheckpointError(
-            f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only {module.config.vocab_size}"
-        )
-    if dtype == "blocks" and not any(isinstance(sub, QUANTIZED) for _, sub in nnx.iter_modules(module)):
-        dtype = "float32"  # no matrix was in a block format: the float32 model, and it says so
-    module.batch_invariant = bool(batch_invariant)
-    model = Model.from_module(module, tokenizer=tokenizer, dtype=dtype, source=str(path))
-    return model if mesh is None else tp_lib.on_mesh(model, model.params, mesh)
+    return module, tokenizer

@@ -341,13 +341,9 @@ def read_amd_drafter(path: str | os.PathLike, *, target=None, target_independent
 
     folder = Path(path)
     hf = _config(folder)
-    token, kind = hf.get("pard_token"), hf.get("spd_type", "pard2" if hf.get("pard2") is True else "pard")
-    if hf.get("pard2") is True:
-        kind = "pard2"
-    if kind not in ("pard", "pard2"):
-        raise CheckpointError(f"{folder}: spd_type {kind!r} is not a parallel drafter (\"pard\" or \"pard2\")")
+    kind = _drafter_kind(folder, hf)
     cfg = read_config(folder)
-    size = cfg.vocab_size
+    size, token = cfg.vocab_size, hf.get("pard_token")
     if not _int(token) or not 0 <= token < size:
         raise CheckpointError(f"{folder}: pard_token must be a token id of the drafter's {size}-token "
                               f"vocabulary, got {token!r} (-1: trained without unused_tokenids)")
@@ -358,52 +354,88 @@ def read_amd_drafter(path: str | os.PathLike, *, target=None, target_independent
         raise GenerationError(f"{folder}: the target's tokenizer has {tokenizer.vocab_size} tokens but the drafter's "
                               f"vocabulary only {size}; use a drafter made for the target's tokenizer")
     features = kind == "pard2" and not target_independent
-
+    scale = float(_first(hf, "pard2_scale", "pard_scale", "feat_scale", default=0.02))
     # Feature metadata first (checked before any weight is read).
-    layers, hidden, scale = (), 0, float(_first(hf, "pard2_scale", "pard_scale", "feat_scale", default=0.02))
-    if features:
-        hf_layers = _first(hf, "pard2_target_layers", "target_layers")
-        if not isinstance(hf_layers, list) or not hf_layers or not all(_int(j) for j in hf_layers):
-            raise CheckpointError(f"{folder}: a PARD-2 config.json needs pard2_target_layers (the target's HF "
-                                  f"hidden-state indices), got {hf_layers!r}; or load it target-independent")
-        dim = _first(hf, "pard2_target_dim", "pard_target_dim")
-        if not _int(dim) or dim % len(hf_layers):
-            raise CheckpointError(f"{folder}: pard2_target_dim {dim!r} is not a multiple of "
-                                  f"{len(hf_layers)} target layers")
-        hidden = dim // len(hf_layers)
-        if isinstance(meta.get("target_layers"), list):  # exported by jaxspec: its exact layers
-            layers = tuple(int(i) for i in meta["target_layers"])
-            if len(layers) != len(hf_layers):
-                raise CheckpointError(f"{folder}: the jaxspec target_layers do not match pard2_target_layers")
-        elif _depth(target) is None:
-            raise CheckpointError(f"{folder} is a PARD-2 drafter whose target layers are relative to its target; "
-                                  "load it with load_drafter(folder, target=model) (generate(..., drafter=folder) "
-                                  "does) or target_independent=True")
-        else:
-            layers = hf_to_jaxspec_layers(hf_layers, _depth(target))
+    layers, hidden = _feature_layers(folder, hf, meta, target) if features else ((), 0)
 
     tensors = dict(read_tensors(folder))
     in_weights = {name: tensors.pop(name) for name in list(tensors) if name.startswith("target_proj.")}
     projection = None
     if features:
-        weight, bias = _target_proj(folder, in_weights)
-        if weight is None:
-            raise CheckpointError(f"{folder} is a PARD-2 drafter without its target_proj weights ({WARP_FILE}); "
-                                  "restore the file or load it target-independent (target_features=False)")
-        if weight.shape != (cfg.hidden_size, len(layers) * hidden):
-            raise CheckpointError(f"{folder}: target_proj.weight has shape {weight.shape}, expected "
-                                  f"{(cfg.hidden_size, len(layers) * hidden)} (hidden size, pard2_target_dim)")
-        if bias is not None and np.any(np.asarray(bias, np.float32)):
-            raise CheckpointError(f"{folder}: target_proj has a bias (pard2_proj_bias), which jaxspec's "
-                                  "projection does not support; load it target-independent")
-        blocks = np.asarray(weight, np.float32).T.reshape(len(layers), hidden, cfg.hidden_size)
-        merged: dict[int, np.ndarray] = {}
-        for layer, block in zip(layers, blocks):  # a layer listed twice: its feature twice
-            merged[layer] = merged[layer] + block if layer in merged else block
-        layers = tuple(merged)
-        projection = jnp.asarray(np.concatenate(list(merged.values())), jnp.float32)
+        layers, projection = _projection(folder, in_weights, layers, hidden, cfg.hidden_size)
+    _to_target_vocabulary(folder, tensors, cfg, vocab, token)
+    module = model_from_tensors(dataclasses.replace(cfg, vocab_size=vocab + 1), tensors, dtype=DTYPES[dtype],
+                                attention=attention, source=str(folder))
+    tokenizer = tokenizer if tokenizer is not None else find_tokenizer(folder)
+    model = Model.from_module(module, tokenizer=tokenizer, dtype=dtype, source=str(folder))
+    draft_vocab = _draft_vocab(folder, size, vocab)
+    draft_len = meta.get("draft_len", DEFAULT_DRAFT_LEN[kind])
+    return dict(model=model, mask_token_id=vocab, target_vocab_size=vocab, target_layers=layers,
+                target_hidden_size=hidden, feature_scale=scale, draft_len=int(draft_len), projection=projection,
+                draft_vocab=None if draft_vocab is None else jnp.asarray(draft_vocab))
 
-    # The vocabulary: the target's V rows (the drafter's, zeros where it has none) + the mask row.
+
+def _drafter_kind(folder: Path, hf: dict) -> str:
+    """The drafter's kind, "pard" or "pard2": `spd_type` (or `"pard2": true`); any other type is refused."""
+    kind = hf.get("spd_type", "pard2" if hf.get("pard2") is True else "pard")
+    if hf.get("pard2") is True:
+        kind = "pard2"
+    if kind not in ("pard", "pard2"):
+        raise CheckpointError(f"{folder}: spd_type {kind!r} is not a parallel drafter (\"pard\" or \"pard2\")")
+    return kind
+
+
+def _feature_layers(folder: Path, hf: dict, meta: dict, target) -> tuple[tuple[int, ...], int]:
+    """(the target layers a PARD-2 drafter reads, in jaxspec's indexing; the target's hidden size)
+    from config.json: the exact layers a jaxspec export kept, else `pard2_target_layers` mapped
+    for the target's depth."""
+    hf_layers = _first(hf, "pard2_target_layers", "target_layers")
+    if not isinstance(hf_layers, list) or not hf_layers or not all(_int(j) for j in hf_layers):
+        raise CheckpointError(f"{folder}: a PARD-2 config.json needs pard2_target_layers (the target's HF "
+                              f"hidden-state indices), got {hf_layers!r}; or load it target-independent")
+    dim = _first(hf, "pard2_target_dim", "pard_target_dim")
+    if not _int(dim) or dim % len(hf_layers):
+        raise CheckpointError(f"{folder}: pard2_target_dim {dim!r} is not a multiple of "
+                              f"{len(hf_layers)} target layers")
+    hidden = dim // len(hf_layers)
+    if isinstance(meta.get("target_layers"), list):  # exported by jaxspec: its exact layers
+        layers = tuple(int(i) for i in meta["target_layers"])
+        if len(layers) != len(hf_layers):
+            raise CheckpointError(f"{folder}: the jaxspec target_layers do not match pard2_target_layers")
+        return layers, hidden
+    if _depth(target) is None:
+        raise CheckpointError(f"{folder} is a PARD-2 drafter whose target layers are relative to its target; "
+                              "load it with load_drafter(folder, target=model) (generate(..., drafter=folder) "
+                              "does) or target_independent=True")
+    return hf_to_jaxspec_layers(hf_layers, _depth(target)), hidden
+
+
+def _projection(folder: Path, in_weights: dict, layers: tuple[int, ...], hidden: int,
+                hidden_size: int) -> tuple[tuple[int, ...], jnp.ndarray]:
+    """(the target layers, each once; jaxspec's projection [features, hidden_size]) from
+    `target_proj.weight`: its transpose, the blocks of a layer listed twice summed."""
+    weight, bias = _target_proj(folder, in_weights)
+    if weight is None:
+        raise CheckpointError(f"{folder} is a PARD-2 drafter without its target_proj weights ({WARP_FILE}); "
+                              "restore the file or load it target-independent (target_features=False)")
+    if weight.shape != (hidden_size, len(layers) * hidden):
+        raise CheckpointError(f"{folder}: target_proj.weight has shape {weight.shape}, expected "
+                              f"{(hidden_size, len(layers) * hidden)} (hidden size, pard2_target_dim)")
+    if bias is not None and np.any(np.asarray(bias, np.float32)):
+        raise CheckpointError(f"{folder}: target_proj has a bias (pard2_proj_bias), which jaxspec's "
+                              "projection does not support; load it target-independent")
+    blocks = np.asarray(weight, np.float32).T.reshape(len(layers), hidden, hidden_size)
+    merged: dict[int, np.ndarray] = {}
+    for layer, block in zip(layers, blocks):  # a layer listed twice: its feature twice
+        merged[layer] = merged[layer] + block if layer in merged else block
+    return tuple(merged), jnp.asarray(np.concatenate(list(merged.values())), jnp.float32)
+
+
+def _to_target_vocabulary(folder: Path, tensors: dict, cfg: ModelConfig, vocab: int, token: int) -> None:
+    """Convert the vocabulary tables in `tensors` in place (the embedding, and an untied head) to
+    the target's V rows (the drafter's, zeros where it has none) + the mask row (the `pard_token` row)."""
+    size = cfg.vocab_size
+
     def convert(table):
         if table.shape[0] != size:
             raise CheckpointError(f"{folder}: a vocabulary table has {table.shape[0]} rows, the config "
@@ -421,21 +453,18 @@ def read_amd_drafter(path: str | os.PathLike, *, target=None, target_independent
         tensors.pop("lm_head.weight", None)
     elif "lm_head.weight" in tensors:
         tensors["lm_head.weight"] = convert(tensors["lm_head.weight"])
-    module = model_from_tensors(dataclasses.replace(cfg, vocab_size=vocab + 1), tensors, dtype=DTYPES[dtype],
-                                attention=attention, source=str(folder))
-    tokenizer = tokenizer if tokenizer is not None else find_tokenizer(folder)
-    model = Model.from_module(module, tokenizer=tokenizer, dtype=dtype, source=str(folder))
 
+
+def _draft_vocab(folder: Path, size: int, vocab: int) -> np.ndarray | None:
+    """The draft vocabulary: the folder's draft.safetensors (checked against the `vocab` ids), else
+    the drafter's own `size` ids where the target has more, else None (every id)."""
     draft_vocab = read_draft_vocab(folder)
     if draft_vocab is not None:
         if draft_vocab.ndim != 1 or not len(draft_vocab) or draft_vocab.min() < 0 or draft_vocab.max() >= vocab:
             raise CheckpointError(f"{folder / DRAFT_FILE}: draft_vocab holds ids outside the {vocab}-token vocabulary")
     elif size < vocab:  # the drafter's own ids only: the argmax over its D logits, as the authors'
         draft_vocab = np.arange(size, dtype=np.int32)
-    draft_len = meta.get("draft_len", DEFAULT_DRAFT_LEN[kind])
-    return dict(model=model, mask_token_id=vocab, target_vocab_size=vocab, target_layers=layers,
-                target_hidden_size=hidden, feature_scale=scale, draft_len=int(draft_len), projection=projection,
-                draft_vocab=None if draft_vocab is None else jnp.asarray(draft_vocab))
+    return draft_vocab
 
 
 # ----------------------------------------------------------------------------- export

@@ -6,22 +6,22 @@ from __future__ import annotations
 import argparse
 
 from jaxspec.cli import chat_command, export_command, generate_command, serve_command, train_command
-from jaxspec.cli.arguments import EXIT_BAD_INPUT, METHOD_FLAGS, _Parser, run_command
+from jaxspec.cli.arguments import EXIT_BAD_INPUT, METHOD_FLAGS, CommandParser, run_command
 from jaxspec.cli.reporting import STATS_WIDTH, jax_backend
 
 __all__ = ["EXIT_BAD_INPUT", "METHOD_FLAGS", "STATS_WIDTH", "build_parser", "jax_backend", "main"]
 
-COMMANDS = {"generate": generate_command._generate, "chat": chat_command._chat, "train": train_command._train,
-            "export": export_command._export, "train-drafter": train_command._train_drafter,
-            "serve": serve_command._serve}
+COMMANDS = {"generate": generate_command.run_generate, "chat": chat_command.run_chat, "train": train_command.run_train,
+            "export": export_command.run_export, "train-drafter": train_command.run_train_drafter,
+            "serve": serve_command.run_serve}
 
 
 def build_parser() -> argparse.ArgumentParser:
     from jaxspec import __version__
 
-    parser = _Parser(prog="jaxspec", description="Lossless fast LLM decoding in JAX.")
+    parser = CommandParser(prog="jaxspec", description="Lossless fast LLM decoding in JAX.")
     parser.add_argument("--version", action="version", version=f"jaxspec {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
 
     generate_command.add_parser(sub)
     train_command.add_parsers(sub)  # train, train-drafter

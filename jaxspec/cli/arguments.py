@@ -25,7 +25,10 @@ class _HelpFormatter(argparse.HelpFormatter):
         return text
 
 
-class _Parser(argparse.ArgumentParser):
+class CommandParser(argparse.ArgumentParser):
+    """The parser of `jaxspec` and of each of its commands: bad input is one line on stderr and
+    exit code EXIT_BAD_INPUT; --help shows the defaults worth saying."""
+
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
@@ -78,7 +81,9 @@ def _dtype(text: str) -> str | None:
     return name
 
 
-def _add_decoding_options(g: argparse.ArgumentParser) -> None:
+def add_decoding_options(g: argparse.ArgumentParser) -> None:
+    """The options of a command that decodes (generate, chat, serve): the method, sampling and
+    penalties, the weights' dtype and layout, and each method's own flags (`METHOD_FLAGS`)."""
     g.add_argument("--method", default="auto",
                    help="decoding method: auto (the fastest on this device, greedy unless another is measured "
                         "faster), autoregressive|greedy, lookahead, prompt-lookup, jacobi, speculative, hybrid")
@@ -132,7 +137,8 @@ def _add_decoding_options(g: argparse.ArgumentParser) -> None:
                          "or the drafter's, chosen by the drafter's confidence (fewer tokens a step)")
 
 
-def _add_distributed_options(parser: argparse.ArgumentParser) -> None:
+def add_distributed_options(parser: argparse.ArgumentParser) -> None:
+    """--coordinator, --num-processes, --process-id: the multi-process run `join_distributed_run` joins."""
     d = parser.add_argument_group(
         "multi-process runs (every process runs the same command with its own --process-id; "
         "defaults: JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID)")
@@ -141,7 +147,7 @@ def _add_distributed_options(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--process-id", type=int, help="this process's index in [0, num_processes)")
 
 
-def _initialize_distributed(args) -> None:
+def join_distributed_run(args) -> None:
     """Join the multi-process run the options (or environment) describe, before JAX starts."""
     from jaxspec.models.meshes import initialize_distributed
 
@@ -157,7 +163,7 @@ METHOD_FLAGS = {"window": "--window", "ngram": "--ngram", "guesses": "--guesses"
                 "first_alternatives": "--first-alternatives"}
 
 
-def _method_options(args) -> dict:
+def method_options_from(args) -> dict:
     """The method flags given, as `generate` options; a flag the method does not take is an
     error that names the flag (not the option it maps to)."""
     from jaxspec.errors import GenerationError
@@ -180,7 +186,7 @@ def _method_options(args) -> dict:
     return given
 
 
-def _warn_unused_sampling(args) -> None:
+def warn_unused_sampling(args) -> None:
     """--top-k / --top-p shape sampling only: say so when greedy decoding ignores them."""
     unused = [flag for flag, given in (("--top-k", args.top_k != 0), ("--top-p", args.top_p != 1.0)) if given]
     if unused and args.temperature == 0:
@@ -188,7 +194,7 @@ def _warn_unused_sampling(args) -> None:
               "decoding (--temperature 0); pass --temperature > 0 to sample", file=sys.stderr)
 
 
-def _load(args, model: str, method_options: dict):
+def load_model(args, model: str, method_options: dict):
     """The model on the mesh the options ask for. `--lp-devices L --tensor-parallel T`: straight
     onto the (lp, model) mesh of L x T devices, each process reading only its slices."""
     import jaxspec
@@ -203,7 +209,8 @@ def _load(args, model: str, method_options: dict):
                         data_parallel=args.data_parallel)
 
 
-def _sampling(args) -> dict:
+def sampling_options(args) -> dict:
+    """The sampling and penalty flags as `jaxspec.generate` keyword arguments."""
     return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, min_p=args.min_p,
                 repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
                 frequency_penalty=args.frequency_penalty)

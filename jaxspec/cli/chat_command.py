@@ -7,7 +7,8 @@ import dataclasses
 import json
 import sys
 
-from jaxspec.cli.arguments import _add_decoding_options, _load, _method_options, _sampling, _warn_unused_sampling
+from jaxspec.cli.arguments import (add_decoding_options, load_model, method_options_from, sampling_options,
+                                   warn_unused_sampling)
 from jaxspec.cli.reporting import stats_lines
 
 
@@ -21,7 +22,7 @@ def add_parser(sub) -> None:
     c.add_argument("--max-new-tokens", type=int, default=256, help="per reply")
     c.add_argument("--stop", action="append", metavar="TEXT",
                    help="end each reply before TEXT (OpenAI's stop; repeatable, up to 4)")
-    _add_decoding_options(c)
+    add_decoding_options(c)
     c.add_argument("--chunk-steps", type=int, default=4, help="decoding steps between two streamed pieces")
     c.add_argument("--compare", action=argparse.BooleanOptionalAction, default=False,
                    help="also decode each reply greedily and say whether the method's reply is identical "
@@ -31,17 +32,18 @@ def add_parser(sub) -> None:
                    help="no progress lines (loading, auto's measurements, compiling) on stderr")
 
 
-def _chat(args) -> int:
+def run_chat(args) -> int:
+    """`jaxspec chat`: one reply (--message) or a conversation on the terminal; the exit code."""
     import jaxspec
 
-    options = dict(method=args.method, max_new_tokens=args.max_new_tokens, stop=args.stop, **_sampling(args),
-                   **_method_options(args))
-    _warn_unused_sampling(args)
+    options = dict(method=args.method, max_new_tokens=args.max_new_tokens, stop=args.stop, **sampling_options(args),
+                   **method_options_from(args))
+    warn_unused_sampling(args)
     from jaxspec import progress
 
     phases = progress.activate(progress.Phases(progress.wanted(args.quiet or args.json)))
     with phases.phase(f"loading {args.model}"):
-        model = _load(args, args.model, options)
+        model = load_model(args, args.model, options)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     said_auto = [None]  # the setting auto chose last: its reason is said when it changes
 
@@ -77,22 +79,7 @@ def _chat(args) -> int:
     if args.message is not None:
         if args.json:
             reply = jaxspec.chat(model, [*messages, {"role": "user", "content": args.message}], **options)
-            greedy = greedy_of(reply)
-            out = reply.output
-            difference = None
-            if greedy is not None:
-                from jaxspec import exactness
-
-                difference = exactness.compare(model, reply.prompt_ids, greedy.tokens, out.tokens)
-            print(json.dumps({"reply": reply.text, "finish_reason": reply.finish_reason, "tokens": out.tokens,
-                              "steps": out.steps, "compression": out.compression, "seconds": out.seconds,
-                              "tokens_per_second": out.tokens_per_second, "method": out.method,
-                              "identical_to_greedy": None if greedy is None else out.tokens == greedy.tokens,
-                              "first_difference": None if difference is None else
-                              {**dataclasses.asdict(difference), "near_tie": difference.near_tie},
-                              "config": {"model": model.source, "dtype": model.dtype, **_sampling(args),
-                                         "max_new_tokens": args.max_new_tokens, **out.options},
-                              "memory": out.memory}))
+            print(json.dumps(_json_reply(args, model, reply, greedy_of(reply))))
         else:
             turn(args.message)
         return 0
@@ -107,3 +94,23 @@ def _chat(args) -> int:
         if not text.strip():
             return 0
         turn(text)
+
+
+def _json_reply(args, model, reply, greedy) -> dict:
+    """--json: the reply, its statistics and settings as one object; with `greedy` (--compare),
+    whether the reply is greedy's and where it first differs."""
+    out = reply.output
+    difference = None
+    if greedy is not None:
+        from jaxspec import exactness
+
+        difference = exactness.compare(model, reply.prompt_ids, greedy.tokens, out.tokens)
+    return {"reply": reply.text, "finish_reason": reply.finish_reason, "tokens": out.tokens,
+            "steps": out.steps, "compression": out.compression, "seconds": out.seconds,
+            "tokens_per_second": out.tokens_per_second, "method": out.method,
+            "identical_to_greedy": None if greedy is None else out.tokens == greedy.tokens,
+            "first_difference": None if difference is None else
+            {**dataclasses.asdict(difference), "near_tie": difference.near_tie},
+            "config": {"model": model.source, "dtype": model.dtype, **sampling_options(args),
+                       "max_new_tokens": args.max_new_tokens, **out.options},
+            "memory": out.memory}

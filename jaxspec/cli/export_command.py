@@ -60,7 +60,8 @@ def _save_replacing(model, target: Path, dtype: str) -> Path:
     return target
 
 
-def _export(args) -> int:
+def run_export(args) -> int:
+    """`jaxspec export`: the model saved as an HF folder at --out; the exit code."""
     import jaxspec
     from jaxspec.checkpoint.loading import resolve
 

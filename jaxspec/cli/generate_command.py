@@ -7,8 +7,8 @@ import argparse
 import json
 import sys
 
-from jaxspec.cli.arguments import (_add_decoding_options, _add_distributed_options, _initialize_distributed, _load,
-                                   _method_options, _sampling, _warn_unused_sampling)
+from jaxspec.cli.arguments import (add_decoding_options, add_distributed_options, join_distributed_run, load_model,
+                                   method_options_from, sampling_options, warn_unused_sampling)
 from jaxspec.cli.reporting import identical_to_greedy, jax_backend
 from jaxspec.errors import JaxspecError
 
@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
     src.add_argument("--prompt", help="prompt text (needs a tokenizer in the checkpoint)")
     src.add_argument("--prompt-ids", type=_ids, help="comma-separated prompt token ids, e.g. 1,14,220")
     g.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (besides the prompt)")
-    _add_decoding_options(g)
+    add_decoding_options(g)
     g.add_argument("--no-eos-stop", action="store_true", help="do not stop at the end-of-sequence token")
     g.add_argument("--stop", action="append", metavar="TEXT",
                    help="end the text before TEXT (OpenAI's stop; repeatable, up to 4)")
@@ -49,28 +49,29 @@ def add_parser(sub) -> None:
     g.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
                    help="with a method other than greedy: also decode greedily, print both statistics and say "
                         "whether the text is identical (default here: on; chat's: off, a second decode per turn)")
-    _add_distributed_options(g)
+    add_distributed_options(g)
 
 
-def _generate(args) -> int:
-    _initialize_distributed(args)
+def run_generate(args) -> int:
+    """`jaxspec generate`: the text (or --json), with greedy's statistics beside the method's; the exit code."""
+    join_distributed_run(args)
     import jaxspec
 
     from jaxspec import progress
 
-    method_options = _method_options(args)
-    _warn_unused_sampling(args)
+    method_options = method_options_from(args)
+    warn_unused_sampling(args)
     if args.logprobs is not None and not args.json:
         raise JaxspecError("--logprobs is reported in the --json output; add --json")
     phases = progress.activate(progress.Phases(progress.wanted(args.quiet or args.json)))
     name = args.model or jaxspec.checkpoint.loading.DEFAULT_MODEL
     with phases.phase(f"loading {name}"):
-        model = _load(args, name, method_options)
+        model = load_model(args, name, method_options)
     prompt = args.prompt if args.prompt is not None else args.prompt_ids
     # auto's measurements and compiling say themselves (`jaxspec.progress`), once the request is checked
     out = jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens, method=args.method,
                            stop_at_eos=not args.no_eos_stop, logprobs=args.logprobs, stop=args.stop,
-                           **_sampling(args), **method_options)
+                           **sampling_options(args), **method_options)
     phases.flush()
     if args.json:
         print(json.dumps({
@@ -80,7 +81,7 @@ def _generate(args) -> int:
                 "model": model.source, "dtype": model.dtype, "attention": args.attention,
                 "batch_invariant": model.batch_invariant,
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-                **_sampling(args), "stop_at_eos": not args.no_eos_stop, "compile_seconds": out.compile_seconds,
+                **sampling_options(args), "stop_at_eos": not args.no_eos_stop, "compile_seconds": out.compile_seconds,
                 "tensor_parallel": args.tensor_parallel, "data_parallel": args.data_parallel,
                 **out.options, **out.extras,
             },
@@ -100,7 +101,7 @@ def _generate(args) -> int:
                 runs.append(jaxspec.generate(model, prompt, max_new_tokens=args.max_new_tokens,
                                              method="autoregressive", stop_at_eos=not args.no_eos_stop,
                                              stop=args.stop,
-                                             **_sampling(args)))
+                                             **sampling_options(args)))
             phases.flush()
         for run in runs:
             print(f"[{run.method}] {len(run.tokens)} tokens in {run.steps} steps "

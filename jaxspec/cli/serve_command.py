@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from jaxspec.cli.arguments import _add_decoding_options, _method_options
+from jaxspec.cli.arguments import add_decoding_options, method_options_from
 
 
 def add_parser(sub) -> None:
@@ -55,18 +55,19 @@ def add_parser(sub) -> None:
                         "(default 1; vLLM's flag; also $JAXSPEC_MEMORY_UTILIZATION)")
     v.add_argument("--quiet", action="store_true",
                    help="no progress lines (loading, auto's measurements, warm-up) on stderr")
-    _add_decoding_options(v)
+    add_decoding_options(v)
     for action in v._actions:  # (serve's --seed seeds the server, as vLLM's: requests carry their own)
         if action.dest == "seed":
             action.default, action.help = None, ("seeds the generator that draws the seed of each sampled request "
                                                  "that gives none (default: at random); in [0, 2**32)")
 
 
-def _serve(args) -> int:
+def run_serve(args) -> int:
+    """`jaxspec serve`: the server's settings checked, the model loaded, then requests until SIGTERM; the exit code."""
     import jaxspec
     from jaxspec.errors import GenerationError
 
-    method_options = _method_options(args)
+    method_options = method_options_from(args)
     fixed = [flag for flag, given in (("--top-k", args.top_k != 0), ("--top-p", args.top_p != 1.0),
                                       ("--min-p", args.min_p != 0), ("--repetition-penalty", args.repetition_penalty != 1),
                                       ("--presence-penalty", args.presence_penalty != 0),

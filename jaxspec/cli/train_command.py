@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from jaxspec.cli.arguments import _add_distributed_options, _initialize_distributed
+from jaxspec.cli.arguments import add_distributed_options, join_distributed_run
 from jaxspec.errors import ConfigError
 
 
@@ -47,7 +47,7 @@ def add_parsers(sub) -> None:
     t = sub.add_parser("train", help="train a model from a config in configs/ (tokenizer, data, model)")
     _add_run_options(t, "training config TOML, e.g. configs/pycode.toml, or a shipped recipe's name (pycode)",
                      "skip the HF folder export at the end")
-    _add_distributed_options(t)
+    add_distributed_options(t)
 
     d = sub.add_parser("train-drafter", help="train a PARD-2 drafter for a target (configs/pard2_*.toml)")
     _add_run_options(d, "drafter training TOML, e.g. configs/pard2_pycode.toml, or a shipped recipe's name "
@@ -77,8 +77,9 @@ def _overrides(args) -> dict[str, dict] | None:
     return out or None
 
 
-def _train(args) -> int:
-    _initialize_distributed(args)  # data parallel across processes: the mesh spans all their devices
+def run_train(args) -> int:
+    """`jaxspec train`: a model trained from --config into its run folder; the exit code."""
+    join_distributed_run(args)  # data parallel across processes: the mesh spans all their devices
     from jaxspec.train.train_config import load_train_config
     from jaxspec.train.trainer import train
 
@@ -98,7 +99,8 @@ def _train(args) -> int:
     return 0
 
 
-def _train_drafter(args) -> int:
+def run_train_drafter(args) -> int:
+    """`jaxspec train-drafter`: a PARD-2 drafter trained from --config into its run folder; the exit code."""
     from jaxspec.train.drafter_config import load_drafter_config
     from jaxspec.train.drafter_trainer import describe_acceptance, train_drafter
 

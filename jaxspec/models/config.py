@@ -173,65 +173,24 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
         """Parse a Hugging Face `config.json` dict; unsupported features are a ConfigError."""
-        model_type = hf.get("model_type")
-        if model_type == "gemma3":  # the multimodal checkpoint's config: its text model's is nested
-            text = hf.get("text_config")
-            if not isinstance(text, dict):
-                raise ConfigError("config.json of model_type 'gemma3' has no text_config; fix or re-download it")
-            hf = {**text, "model_type": "gemma3_text"}
-            model_type = "gemma3_text"
-        if model_type not in ARCHITECTURES:
-            raise ConfigError(
-                f"unknown model_type {model_type!r} in config.json; supported: {', '.join(ARCHITECTURES)}"
-            )
+        hf, model_type = _text_config(hf)
         qk_norm = ARCHITECTURES[model_type][1]
         gemma = model_type in GEMMA_TYPES
-        act = hf.get("hidden_activation") or hf.get("hidden_act") if gemma else hf.get("hidden_act", "silu")
-        want_act = "gelu_pytorch_tanh" if gemma else "silu"
-        if act != want_act:
-            raise ConfigError(f"unsupported activation {act!r} in config.json; {model_type} needs {want_act!r}")
-        if gemma and hf.get("use_bidirectional_attention"):
-            raise ConfigError("use_bidirectional_attention (an embedding model) is not supported: jaxspec decodes causally")
-
-        def need(key):
-            if key not in hf:
-                raise ConfigError(f"config.json has no {key!r}; add it (see the model's HF card)")
-            return hf[key]
-
-        num_heads = need("num_attention_heads")
-        hidden = need("hidden_size")
+        _check_activation(hf, model_type)
+        num_heads = _need(hf, "num_attention_heads")
+        hidden = _need(hf, "hidden_size")
         head_dim = hf.get("head_dim") or hidden // num_heads
-
-        if model_type in ("qwen2", "qwen3") and hf.get("use_sliding_window"):
-            raise ConfigError(
-                f"{model_type} with use_sliding_window=true is not supported; set it to false "
-                "(released Qwen checkpoints do not use it)"
-            )
-        sliding = hf.get("sliding_window") if model_type in ("mistral", *GEMMA_TYPES) else None
-        layer_types: tuple[str, ...] = ()
-        if gemma:
-            types = hf.get("layer_types")
-            if types is None:
-                pattern = int(hf.get("sliding_window_pattern") or GEMMA_PATTERNS[model_type])
-                types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
-                         for i in range(need("num_hidden_layers"))]
-            layer_types = tuple(types)
-
-        # Bias layout as in transformers: llama/qwen3 put `attention_bias` on q, k, v and o;
-        # qwen2 always has q/k/v bias and no o bias; mistral has none.
-        attention_bias = bool(hf.get("attention_bias", False))
-        qkv_bias = {"llama": attention_bias, "qwen3": attention_bias, "qwen2": True}.get(model_type, False)
-        o_bias = attention_bias if model_type in ("llama", "qwen3") else False
-        mlp_bias = bool(hf.get("mlp_bias", False)) if model_type == "llama" else False
+        sliding, layer_types = _attention_windows(hf, model_type)
+        qkv_bias, o_bias, mlp_bias = _bias_layout(hf, model_type)
 
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
         return cls(
             model_type=model_type,
-            vocab_size=need("vocab_size"),
+            vocab_size=_need(hf, "vocab_size"),
             hidden_size=hidden,
-            intermediate_size=need("intermediate_size"),
-            num_layers=need("num_hidden_layers"),
+            intermediate_size=_need(hf, "intermediate_size"),
+            num_layers=_need(hf, "num_hidden_layers"),
             num_heads=num_heads,
             num_kv_heads=hf.get("num_key_value_heads") or num_heads,
             head_dim=head_dim,
@@ -306,6 +265,72 @@ class ModelConfig:
             hf.update(rope_parameters={"full_attention": rope, "sliding_attention": local},
                       rope_local_base_freq=local["rope_theta"])  # (4.x)
         return hf
+
+
+def _need(hf: dict[str, Any], key: str):
+    """`hf[key]`; a config.json without it is a ConfigError."""
+    if key not in hf:
+        raise ConfigError(f"config.json has no {key!r}; add it (see the model's HF card)")
+    return hf[key]
+
+
+def _text_config(hf: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """(the text model's config, its model_type): a multimodal Gemma 3 config's nested
+    text_config; an architecture jaxspec does not know is a ConfigError."""
+    model_type = hf.get("model_type")
+    if model_type == "gemma3":  # the multimodal checkpoint's config: its text model's is nested
+        text = hf.get("text_config")
+        if not isinstance(text, dict):
+            raise ConfigError("config.json of model_type 'gemma3' has no text_config; fix or re-download it")
+        hf = {**text, "model_type": "gemma3_text"}
+        model_type = "gemma3_text"
+    if model_type not in ARCHITECTURES:
+        raise ConfigError(
+            f"unknown model_type {model_type!r} in config.json; supported: {', '.join(ARCHITECTURES)}"
+        )
+    return hf, model_type
+
+
+def _check_activation(hf: dict[str, Any], model_type: str) -> None:
+    """The MLP activation the architecture needs (Gemma: tanh-approximated GELU, the others:
+    SiLU), and causal attention (a bidirectional Gemma is an embedding model)."""
+    gemma = model_type in GEMMA_TYPES
+    act = hf.get("hidden_activation") or hf.get("hidden_act") if gemma else hf.get("hidden_act", "silu")
+    want_act = "gelu_pytorch_tanh" if gemma else "silu"
+    if act != want_act:
+        raise ConfigError(f"unsupported activation {act!r} in config.json; {model_type} needs {want_act!r}")
+    if gemma and hf.get("use_bidirectional_attention"):
+        raise ConfigError("use_bidirectional_attention (an embedding model) is not supported: jaxspec decodes causally")
+
+
+def _attention_windows(hf: dict[str, Any], model_type: str) -> tuple[int | None, tuple[str, ...]]:
+    """(the sliding window, Mistral's and Gemma's; Gemma's per-layer types, sliding or full
+    attention, from `layer_types` or its pattern); Qwen's use_sliding_window is refused."""
+    if model_type in ("qwen2", "qwen3") and hf.get("use_sliding_window"):
+        raise ConfigError(
+            f"{model_type} with use_sliding_window=true is not supported; set it to false "
+            "(released Qwen checkpoints do not use it)"
+        )
+    sliding = hf.get("sliding_window") if model_type in ("mistral", *GEMMA_TYPES) else None
+    layer_types: tuple[str, ...] = ()
+    if model_type in GEMMA_TYPES:
+        types = hf.get("layer_types")
+        if types is None:
+            pattern = int(hf.get("sliding_window_pattern") or GEMMA_PATTERNS[model_type])
+            types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                     for i in range(_need(hf, "num_hidden_layers"))]
+        layer_types = tuple(types)
+    return sliding, layer_types
+
+
+def _bias_layout(hf: dict[str, Any], model_type: str) -> tuple[bool, bool, bool]:
+    """(q/k/v bias, o bias, MLP bias) as in transformers: llama/qwen3 put `attention_bias` on q,
+    k, v and o; qwen2 always has q/k/v bias and no o bias; mistral has none."""
+    attention_bias = bool(hf.get("attention_bias", False))
+    qkv_bias = {"llama": attention_bias, "qwen3": attention_bias, "qwen2": True}.get(model_type, False)
+    o_bias = attention_bias if model_type in ("llama", "qwen3") else False
+    mlp_bias = bool(hf.get("mlp_bias", False)) if model_type == "llama" else False
+    return qkv_bias, o_bias, mlp_bias
 
 
 def _int_if_whole(x: float) -> int | float:

@@ -290,22 +290,7 @@ class Transformer(nnx.Module):
             out = self.softcap(out)
             return out if shards > 1 else out[..., None, :]
 
-        if chunk == part:
-            scores = logits(0)
-            best, best_id = jnp.max(scores, axis=-1), jnp.argmax(scores, axis=-1).astype(jnp.int32)
-        else:
-            def body(i, carry):
-                best, best_id = carry
-                start = jnp.minimum(i * chunk, part - chunk)
-                scores = logits(start)
-                top = jnp.max(scores, axis=-1)
-                better = top > best
-                top_id = start + jnp.argmax(scores, axis=-1).astype(jnp.int32)
-                return jnp.where(better, top, best), jnp.where(better, top_id, best_id)
-
-            shape = (*x.shape[:-1], shards)
-            init = (jnp.full(shape, -jnp.inf, jnp.float32), jnp.zeros(shape, jnp.int32))
-            best, best_id = jax.lax.fori_loop(0, _ceil_div(part, chunk), body, init)
+        best, best_id = _running_argmax(logits, part, chunk, (*x.shape[:-1], shards))
         if shards == 1:
             return best_id[..., 0]
         winner = jnp.argmax(best, axis=-1)
@@ -322,6 +307,28 @@ class Transformer(nnx.Module):
             return jnp.argmax(self.softcap(scores), axis=-1).astype(jnp.int32)
 
         return fixed_rows(tile_argmax, x)
+
+
+def _running_argmax(logits, part: int, chunk: int, shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+    """(best score, its id within the slice) per row and vocabulary slice, `shape`, over the chunks
+    of `chunk` ids that cover a slice of `part` ids: `logits(start)` is the float32 scores of ids
+    start .. start + chunk - 1 of every slice, [..., slices, chunk]. The last chunk is shifted back
+    to end at `part`; a later chunk wins only with a higher score, so ties go to the lowest id."""
+    if chunk == part:
+        scores = logits(0)
+        return jnp.max(scores, axis=-1), jnp.argmax(scores, axis=-1).astype(jnp.int32)
+
+    def body(i, carry):
+        best, best_id = carry
+        start = jnp.minimum(i * chunk, part - chunk)
+        scores = logits(start)
+        top = jnp.max(scores, axis=-1)
+        better = top > best
+        top_id = start + jnp.argmax(scores, axis=-1).astype(jnp.int32)
+        return jnp.where(better, top, best), jnp.where(better, top_id, best_id)
+
+    init = (jnp.full(shape, -jnp.inf, jnp.float32), jnp.zeros(shape, jnp.int32))
+    return jax.lax.fori_loop(0, _ceil_div(part, chunk), body, init)
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -354,6 +354,34 @@ def summed_stages(parts: list[Part]) -> dict:
     return totals
 
 
+def pack_conversations(parts: list, tokenizer, heldout_fraction: float, path: Path):
+    """The parts' conversations, each prompt once (the first part that asked it), as token streams
+    per split ("train", "heldout": prompt ids then reply ids) with a mask of the reply tokens, and
+    as text in `path` (one JSON line each). Returns (streams, reply masks, prompts, replies, the
+    number of prompts left out as repeated)."""
+    streams: dict[str, list[int]] = {"train": [], "heldout": []}
+    is_reply: dict[str, list[int]] = {"train": [], "heldout": []}  # 1 on the target's reply tokens
+    seen: set[str] = set()
+    prompts, replies, repeated = [], [], 0
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        for i, part in enumerate(parts):
+            for p, reply in zip(part.prompts, part.replies):
+                if p["text"] in seen:  # asked in an earlier part (the code prompts' pool is finite)
+                    repeated += 1
+                    continue
+                seen.add(p["text"])
+                prompts.append(p)
+                replies.append(reply)
+                split = "heldout" if is_heldout(p["text"], heldout_fraction) else "train"
+                streams[split] += p["ids"] + reply
+                is_reply[split] += [0] * len(p["ids"]) + [1] * len(reply)
+                f.write(json.dumps({"split": split, "part": i, "source": p["source"], "temperature": p["temperature"],
+                                    "prompt": p["text"], "reply": tokenizer.decode(reply)}) + "\n")
+    tmp.replace(path)
+    return streams, is_reply, prompts, replies, repeated
+
+
 def prepare(target, cfg: ChatDataConfig, folder: Path, seed: int, target_digest: str, *, log: Callable = print,
             progress: bool = True, workers: int = 1, target_path: str | None = None, dtype: str = "float32") -> dict:
     """Build (or resume, or reuse) the chat data in `folder`; returns its metadata (`data.json`).
@@ -387,25 +415,8 @@ def prepare(target, cfg: ChatDataConfig, folder: Path, seed: int, target_digest:
         timing.parent.mkdir(exist_ok=True)
         _write_json(timing, {**(json.loads(timing.read_text()) if timing.exists() else {}), **summed_stages(parts)})
 
-    streams: dict[str, list[int]] = {"train": [], "heldout": []}
-    is_reply: dict[str, list[int]] = {"train": [], "heldout": []}  # 1 on the target's reply tokens
-    seen: set[str] = set()
-    prompts, replies, repeated = [], [], 0
-    with open(folder / "conversations.tmp", "w") as f:
-        for i, part in enumerate(parts):
-            for p, reply in zip(part.prompts, part.replies):
-                if p["text"] in seen:  # asked in an earlier part (the code prompts' pool is finite)
-                    repeated += 1
-                    continue
-                seen.add(p["text"])
-                prompts.append(p)
-                replies.append(reply)
-                split = "heldout" if is_heldout(p["text"], cfg.heldout_fraction) else "train"
-                streams[split] += p["ids"] + reply
-                is_reply[split] += [0] * len(p["ids"]) + [1] * len(reply)
-                f.write(json.dumps({"split": split, "part": i, "source": p["source"], "temperature": p["temperature"],
-                                    "prompt": p["text"], "reply": target.tokenizer.decode(reply)}) + "\n")
-    (folder / "conversations.tmp").replace(folder / "conversations.jsonl")
+    streams, is_reply, prompts, replies, repeated = pack_conversations(parts, target.tokenizer, cfg.heldout_fraction,
+                                                                       folder / "conversations.jsonl")
     for name, ids in streams.items():
         tmp = folder / f"{name}.tmp.npy"
         np.save(tmp, np.asarray(ids, np.uint32 if target.config.vocab_size >= 2**16 - 1 else np.uint16))

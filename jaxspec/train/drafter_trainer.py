@@ -41,12 +41,12 @@ from jaxspec.train import chat_data, corpus, distill_data, target_cache
 from jaxspec.train.acceptance import AcceptanceStats, acceptance
 from jaxspec.train.train_config import SCHEDULE_KEY, TokenizerConfig, check_resume_config, resolve_schedule_steps
 from jaxspec.train.drafter_config import RESUMABLE_DRAFTER_KEYS, DrafterTrainConfig
-from jaxspec.train.loop import LoopHooks, run_loop, start_or_resume
+from jaxspec.train.loop import LoopHooks, RunStart, refuse_existing_checkpoints, run_loop, start_or_resume
 from jaxspec.train.run_log import append_metric, plot_losses
 from jaxspec.train.pard_batch import cod_counts, full_counts, make_batch
 from jaxspec.train.pard_objective import (LossConfig, aligned_features, drafter_logits, gold_log_probs, pard_loss,
                                           row_weights, target_outputs)
-from jaxspec.train.sharding import batch_sharding, global_array, make_mesh, replicated_scalar
+from jaxspec.train.sharding import batch_sharding, global_array, replicated_scalar, training_mesh
 from jaxspec.train.trainer import DTYPES, host_copy, learning_rate_schedule, make_optimizer
 
 
@@ -271,6 +271,57 @@ def sparse_kd(student_logits: jax.Array, topk_logp: jax.Array, topk_cols: jax.Ar
     return temperature * temperature * (jnp.exp(p_log) * (p_log - q_log)).sum(-1)
 
 
+def draft_agreement(logits: jax.Array, argmax: jax.Array, batch: dict, vocab: jax.Array | None,
+                    target_vocab_size: int, num_blocks: int) -> tuple[jax.Array, jax.Array]:
+    """(per block: the fraction of scored rows whose draft is the target's argmax, teacher-forced;
+    each row's correctness). The drafts: the argmax over the draft vocabulary `vocab` (None: the
+    target's whole vocabulary, the mask column left out)."""
+    drafts = jnp.argmax(logits[..., :target_vocab_size], -1) if vocab is None else vocab[jnp.argmax(logits, -1)]
+    correct = (drafts == argmax) & batch["valid"]
+    onehot = jax.nn.one_hot(batch["block_ids"], num_blocks) * batch["valid"][..., None]
+    return (onehot * correct[..., None]).sum((0, 1)) / jnp.maximum(onehot.sum((0, 1)), 1), correct
+
+
+def draft_vocab_labels(labels: jax.Array, vocab: jax.Array, target_vocab_size: int) -> tuple[jax.Array, jax.Array]:
+    """Target-vocabulary labels as draft-vocabulary columns, and which labels the draft vocabulary
+    has (CE counts only those rows; the others' column is 0)."""
+    column = jnp.full((target_vocab_size,), -1, jnp.int32).at[vocab].set(jnp.arange(vocab.shape[0]))
+    return jnp.maximum(column[labels], 0), column[labels] >= 0
+
+
+def teacher(target_graphdef, target_params, batch: dict, layers: tuple[int, ...], vocab: jax.Array | None):
+    """What the target says about `batch`, running it: (features [b L f], gold log-probs [b L],
+    the target's argmax per row [b n], its logits per row over the draft vocabulary [b n V'])."""
+    t_logits, features = target_outputs(nnx.merge(target_graphdef, target_params), batch["inputs"], layers)
+    rows = jnp.take_along_axis(t_logits, batch["positions"][..., None], axis=1)
+    return (features, gold_log_probs(t_logits, batch["next_tokens"]), jnp.argmax(rows, -1),
+            rows if vocab is None else rows[..., vocab])
+
+
+def precomputed_teacher(batch: dict):
+    """`teacher`'s outputs as the batch carries them ([pard] precompute_target, `target_cache`),
+    the distribution per row as the target's top-k (log-probs, columns)."""
+    return (batch["features"], batch["gold_logp"], batch["teacher_argmax"], (batch["topk_logp"], batch["topk_cols"]))
+
+
+def mean_over_micro_batches(micro_loss: Callable, params, frozen, micro_batches: dict, key: jax.Array):
+    """(loss, metrics, gradients) of `micro_loss` averaged over the micro-batches (the leading axis
+    of `micro_batches`), each with its own key: a scan, the sums in `micro_loss`'s dtypes."""
+
+    def accumulate(carry, xs):
+        batch, mkey = xs
+        (loss, metrics), grads = jax.value_and_grad(micro_loss, has_aux=True)(params, frozen, batch, mkey)
+        return jax.tree.map(jnp.add, carry, (loss, metrics, grads)), None
+
+    n = micro_batches["tokens"].shape[0]
+    keys = jax.random.split(key, n)
+    loss_shape, metrics_shape = jax.eval_shape(micro_loss, params, frozen,
+                                               jax.tree.map(lambda x: x[0], micro_batches), keys[0])
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss_shape, metrics_shape, params))
+    (loss, metrics, grads), _ = jax.lax.scan(accumulate, zeros, (micro_batches, keys))
+    return jax.tree.map(lambda g: g / n, (loss, metrics, grads))
+
+
 def make_drafter_steps(parts: DrafterParts, target_graphdef, target_vocab_size: int, cfg: DrafterTrainConfig,
                        layers: tuple[int, ...], optimizer, compute_dtype, param_shardings, opt_shardings,
                        draft_vocab: np.ndarray | None = None):
@@ -286,37 +337,20 @@ def make_drafter_steps(parts: DrafterParts, target_graphdef, target_vocab_size: 
     vocab = None if draft_vocab is None else jnp.asarray(draft_vocab)
     precomputed = p.precompute_target
 
-    def teacher(frozen, batch):
-        """(features [b L f], gold log-probs [b L], the target's argmax per row [b n], and its
-        distribution per row: full V' logits [b n V'] or the top-k (logp, columns))."""
-        if precomputed:
-            return (batch["features"], batch["gold_logp"], batch["teacher_argmax"],
-                    (batch["topk_logp"], batch["topk_cols"]))
-        t_logits, features = target_outputs(nnx.merge(target_graphdef, frozen), batch["inputs"], layers)
-        rows = jnp.take_along_axis(t_logits, batch["positions"][..., None], axis=1)
-        return (features, gold_log_probs(t_logits, batch["next_tokens"]), jnp.argmax(rows, -1),
-                rows if vocab is None else rows[..., vocab])
-
     def frozen_table(frozen):
         if not parts.shared:
             return None
         return frozen["embed"] if precomputed else _embedding(frozen)
 
     def forward(params, frozen, batch, keep):
-        features, gold, argmax, dist = teacher(frozen, batch)
+        features, gold, argmax, dist = (precomputed_teacher(batch) if precomputed else
+                                        teacher(target_graphdef, frozen, batch, layers, vocab))
         projection = params.get("projection")
         rows = None if projection is None else aligned_features(features, batch["block_ids"], batch["positions"], keep)
         drafter = parts.module(params, frozen_table(frozen), compute_dtype)
         logits = drafter_logits(drafter, projection, p.feature_scale, batch["tokens"], batch["positions"],
                                 batch["block_ids"], rows, vocab)
         return logits, gold, argmax, dist
-
-    def block_agreement(logits, argmax, batch):
-        """Per block: fraction of scored rows whose draft is the target's argmax (teacher-forced)."""
-        drafts = jnp.argmax(logits[..., :target_vocab_size], -1) if vocab is None else vocab[jnp.argmax(logits, -1)]
-        correct = (drafts == argmax) & batch["valid"]
-        onehot = jax.nn.one_hot(batch["block_ids"], k) * batch["valid"][..., None]
-        return (onehot * correct[..., None]).sum((0, 1)) / jnp.maximum(onehot.sum((0, 1)), 1), correct
 
     def student_columns(logits):
         """The drafter's float32 logits over what it drafts (V', or the target's vocabulary)."""
@@ -328,29 +362,17 @@ def make_drafter_steps(parts: DrafterParts, target_graphdef, target_vocab_size: 
         weights = row_weights(gold, batch["block_ids"], batch["positions"], batch["valid"], k, p.cat)
         labels, ce_valid = batch["labels"], None
         if vocab is not None:  # labels as draft-vocabulary columns
-            column = jnp.full((target_vocab_size,), -1, jnp.int32).at[vocab].set(jnp.arange(vocab.shape[0]))
-            labels, ce_valid = jnp.maximum(column[labels], 0), column[labels] >= 0
+            labels, ce_valid = draft_vocab_labels(labels, vocab, target_vocab_size)
         if isinstance(dist, tuple):
             loss, metrics = pard_loss(logits, labels, weights, None, loss_cfg, ce_valid,
                                       kd_rows=sparse_kd(student_columns(logits), *dist, p.temperature))
         else:
             loss, metrics = pard_loss(logits, labels, weights, dist, loss_cfg, ce_valid)
-        metrics["block_agreement"] = block_agreement(logits, argmax, batch)[0]
+        metrics["block_agreement"] = draft_agreement(logits, argmax, batch, vocab, target_vocab_size, k)[0]
         return loss, metrics
 
     def train_step(params, opt_state, frozen, micro_batches, key):
-        def accumulate(carry, xs):
-            batch, mkey = xs
-            (loss, metrics), grads = jax.value_and_grad(micro_loss, has_aux=True)(params, frozen, batch, mkey)
-            return jax.tree.map(jnp.add, carry, (loss, metrics, grads)), None
-
-        n = micro_batches["tokens"].shape[0]
-        keys = jax.random.split(key, n)
-        loss_shape, metrics_shape = jax.eval_shape(micro_loss, params, frozen,
-                                                   jax.tree.map(lambda x: x[0], micro_batches), keys[0])
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss_shape, metrics_shape, params))
-        (loss, metrics, grads), _ = jax.lax.scan(accumulate, zeros, (micro_batches, keys))
-        loss, metrics, grads = jax.tree.map(lambda g: g / n, (loss, metrics, grads))
+        loss, metrics, grads = mean_over_micro_batches(micro_loss, params, frozen, micro_batches, key)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         params = jax.lax.with_sharding_constraint(params, param_shardings)
@@ -361,7 +383,7 @@ def make_drafter_steps(parts: DrafterParts, target_graphdef, target_vocab_size: 
         """Row correctness against the target's argmax, with / without target features."""
         keep = jnp.full(batch["tokens"].shape[:1], 1.0 if use_features else 0.0)
         logits, _, argmax, _ = forward(params, frozen, batch, keep)
-        return block_agreement(logits, argmax, batch)[1]
+        return draft_agreement(logits, argmax, batch, vocab, target_vocab_size, k)[1]
 
     return (jax.jit(train_step, donate_argnums=(0, 1)),
             jax.jit(eval_step, static_argnames=("use_features",)))
@@ -401,10 +423,7 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     `data_workers`: chat-data parts made at once, each in its own process (one process here)."""
     out = Path(out_dir)
     is_main = jax.process_index() == 0
-    ckpt_dir = out / "checkpoints"
-    if not resume and ckpt_dir.exists() and any(ckpt_dir.iterdir()):
-        raise CheckpointError(f"{out} already holds checkpoints; pass --resume to continue that run "
-                              "or choose another --out")
+    refuse_existing_checkpoints(out, resume)
     if resume:  # first, before any file is touched: a resumed run keeps its target, drafter and data
         check_resume_config(out, cfg.to_dict(), RESUMABLE_DRAFTER_KEYS,
                             derived=("resolved_target_layers", SCHEDULE_KEY))
@@ -412,65 +431,158 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     say = log if is_main else (lambda *a, **k: None)
     target = jaxspec.load(cfg.target.path, dtype="float32")
     layers = resolve_target_layers(cfg, target.config.num_layers)
-    clock = None
-    if cfg.data.corpus == "chat":  # the target's replies to chat prompts (`chat_data`)
-        data_meta = chat_data.prepare(target, cfg.chat, out / "data", cfg.train.seed,
-                                      distill_data.params_digest(target.params), log=say, progress=progress and is_main,
-                                      workers=data_workers if jax.process_count() == 1 else 1,
-                                      target_path=cfg.target.path)
-        fingerprint = data_meta["fingerprint"]
-        clock = chat_data.StageClock(next((out / "data").glob(f"chat-{fingerprint}")) / "timing.json")
-    else:
-        tok_path = target_tokenizer(target)
-        fingerprint = hashlib.sha256(json.dumps(dataclasses.asdict(cfg.data), sort_keys=True).encode()
-                                     + tok_path.read_bytes()).hexdigest()[:16]
-        data_meta = corpus.prepare_data(cfg.data, TokenizerConfig(vocab_size=target.config.vocab_size), out / "data",
-                                        cfg.train.seed, fingerprint, log=say, tokenizer_model=tok_path,
-                                        rebuild=not resume)
+    data = prepare_drafter_data(cfg, target, layers, out, resume=resume, is_main=is_main, say=say,
+                                progress=progress and is_main, data_workers=data_workers)
+
+    run, p = cfg.train, cfg.pard
+    mesh = training_mesh(cfg.mesh, run.batch_size)
+    compute_dtype = DTYPES[run.dtype]
+    drafter_config, parts, params = drafter_params(cfg, target, layers, compute_dtype)
+    frozen = frozen_target(target, mesh, p.precompute_target)
+    optimizer = make_optimizer(cfg.optim, schedule_steps)
+    begin = start_or_resume(params, optimizer, mesh, out, keep=run.keep_checkpoints, resume=resume,
+                            is_main=is_main, say=say, steps=run.steps)
+    if is_main:  # after the restore, which refuses a run shorter than its checkpoint
+        (out / "config.json").write_text(json.dumps({**cfg.to_dict(), "resolved_target_layers": list(layers),
+                                                     SCHEDULE_KEY: schedule_steps}, indent=1))
+    train_step, eval_step = make_drafter_steps(parts, target.graphdef, target.config.vocab_size, cfg, layers,
+                                               optimizer, compute_dtype, begin.param_shardings, begin.opt_shardings,
+                                               data.draft_vocab)
+    batches = DrafterBatches.for_run(cfg, data, target.config.vocab_size, mesh)
+    summary = data_summary(cfg, data, batches, schedule_steps)
+    say(f"draft vocabulary: {summary['draft_vocab'] or 'the whole vocabulary'}, covering "
+        f"{data.coverage['train']:.1%} of the scored training tokens and {data.coverage['heldout']:.1%} held out")
+
+    def evaluate(params, num_batches: int | None) -> dict:
+        return heldout_acceptance(eval_step, params, frozen, batches, num_batches)
+
+    params, seconds, loss = run_drafter_loop(cfg, begin, train_step, evaluate, batches, frozen, mesh,
+                                             schedule_steps, is_main=is_main, progress=progress)
+    final = evaluate(params, None)  # every held-out sequence
+    records = begin.records
+    records.append({"step": run.steps, **final, "final": True})
+    if is_main:
+        append_metric(begin.metrics_path, records[-1])
+        plot_losses(records, out / "loss.png", cfg.name, ylabel="drafter loss")
+    say(f"done: {run.steps} steps in {seconds:.0f}s; held-out teacher-forced acceptance "
+        + describe_acceptance(final))
+    export_dir = None
+    if export and is_main:
+        table = frozen["embed"] if p.precompute_target else _embedding(target.params)
+        state = parts.full_state(params, table if parts.shared else None)
+        export_dir = export_drafter(cfg, {**params, "drafter": state}, drafter_config, target, layers,
+                                    out / "drafter", run.export_dtype,
+                                    card=drafter_card(cfg, layers, target, final, seconds, records, summary),
+                                    draft_vocab=data.draft_vocab)
+        say(f"exported {export_dir}")
+    return DrafterTrainResult(out_dir=out, steps=run.steps, final_loss=loss, eval=final, seconds=seconds,
+                              export_dir=export_dir)
+
+
+@dataclasses.dataclass
+class DrafterData:
+    """What a drafter run trains and evaluates on (module docstring: data/)."""
+
+    meta: dict  # the corpus's or the chat data's description (`corpus.prepare_data`, `chat_data.prepare`)
+    fingerprint: str  # names the data; the target's precomputed outputs are keyed by it
+    clock: Any  # chat data's `chat_data.StageClock` (the card's stage times), None for a corpus
+    train: corpus.PackedData
+    heldout: corpus.PackedData
+    # Which tokens are trained on and scored: a chat's replies (never its prompt or template), or all (None).
+    train_scored: corpus.PackedData | None
+    heldout_scored: corpus.PackedData | None
+    generated: Any  # the target's continuations (`distill_data.prepare`), or None
+    scored_train_tokens: np.ndarray
+    kept_vocab: np.ndarray | None  # [drafter] vocab_keep_init: the init drafter's draft vocabulary
+    draft_vocab: np.ndarray | None  # None: the whole vocabulary
+    coverage: dict  # the draft vocabulary's share of the scored {"train", "heldout"} tokens
+    caches: dict | None = None  # [pard] precompute_target: the target's outputs per split (`target_cache`)
+
+
+def prepare_drafter_data(cfg: DrafterTrainConfig, target: Model, layers: tuple[int, ...], out: Path, *,
+                         resume: bool, is_main: bool, say: Callable, progress: bool,
+                         data_workers: int) -> DrafterData:
+    """The run's data under out/data, made or found: the sequences, which of their tokens are
+    scored, the target's continuations ([distill]), the draft vocabulary and, with [pard]
+    precompute_target, the target's outputs."""
+    meta, fingerprint, clock = prepare_sequences(cfg, target, out, resume=resume, say=say, progress=progress,
+                                                 data_workers=data_workers)
     out.mkdir(parents=True, exist_ok=True)  # prepare_data made it, once the corpus was found
-    train_data = corpus.PackedData(out / "data" / "train.npy", cfg.data.seq_len)
-    heldout = corpus.PackedData(out / "data" / "heldout.npy", cfg.data.seq_len)
-    # Which tokens are trained on and scored: a chat's replies (never its prompt or template), or all.
+    seq_len = cfg.data.seq_len
+    train_data = corpus.PackedData(out / "data" / "train.npy", seq_len)
+    heldout = corpus.PackedData(out / "data" / "heldout.npy", seq_len)
     reply_masks = cfg.data.corpus == "chat"
-    train_scored = (corpus.PackedData(out / "data" / chat_data.reply_mask_name("train"), cfg.data.seq_len)
+    train_scored = (corpus.PackedData(out / "data" / chat_data.reply_mask_name("train"), seq_len)
                     if reply_masks else None)
-    heldout_scored = (corpus.PackedData(out / "data" / chat_data.reply_mask_name("heldout"), cfg.data.seq_len)
+    heldout_scored = (corpus.PackedData(out / "data" / chat_data.reply_mask_name("heldout"), seq_len)
                       if reply_masks else None)
-    generated = distill_data.prepare(target, train_data, cfg.distill, out / "data", cfg.data.seq_len, cfg.train.seed,
-                                     fingerprint, write=is_main, log=say, progress=progress and is_main)
-    scored_train_tokens = (np.asarray(train_data.tokens)[np.asarray(train_scored.tokens, bool)] if reply_masks
-                           else train_data.tokens)
+    generated = distill_data.prepare(target, train_data, cfg.distill, out / "data", seq_len, cfg.train.seed,
+                                     fingerprint, write=is_main, log=say, progress=progress)
+    scored_train_tokens = scored_tokens(train_data, train_scored)
     kept_vocab = init_draft_vocabulary(cfg, target.config.vocab_size) if cfg.drafter.vocab_keep_init else None
     draft_vocab = draft_vocabulary(scored_train_tokens, cfg.drafter.vocab, target.config.vocab_size,
                                    tuple(target.config.eos_token_ids), coverage=cfg.drafter.vocab_coverage,
                                    keep=kept_vocab)
-    scored_heldout_tokens = (np.asarray(heldout.tokens)[np.asarray(heldout_scored.tokens, bool)] if reply_masks
-                             else heldout.tokens)
     coverage = {"train": round(vocab_coverage(scored_train_tokens, draft_vocab), 4),
-                "heldout": round(vocab_coverage(scored_heldout_tokens, draft_vocab), 4)}
-
-    p = cfg.pard
-    caches = None
-    if p.precompute_target:  # the target's outputs, once per data set (`target_cache`)
-        if generated is not None:
-            raise ConfigError("[pard] precompute_target covers the [data] sequences; set [distill] sequences to 0")
-        digest = distill_data.params_digest(target.params)
-        caches = {}
-        for split, data in (("train", train_data), ("heldout", heldout)):
-            key = target_cache.fingerprint_of(fingerprint + split, digest, layers, draft_vocab, p.teacher_top_k,
-                                              cfg.data.seq_len)
-            caches[split] = target_cache.prepare(target, data, layers, draft_vocab, p.teacher_top_k,
-                                                 out / "data" / f"target-{split}-{key}", key, log=say,
-                                                 progress=progress and is_main, clock=clock)
+                "heldout": round(vocab_coverage(scored_tokens(heldout, heldout_scored), draft_vocab), 4)}
+    data = DrafterData(meta, fingerprint, clock, train_data, heldout, train_scored, heldout_scored, generated,
+                       scored_train_tokens, kept_vocab, draft_vocab, coverage)
+    if cfg.pard.precompute_target:  # the target's outputs, once per data set (`target_cache`)
+        data.caches = target_caches(cfg, target, data, layers, out, say=say, progress=progress)
         if clock is not None:  # the card's stage times: the data's and the target's outputs, all sessions
-            data_meta = {**data_meta, "stages": clock.totals}
+            data.meta = {**meta, "stages": clock.totals}
+    return data
 
-    mesh = make_mesh(cfg.mesh)
-    run = cfg.train
-    if run.batch_size % mesh.size:
-        raise ConfigError(f"[train] batch_size ({run.batch_size}) must be a multiple of the device count "
-                          f"({mesh.size})")
-    compute_dtype = DTYPES[run.dtype]
+
+def prepare_sequences(cfg: DrafterTrainConfig, target: Model, out: Path, *, resume: bool, say: Callable,
+                      progress: bool, data_workers: int) -> tuple[dict, str, Any]:
+    """(metadata, fingerprint, stage clock or None) of the run's packed sequences under out/data:
+    the target's replies to chat prompts (`chat_data`), or a corpus in the target's tokenizer."""
+    if cfg.data.corpus == "chat":  # the target's replies to chat prompts (`chat_data`)
+        meta = chat_data.prepare(target, cfg.chat, out / "data", cfg.train.seed,
+                                 distill_data.params_digest(target.params), log=say, progress=progress,
+                                 workers=data_workers if jax.process_count() == 1 else 1,
+                                 target_path=cfg.target.path)
+        fingerprint = meta["fingerprint"]
+        clock = chat_data.StageClock(next((out / "data").glob(f"chat-{fingerprint}")) / "timing.json")
+        return meta, fingerprint, clock
+    tok_path = target_tokenizer(target)
+    fingerprint = hashlib.sha256(json.dumps(dataclasses.asdict(cfg.data), sort_keys=True).encode()
+                                 + tok_path.read_bytes()).hexdigest()[:16]
+    meta = corpus.prepare_data(cfg.data, TokenizerConfig(vocab_size=target.config.vocab_size), out / "data",
+                               cfg.train.seed, fingerprint, log=say, tokenizer_model=tok_path, rebuild=not resume)
+    return meta, fingerprint, None
+
+
+def scored_tokens(data: corpus.PackedData, scored: corpus.PackedData | None) -> np.ndarray:
+    """The tokens of `data` that are trained on and scored (`scored`'s mask; None: all of them)."""
+    return data.tokens if scored is None else np.asarray(data.tokens)[np.asarray(scored.tokens, bool)]
+
+
+def target_caches(cfg: DrafterTrainConfig, target: Model, data: DrafterData, layers: tuple[int, ...], out: Path,
+                  *, say: Callable, progress: bool) -> dict:
+    """[pard] precompute_target: the target's outputs over each split, made once per data set and
+    reused (`target_cache`)."""
+    p = cfg.pard
+    if data.generated is not None:
+        raise ConfigError("[pard] precompute_target covers the [data] sequences; set [distill] sequences to 0")
+    digest = distill_data.params_digest(target.params)
+    caches = {}
+    for split, packed in (("train", data.train), ("heldout", data.heldout)):
+        key = target_cache.fingerprint_of(data.fingerprint + split, digest, layers, data.draft_vocab,
+                                          p.teacher_top_k, cfg.data.seq_len)
+        caches[split] = target_cache.prepare(target, packed, layers, data.draft_vocab, p.teacher_top_k,
+                                             out / "data" / f"target-{split}-{key}", key, log=say,
+                                             progress=progress, clock=data.clock)
+    return caches
+
+
+def drafter_params(cfg: DrafterTrainConfig, target: Model, layers: tuple[int, ...],
+                   compute_dtype) -> tuple[Any, DrafterParts, dict]:
+    """(the drafter's ModelConfig, its `DrafterParts`, the trainable params): the drafter
+    `init_drafter` makes, in the compute dtype and [pard] attention kernel, and the feature
+    projection (`init_projection`) with target features."""
+    p = cfg.pard
     module = init_drafter(cfg, target)
     if p.attention != "xla" or compute_dtype != jnp.float32:  # the same weights, another dtype / kernel
         module = nnx.merge(nnx.split(nnx.eval_shape(lambda: Transformer(
@@ -479,42 +591,49 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
     if p.target_features:
         params["projection"] = init_projection(cfg, len(layers) * target.config.hidden_size,
                                                module.config.hidden_size)
+    return module.config, parts, params
+
+
+def frozen_target(target: Model, mesh, precomputed: bool):
+    """What the steps read of the frozen target (their `frozen`), on every device: its params, or
+    with precomputed outputs ([pard] precompute_target) only its embedding table."""
     replicated = NamedSharding(mesh, P())
-    frozen = ({"embed": jax.device_put(_embedding(target.params), replicated)} if p.precompute_target
-              else jax.device_put(target.params, replicated))
-    optimizer = make_optimizer(cfg.optim, schedule_steps)
-    begin = start_or_resume(params, optimizer, mesh, out, keep=run.keep_checkpoints, resume=resume,
-                            is_main=is_main, say=say, steps=run.steps)
-    if is_main:  # after the restore, which refuses a run shorter than its checkpoint
-        (out / "config.json").write_text(json.dumps({**cfg.to_dict(), "resolved_target_layers": list(layers),
-                                                     SCHEDULE_KEY: schedule_steps}, indent=1))
-    start, records, metrics_path, checkpoints = begin.start, begin.records, begin.metrics_path, begin.checkpoints
-    param_shardings, opt_shardings = begin.param_shardings, begin.opt_shardings
+    return ({"embed": jax.device_put(_embedding(target.params), replicated)} if precomputed
+            else jax.device_put(target.params, replicated))
 
-    train_step, eval_step = make_drafter_steps(parts, target.graphdef, target.config.vocab_size, cfg, layers,
-                                               optimizer, compute_dtype, param_shardings, opt_shardings, draft_vocab)
-    accum, batch = cfg.optim.grad_accum, run.batch_size
-    counts = cod_counts(cfg.data.seq_len, p.num_blocks, p.cod_ratio, p.cod_min)
-    micro_sharding, eval_sharding = batch_sharding(mesh, leading=1), batch_sharding(mesh)
-    examples_per_step = accum * batch
-    # Of each step's examples, a fixed number are target continuations (each source its own epochs).
-    from_generated = 0 if generated is None else round(cfg.distill.fraction * examples_per_step)
-    from_corpus = examples_per_step - from_generated
-    data_summary = {"corpus_tokens": len(train_data.tokens), "corpus_files": len(data_meta["train_files"]),
-                    "chat": data_meta if cfg.data.corpus == "chat" else None,
-                    "draft_vocab": None if draft_vocab is None else len(draft_vocab), "vocab_coverage": coverage,
-                    "draft_vocab_kept": None if kept_vocab is None else len(kept_vocab),
-                    "scored_train_tokens": len(scored_train_tokens),
-                    "generated": 0 if generated is None else generated.num_sequences,
-                    "from_generated": from_generated, "examples_per_step": examples_per_step,
-                    "schedule_steps": schedule_steps}
-    say(f"draft vocabulary: {data_summary['draft_vocab'] or 'the whole vocabulary'}, covering "
-        f"{coverage['train']:.1%} of the scored training tokens and {coverage['heldout']:.1%} held out")
-    mask_id = target.config.vocab_size
 
-    def host_batch(data, scored, cache, ids, counts, rng) -> dict[str, np.ndarray]:
+@dataclasses.dataclass
+class DrafterBatches:
+    """The run's PARD batches. Step s's is a function of (config, s): of its examples, a fixed
+    number are corpus sequences and the rest target continuations (each source its own epochs),
+    laid out by `pard_batch.make_batch` with draws seeded by (seed, s)."""
+
+    cfg: DrafterTrainConfig
+    data: DrafterData
+    mask_id: int
+    counts: tuple[int, ...]  # COD rows per block in training (`cod_counts`)
+    micro_sharding: NamedSharding
+    eval_sharding: NamedSharding
+    from_corpus: int  # examples per step
+    from_generated: int
+
+    @classmethod
+    def for_run(cls, cfg: DrafterTrainConfig, data: DrafterData, mask_id: int, mesh) -> "DrafterBatches":
+        p = cfg.pard
+        examples_per_step = cfg.optim.grad_accum * cfg.train.batch_size
+        # Of each step's examples, a fixed number are target continuations (each source its own epochs).
+        from_generated = 0 if data.generated is None else round(cfg.distill.fraction * examples_per_step)
+        return cls(cfg, data, mask_id, cod_counts(cfg.data.seq_len, p.num_blocks, p.cod_ratio, p.cod_min),
+                   batch_sharding(mesh, leading=1), batch_sharding(mesh), examples_per_step - from_generated,
+                   from_generated)
+
+    @property
+    def examples_per_step(self) -> int:
+        return self.from_corpus + self.from_generated
+
+    def host_batch(self, data, scored, cache, ids, counts, rng) -> dict[str, np.ndarray]:
         """One PARD batch of sequences `ids`, with the target's outputs when precomputed."""
-        host = make_batch(data.batch(ids), counts, mask_id, rng,
+        host = make_batch(data.batch(ids), counts, self.mask_id, rng,
                           None if scored is None else scored.batch(ids).astype(bool))
         arrays = host.arrays()
         if cache is not None:
@@ -525,58 +644,102 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
                           topk_logp=rows(outs["topk_logp"]), topk_cols=rows(outs["topk_cols"]))
         return arrays
 
-    def batch_for(step: int) -> dict[str, jax.Array]:
+    def train_batch(self, step: int) -> dict[str, jax.Array]:
+        """Step `step`'s batch, [grad_accum, batch_size, ...] per array."""
+        run, data, caches = self.cfg.train, self.data, self.data.caches
         rng = np.random.default_rng([run.seed, step, 7])
         pieces = []
-        if from_corpus:
-            ids = corpus.training_order(train_data.num_sequences, run.seed, step * from_corpus, from_corpus)
-            pieces.append(host_batch(train_data, train_scored, caches and caches["train"], ids, counts, rng))
-        if from_generated:
-            ids = corpus.training_order(generated.num_sequences, run.seed + 1, step * from_generated, from_generated)
-            pieces.append(host_batch(generated, None, None, ids, counts, rng))
+        if self.from_corpus:
+            ids = corpus.training_order(data.train.num_sequences, run.seed, step * self.from_corpus, self.from_corpus)
+            pieces.append(self.host_batch(data.train, data.train_scored, caches and caches["train"], ids, self.counts,
+                                          rng))
+        if self.from_generated:
+            ids = corpus.training_order(data.generated.num_sequences, run.seed + 1, step * self.from_generated,
+                                        self.from_generated)
+            pieces.append(self.host_batch(data.generated, None, None, ids, self.counts, rng))
         host = {k: np.concatenate([q[k] for q in pieces]) for k in pieces[0]}
-        return {k: global_array(v.reshape(accum, batch, *v.shape[1:]), micro_sharding) for k, v in host.items()}
+        accum, batch = self.cfg.optim.grad_accum, run.batch_size
+        return {k: global_array(v.reshape(accum, batch, *v.shape[1:]), self.micro_sharding) for k, v in host.items()}
 
-    def evaluate(params, num_batches: int | None) -> dict:
-        """Teacher-forced acceptance on held-out sequences (reference: the target's argmax),
-        counting only contexts whose first draft is a scored token (a reply's)."""
-        total = heldout.num_sequences // batch
-        n = total if not num_batches else min(num_batches, total)
-        none = np.zeros(p.num_blocks + 1, np.int64)
-        stats = {"td": AcceptanceStats(0, none, none)}
-        stats["ti"] = stats["td"]
-        full = full_counts(cfg.data.seq_len, p.num_blocks)
-        for i in range(n):
-            ids = np.arange(i * batch, (i + 1) * batch)
-            host = host_batch(heldout, None, caches and caches["heldout"], ids, full, np.random.default_rng(0))
-            dev = {k: global_array(v, eval_sharding) for k, v in host.items()}
-            scored = None if heldout_scored is None else heldout_scored.batch(ids).astype(bool)
-            for mode in ("td", "ti") if p.target_features else ("ti",):
-                correct = np.asarray(host_copy(eval_step(params, frozen, dev, use_features=mode == "td")))
-                stats[mode] = stats[mode] + acceptance(correct, host["block_ids"], host["positions"], p.num_blocks,
-                                                       cfg.data.seq_len, scored_tokens=scored)
-        out = {}
-        for mode, s in stats.items():
-            if s.contexts:
-                out[f"accept_len_{mode}"] = s.mean_length
-                out[f"path_s_{mode}"] = s.path_s  # S along each reply's decoding path (`decode_path`)
-                out[f"position_rates_{mode}"] = [round(float(x), 4) for x in s.position_rates()]
-                out[f"path_position_rates_{mode}"] = [round(float(x), 4) for x in s.path_position_rates()]
-                out["eval_contexts"] = s.contexts
-        return out
+    def heldout_batch(self, i: int) -> tuple[dict[str, np.ndarray], dict[str, jax.Array]]:
+        """Held-out batch `i` (sequences i * batch_size ..) with every row that has context (r = 1):
+        (its host arrays, its device arrays)."""
+        batch, data = self.cfg.train.batch_size, self.data
+        ids = np.arange(i * batch, (i + 1) * batch)
+        full = full_counts(self.cfg.data.seq_len, self.cfg.pard.num_blocks)
+        host = self.host_batch(data.heldout, None, data.caches and data.caches["heldout"], ids, full,
+                               np.random.default_rng(0))
+        return host, {k: global_array(v, self.eval_sharding) for k, v in host.items()}
 
+
+def data_summary(cfg: DrafterTrainConfig, data: DrafterData, batches: DrafterBatches, schedule_steps: int) -> dict:
+    """The data a run trained on, for its model card (`drafter_card`)."""
+    return {"corpus_tokens": len(data.train.tokens), "corpus_files": len(data.meta["train_files"]),
+            "chat": data.meta if cfg.data.corpus == "chat" else None,
+            "draft_vocab": None if data.draft_vocab is None else len(data.draft_vocab),
+            "vocab_coverage": data.coverage,
+            "draft_vocab_kept": None if data.kept_vocab is None else len(data.kept_vocab),
+            "scored_train_tokens": len(data.scored_train_tokens),
+            "generated": 0 if data.generated is None else data.generated.num_sequences,
+            "from_generated": batches.from_generated, "examples_per_step": batches.examples_per_step,
+            "schedule_steps": schedule_steps}
+
+
+def heldout_acceptance(eval_step, params, frozen, batches: DrafterBatches, num_batches: int | None) -> dict:
+    """Teacher-forced acceptance on held-out sequences (reference: the target's argmax),
+    counting only contexts whose first draft is a scored token (a reply's); the first
+    `num_batches` batches (None or 0: all of them)."""
+    cfg, heldout_scored = batches.cfg, batches.data.heldout_scored
+    p, batch = cfg.pard, cfg.train.batch_size
+    total = batches.data.heldout.num_sequences // batch
+    n = total if not num_batches else min(num_batches, total)
+    none = np.zeros(p.num_blocks + 1, np.int64)
+    stats = {"td": AcceptanceStats(0, none, none)}
+    stats["ti"] = stats["td"]
+    for i in range(n):
+        host, dev = batches.heldout_batch(i)
+        ids = np.arange(i * batch, (i + 1) * batch)
+        scored = None if heldout_scored is None else heldout_scored.batch(ids).astype(bool)
+        for mode in ("td", "ti") if p.target_features else ("ti",):
+            correct = np.asarray(host_copy(eval_step(params, frozen, dev, use_features=mode == "td")))
+            stats[mode] = stats[mode] + acceptance(correct, host["block_ids"], host["positions"], p.num_blocks,
+                                                   cfg.data.seq_len, scored_tokens=scored)
+    return acceptance_fields(stats)
+
+
+def acceptance_fields(stats: dict[str, AcceptanceStats]) -> dict:
+    """The metrics record's acceptance fields, per mode ("td": with target features, "ti":
+    without) that counted any context."""
+    out = {}
+    for mode, s in stats.items():
+        if s.contexts:
+            out[f"accept_len_{mode}"] = s.mean_length
+            out[f"path_s_{mode}"] = s.path_s  # S along each reply's decoding path (`decode_path`)
+            out[f"position_rates_{mode}"] = [round(float(x), 4) for x in s.position_rates()]
+            out[f"path_position_rates_{mode}"] = [round(float(x), 4) for x in s.path_position_rates()]
+            out["eval_contexts"] = s.contexts
+    return out
+
+
+def run_drafter_loop(cfg: DrafterTrainConfig, begin: RunStart, train_step, evaluate: Callable,
+                     batches: DrafterBatches, frozen, mesh, schedule_steps: int, *, is_main: bool,
+                     progress: bool) -> tuple[Any, float, float]:
+    """Steps begin.start .. [train] steps - 1 (`loop.run_loop`: logs, periodic evaluations,
+    checkpoints), after a fresh run's evaluation of the untrained drafter (step 0 of the
+    acceptance curve); returns (the trained params, seconds, the last logged loss)."""
+    run = cfg.train
     base_key = jax.random.key(run.seed)
     schedule = learning_rate_schedule(cfg.optim, schedule_steps)
-    tokens_per_step = examples_per_step * sum(counts)
+    tokens_per_step = batches.examples_per_step * sum(batches.counts)
     live = {"params": begin.params, "opt_state": begin.opt_state}  # updated by every step
-    if start == 0 and run.steps > 0:  # the untrained baseline, for the acceptance curve
-        records.append({"step": 0, **evaluate(live["params"], run.eval_batches)})
+    if begin.start == 0 and run.steps > 0:  # the untrained baseline, for the acceptance curve
+        begin.records.append({"step": 0, **evaluate(live["params"], run.eval_batches)})
         if is_main:
-            append_metric(metrics_path, records[-1])
+            append_metric(begin.metrics_path, begin.records[-1])
 
     def one_step(step: int):
         live["params"], live["opt_state"], m = train_step(live["params"], live["opt_state"], frozen,
-                                                          batch_for(step), jax.random.fold_in(base_key, step))
+                                                          batches.train_batch(step), jax.random.fold_in(base_key, step))
         return m
 
     hooks = LoopHooks(
@@ -587,33 +750,14 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, resume: bool 
             "block_agreement": [round(float(x), 4) for x in m["block_agreement"]],
             "grad_norm": float(m["grad_norm"]), "lr": float(schedule(s - 1)), "rows_per_second": round(rate, 1)},
         evaluate=lambda done: evaluate(live["params"], run.eval_batches),
-        save=lambda done: checkpoints.save(done, {**live, "step": replicated_scalar(done, mesh)}),
+        save=lambda done: begin.checkpoints.save(done, {**live, "step": replicated_scalar(done, mesh)}),
         postfix=lambda rec, rate: {"loss": f"{rec['loss']:.3f}", "ce": f"{rec['ce']:.3f}", "rows_s": f"{rate:,.0f}"},
         describe_eval=describe_acceptance,
     )
     seconds, loss = run_loop(hooks, begin, steps=run.steps, log_every=run.log_every, eval_every=run.eval_every,
                              checkpoint_every=run.checkpoint_every, units_per_step=tokens_per_step,
                              is_main=is_main, progress=progress, desc="train-drafter")
-    params = live["params"]
-
-    final = evaluate(params, None)  # every held-out sequence
-    records.append({"step": run.steps, **final, "final": True})
-    if is_main:
-        append_metric(metrics_path, records[-1])
-        plot_losses(records, out / "loss.png", cfg.name, ylabel="drafter loss")
-    say(f"done: {run.steps} steps in {seconds:.0f}s; held-out teacher-forced acceptance "
-        + describe_acceptance(final))
-    export_dir = None
-    if export and is_main:
-        table = frozen["embed"] if p.precompute_target else _embedding(target.params)
-        state = parts.full_state(params, table if parts.shared else None)
-        export_dir = export_drafter(cfg, {**params, "drafter": state}, module.config, target, layers, out / "drafter",
-                                    run.export_dtype,
-                                    card=drafter_card(cfg, layers, target, final, seconds, records, data_summary),
-                                    draft_vocab=draft_vocab)
-        say(f"exported {export_dir}")
-    return DrafterTrainResult(out_dir=out, steps=run.steps, final_loss=loss, eval=final, seconds=seconds,
-                              export_dir=export_dir)
+    return live["params"], seconds, loss
 
 
 def describe_acceptance(evaluation: dict) -> str:

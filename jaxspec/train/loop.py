@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import jax
 
-from jaxspec.errors import ConfigError
+from jaxspec.errors import CheckpointError, ConfigError
 from jaxspec.train.checkpoints import TrainCheckpoints
 from jaxspec.train.run_log import append_metric, read_metrics, write_metrics
 from jaxspec.train.sharding import replicated_scalar, tree_shardings
@@ -90,6 +90,14 @@ def _steps(hooks, start, steps, log_every, eval_every, checkpoint_every, units_p
         if done % checkpoint_every == 0 or done == steps:
             hooks.save(done)
         bar.update(1)
+
+
+def refuse_existing_checkpoints(out: Path, resume: bool) -> None:
+    """A run folder that holds checkpoints is continued only with `resume`: never overwritten."""
+    ckpt_dir = out / "checkpoints"
+    if not resume and ckpt_dir.exists() and any(ckpt_dir.iterdir()):
+        raise CheckpointError(f"{out} already holds checkpoints; pass --resume to continue that run "
+                              "or choose another --out")
 
 
 @dataclasses.dataclass

@@ -30,6 +30,15 @@ def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:
     return Mesh(np.asarray(devices).reshape(data, cfg.fsdp), BATCH_AXES)
 
 
+def training_mesh(cfg: MeshConfig, batch_size: int) -> Mesh:
+    """`make_mesh(cfg)` for a run of `batch_size` examples per micro-batch, which it must split evenly."""
+    mesh = make_mesh(cfg)
+    if batch_size % mesh.size:
+        raise ConfigError(f"[train] batch_size ({batch_size}) must be a multiple of the device count "
+                          f"({mesh.size})")
+    return mesh
+
+
 def batch_sharding(mesh: Mesh, leading: int = 0) -> NamedSharding:
     """Split the batch dimension (after `leading` unsplit dimensions, e.g. micro-batches)."""
     return NamedSharding(mesh, P(*([None] * leading), BATCH_AXES))
