@@ -164,7 +164,8 @@ def main(argv=None) -> int:
 
     import jaxspec
     from jaxspec.serving import make_server
-    from jaxspec.serving.app import Limits, background
+    from jaxspec.serving.app import background
+    from jaxspec.serving.guard import Limits
 
     model = jaxspec.load()
     server = make_server(model, "pycode-5M", method="autoregressive", slots=args.slots, context=256,

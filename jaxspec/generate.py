@@ -247,13 +247,13 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     learning = _Learning(batch=len(rows), kind=("stream" if conversation else "generate") + ("+logits" * logits),
                          sampled=temperature != 0, lookahead_only=method == "lookahead",
                          shape=(buffer, max_new_tokens, tuple(sorted(generation.items()))))
-    _check_length(model, rows, max_new_tokens)
     choice = _choice
     if choice is not None:
         method, method_options = choice.method, {**method_options, **choice.options}
     elif method == "auto" or (method == "lookahead" and method_options.get("window") == "auto"):
         method, method_options, choice = _choose(model, learning, method, method_options)
     resolved = resolve(model, method, method_options)  # (an unknown method is refused before the rest)
+    _check_length(model, rows, max_new_tokens)
     seed = int_arg("seed", seed, "an integer in [0, 2**32)", lambda n: 0 <= n < 2**32)
     # Before anything is compiled: refuse what cannot fit (one line).
     plan = plan_decode(model, resolved, greedy=temperature == 0,

@@ -94,15 +94,15 @@ def run_serve(args) -> int:
     if args.api_key is not None and not args.api_key.strip():
         raise GenerationError("--api-key (or JAXSPEC_API_KEY) is empty")
     try:
-        from jaxspec.serving import app, make_server
+        from jaxspec.serving import app, guard, make_server
     except ImportError as e:
         raise GenerationError(str(e)) from None
     hosts = [h.strip().lower() for h in args.allowed_hosts.split(",") if h.strip()] if args.allowed_hosts \
-        else app.default_hosts(args.host)
-    limits = app.Limits(api_key=args.api_key, allowed_hosts=tuple(hosts),
-                        allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
-                        max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout,
-                        header_timeout_s=args.header_timeout)
+        else guard.default_hosts(args.host)
+    limits = guard.Limits(api_key=args.api_key, allowed_hosts=tuple(hosts),
+                          allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
+                          max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout,
+                          header_timeout_s=args.header_timeout)
     try:  # the port first: a busy one is said before a minute of loading and compiling
         sock = app.listen(args.host, args.port)
     except OSError as e:

@@ -36,8 +36,7 @@ import time
 import numpy as np
 
 from jaxspec.serving import openai, tokens
-# (`jaxspec serve` builds its `Limits` and `default_hosts` through this module)
-from jaxspec.serving.guard import Guard, Limits, default_hosts, error_response, protocol, read_body  # noqa: F401
+from jaxspec.serving.guard import Guard, Limits, error_response, protocol, read_body
 from jaxspec.serving.metrics import CONTENT_TYPE, Metrics
 from jaxspec.serving.openai import ApiError
 from jaxspec.serving.requests import Parsed, Requests, ServeSettings, ignored_fields, json_body

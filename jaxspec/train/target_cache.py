@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -33,7 +32,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Int
 
 from jaxspec.errors import ConfigError
 from jaxspec.train.corpus import PackedData
