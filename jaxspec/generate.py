@@ -29,7 +29,7 @@ from jaxspec.decoding.engine import finish
 from jaxspec.decoding.methods import ALIASES, METHODS, advance, begin, decode
 from jaxspec.runtime.plan import (AUTO_RUNGS_FROM, CONVERSATION_RUNGS_FROM, Program, context_cache_len,
                                   plan_decode, prompt_bucket, resolve)
-from jaxspec.decoding.sampling import MAX_LOGPROBS, SamplingParams, penalized
+from jaxspec.decoding.sampling import MAX_LOGPROBS, SAMPLING_BOUNDS, SamplingParams, penalized
 
 
 @dataclasses.dataclass
@@ -177,12 +177,10 @@ def _sampling(temperature, top_k, top_p, **knobs) -> tuple[SamplingParams, tuple
     """The sampling arguments checked: the `SamplingParams`, (temperature, top_k, top_p) and the
     other knobs (min_p, the penalties) as numbers. The types are checked here; the ranges (and
     their messages) are `SamplingParams.create`'s."""
-    temperature = number_arg("temperature", temperature, "a number >= 0 (0 = greedy)")
+    temperature = number_arg("temperature", temperature, SAMPLING_BOUNDS["temperature"].described)
     top_k = int_arg("top_k", top_k, "an integer in [0, 2**31) (0 = off)", lambda n: n < 2**31)
-    top_p = number_arg("top_p", top_p, "a number in (0, 1] (1 = off)")
-    expected = dict(min_p="a number in [0, 1] (0 = off)", repetition_penalty="a number > 0 (1 = off)",
-                    presence_penalty="a number in [-2, 2] (0 = off)", frequency_penalty="a number in [-2, 2] (0 = off)")
-    knobs = {k: number_arg(k, v, expected[k]) for k, v in knobs.items()}
+    top_p = number_arg("top_p", top_p, SAMPLING_BOUNDS["top_p"].described)
+    knobs = {k: number_arg(k, v, SAMPLING_BOUNDS[k].described) for k, v in knobs.items()}
     return SamplingParams.create(temperature, top_k, top_p, **knobs), (temperature, top_k, top_p), knobs
 
 

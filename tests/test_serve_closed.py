@@ -191,6 +191,6 @@ def test_the_servers_memory_guard_counts_one_context_per_slot_and_the_prefill_by
     plan = srv.requests.plan("autoregressive", {}, True, True, True, False)  # ignore_eos + penalties: a new group
     estimate, what = seen[-1]
     kv = memory.kv_cache_bytes(model.config, activation_dtype(model.dtype).itemsize, 8,
-                               2048 + plan.engine.block_tokens)
+                               plan.engine.cache_length(2048, tree_free=True))
     assert estimate.state_bytes == kv and "context 2048" in what and "max_new_tokens" not in what
     assert kv <= estimate.step_bytes <= kv + 128 * 2**20  # one copy of the cache, and a 128-token chunk's buffers

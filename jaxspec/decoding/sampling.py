@@ -10,6 +10,9 @@ position with that position's own ancestors counted (`jaxspec.decoding.engine`).
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,6 +23,41 @@ from jaxspec.errors import GenerationError
 
 NEG_INF = -jnp.inf
 MAX_LOGPROBS = 20  # the most likely tokens reported per generated token, at most (as OpenAI)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """The values a sampling knob takes: a finite number in [low, high] ((low, high] when
+    `low_open`); `meaning` says what its neutral value does."""
+
+    low: float
+    high: float
+    meaning: str
+    low_open: bool = False
+
+    def holds(self, value) -> bool:
+        # (the range first: Python compares a long integer with a float exactly, and float() of it overflows)
+        above = self.low < value if self.low_open else self.low <= value
+        return above and value <= self.high and math.isfinite(value)
+
+    @property
+    def described(self) -> str:
+        if self.high == math.inf:
+            return f"a number >= {self.low:g} ({self.meaning})"
+        return f"a number in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}] ({self.meaning})"
+
+
+# The one table of the sampling knobs' ranges: `SamplingParams.create`, `generate`'s argument checks
+# and the server's request fields all read it (the server caps temperature at OpenAI's 2).
+SAMPLING_BOUNDS = {
+    "temperature": Bounds(0, math.inf, "0 = greedy"),
+    "top_p": Bounds(0, 1, "1 = off", low_open=True),
+    "min_p": Bounds(0, 1, "0 = off"),
+    "repetition_penalty": Bounds(0, 100, "1 = off", low_open=True),
+    "presence_penalty": Bounds(-2, 2, "0 = off"),
+    "frequency_penalty": Bounds(-2, 2, "0 = off"),
+}
+SERVER_TEMPERATURE = Bounds(0, 2, "0 = greedy")  # OpenAI's range
 
 
 @struct.dataclass
@@ -46,19 +84,13 @@ class SamplingParams:
     def create(cls, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0) -> "SamplingParams":
-        if not temperature >= 0:
-            raise GenerationError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
         if not (isinstance(top_k, int) and top_k >= 0):
             raise GenerationError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
-        if not 0 < top_p <= 1:
-            raise GenerationError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
-        if not 0 <= min_p <= 1:
-            raise GenerationError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
-        if not 0 < repetition_penalty <= 100:
-            raise GenerationError(f"repetition_penalty must be in (0, 100] (1 = off), got {repetition_penalty}")
-        for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
-            if not -2 <= value <= 2:
-                raise GenerationError(f"{name} must be in [-2, 2] (0 = off), got {value}")
+        knobs = dict(temperature=temperature, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
+                     presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
+        for name, value in knobs.items():
+            if not SAMPLING_BOUNDS[name].holds(value):
+                raise GenerationError(f"{name} must be {SAMPLING_BOUNDS[name].described}, got {value}")
         # (placed, not made by jnp: each jnp scalar would compile a tiny program at start-up)
         f32 = lambda x: jax.device_put(np.float32(x))  # noqa: E731
         return cls(temperature=f32(temperature), top_k=jax.device_put(np.int32(top_k)), top_p=f32(top_p),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from jaxspec import progress
 from jaxspec.runtime import auto
 from jaxspec.chat import stop_ids
+from jaxspec.decoding.sampling import SERVER_TEMPERATURE
 from jaxspec.errors import GenerationError
 from jaxspec.serving.requests import ServeSettings
 
@@ -47,8 +48,8 @@ def make_server(model, model_id: str, *, method: str = "auto", method_options: d
             raise GenerationError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
         raise GenerationError(f"seed must be an integer in [0, 2**32), got {seed!r}")
-    if not 0 <= temperature <= 2:
-        raise GenerationError(f"temperature must be in [0, 2], got {temperature}")
+    if not SERVER_TEMPERATURE.holds(temperature):
+        raise GenerationError(f"temperature must be {SERVER_TEMPERATURE.described}, got {temperature}")
     drafters = {}
     for folder in drafter_dirs:
         path = Path(folder)

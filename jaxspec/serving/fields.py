@@ -7,8 +7,8 @@ raises a 400 naming the field (`openai.bad`) otherwise; `requests` (the completi
 
 from __future__ import annotations
 
-import math
 
+from jaxspec.decoding.sampling import SAMPLING_BOUNDS
 from jaxspec.errors import shown
 from jaxspec.serving.openai import bad
 
@@ -33,12 +33,12 @@ def typed(body: dict, name: str, kinds, what: str, default=None):
     return value
 
 
-def number(body: dict, name: str, default: float, low: float, high: float, what: str) -> float:
-    """A finite number in [low, high], as a float."""
-    value = typed(body, name, (int, float), what, default)
-    # (the range first: Python compares a long integer with a float exactly, and float() of it overflows)
-    if not (low <= value <= high and math.isfinite(value)):
-        raise bad(f"{name} must be {what}, got {shown(value)}", name)
+def number(body: dict, name: str, default: float, bounds=None) -> float:
+    """A number within `bounds` (`jaxspec.decoding.sampling.Bounds`; the knob's own by default), as a float."""
+    bounds = bounds or SAMPLING_BOUNDS[name]
+    value = typed(body, name, (int, float), bounds.described, default)
+    if not bounds.holds(value):
+        raise bad(f"{name} must be {bounds.described}, got {shown(value)}", name)
     return float(value)
 
 

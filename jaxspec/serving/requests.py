@@ -29,7 +29,7 @@ from jaxspec.inputs import normalize_prompts
 from jaxspec.checkpoint.method_defaults import SHIPPED_DRAFTERS
 from jaxspec.decoding.methods import ALIASES, METHODS
 from jaxspec.runtime.plan import DecodePlan, plan_decode
-from jaxspec.decoding.sampling import MAX_LOGPROBS, SamplingParams, penalized
+from jaxspec.decoding.sampling import MAX_LOGPROBS, SERVER_TEMPERATURE, SamplingParams, penalized
 from jaxspec.serving.fields import chat_messages, integer, neutral_only, number, same, typed
 from jaxspec.serving.openai import ApiError, bad
 from jaxspec.serving.scheduler import random_seed
@@ -204,14 +204,12 @@ def _limit(body: dict, chat: bool, prompt_tokens: int, context: int) -> int:
 
 def _sampling(body: dict, default_temperature: float) -> tuple[float, float, int, dict]:
     """(temperature, top_p, top_k, the other knobs: min_p and the penalties)."""
-    temperature = number(body, "temperature", default_temperature, 0, 2, "a number in [0, 2]")
-    top_p = number(body, "top_p", 1.0, 1e-9, 1, "a number in (0, 1]")
+    temperature = number(body, "temperature", default_temperature, SERVER_TEMPERATURE)
+    top_p = number(body, "top_p", 1.0)
     top_k = integer(body, "top_k", 0, -1, 2**31 - 1, "an integer in [0, 2**31) (0 or vLLM's -1 = off)")
-    knobs = dict(min_p=number(body, "min_p", 0.0, 0, 1, "a number in [0, 1] (0 = off)"),
-                 repetition_penalty=number(body, "repetition_penalty", 1.0, 1e-6, 100,
-                                           "a number in (0, 100] (1 = off)"),
-                 presence_penalty=number(body, "presence_penalty", 0.0, -2, 2, "a number in [-2, 2]"),
-                 frequency_penalty=number(body, "frequency_penalty", 0.0, -2, 2, "a number in [-2, 2]"))
+    knobs = dict(min_p=number(body, "min_p", 0.0), repetition_penalty=number(body, "repetition_penalty", 1.0),
+                 presence_penalty=number(body, "presence_penalty", 0.0),
+                 frequency_penalty=number(body, "frequency_penalty", 0.0))
     return temperature, top_p, max(top_k, 0), knobs
 
 
