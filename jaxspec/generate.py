@@ -248,10 +248,15 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     choice = _choice
     if choice is not None:
         method, method_options = choice.method, {**method_options, **choice.options}
-    elif method == "auto" or (method == "lookahead" and method_options.get("window") == "auto"):
-        method, method_options, choice = _choose(model, learning, method, method_options)
-    resolved = resolve(model, method, method_options)  # (an unknown method is refused before the rest)
+    auto_chooses = choice is None and (method == "auto" or (method == "lookahead" and
+                                                            method_options.get("window") == "auto"))
+    # A method named is checked first (an unknown one is refused before the rest); the length before
+    # auto chooses (a request that cannot run teaches auto nothing).
+    resolved = None if auto_chooses else resolve(model, method, method_options)
     _check_length(model, rows, max_new_tokens)
+    if auto_chooses:
+        method, method_options, choice = _choose(model, learning, method, method_options)
+        resolved = resolve(model, method, method_options)
     seed = int_arg("seed", seed, "an integer in [0, 2**32)", lambda n: 0 <= n < 2**32)
     # Before anything is compiled: refuse what cannot fit (one line).
     plan = plan_decode(model, resolved, greedy=temperature == 0,
