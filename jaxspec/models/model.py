@@ -296,7 +296,6 @@ class Transformer(nnx.Module):
         winner = jnp.argmax(best, axis=-1)
         return (jnp.take_along_axis(best_id, winner[..., None], axis=-1)[..., 0] + winner * part).astype(jnp.int32)
 
-
     def _argmax_by_row_tiles(self, x: Float[Array, "... d"], w, tied: bool) -> Int[Array, "..."]:
         """Batch-invariant numerics, one device, a plain head: tiles of rows over the whole vocabulary.
         No weight copied into chunks, a tile's logits at most ROW_TILE x vocab floats, and nothing
