@@ -11,8 +11,8 @@ command line does not wait at all (`exit_process`: its output is written, nothin
 from __future__ import annotations
 
 import atexit
+import collections
 import os
-import queue
 import sys
 import threading
 import weakref
@@ -22,12 +22,16 @@ _ALL: weakref.WeakSet = weakref.WeakSet()  # every worker of this process
 
 
 class Background:
+    """The worker thread lives only while there is work: an idle thread blocked on its queue would
+    keep its last job (and through it a model and its compiled programs) and its owner alive for
+    the life of the process."""
+
     def __init__(self, on_done: Callable[[], None] | None = None):
         self.on_done = on_done  # called (from the worker) after each job, done or failed
         self.ready: set = set()  # keys whose job finished
         self.failed: dict = {}  # key -> the error its job raised
         self._pending: set = set()
-        self._jobs: queue.Queue = queue.Queue()
+        self._jobs: collections.deque = collections.deque()
         self._idle = threading.Condition()
         self._worker: threading.Thread | None = None
         _ALL.add(self)
@@ -38,10 +42,10 @@ class Background:
             if key in self.ready or key in self.failed or key in self._pending:
                 return False
             self._pending.add(key)
+            self._jobs.append((key, job))
             if self._worker is None:
                 self._worker = threading.Thread(target=self._run, name="jaxspec-background", daemon=True)
                 self._worker.start()
-        self._jobs.put((key, job))
         return True
 
     def _run(self) -> None:
@@ -50,13 +54,18 @@ class Background:
         except (AttributeError, OSError):  # (not on every platform)
             pass
         while True:
-            key, job = self._jobs.get()
+            with self._idle:
+                if not self._jobs:
+                    self._worker = None  # the next `submit` starts another
+                    return
+                key, job = self._jobs.popleft()
             try:
                 job()
                 done = True
             except Exception as e:  # noqa: BLE001  (reported in `failed`; the caller never waits on it)
                 self.failed[key] = f"{type(e).__name__}: {e}"
                 done = False
+            del job  # (not kept alive by this frame until the next one)
             with self._idle:
                 self._pending.discard(key)
                 if done:
@@ -75,14 +84,11 @@ class Background:
 
     def drop_queued(self) -> None:
         """Forget the jobs not yet begun."""
-        while True:
-            try:
-                key, _ = self._jobs.get_nowait()
-            except queue.Empty:
-                return
-            with self._idle:
+        with self._idle:
+            while self._jobs:
+                key, _ = self._jobs.popleft()
                 self._pending.discard(key)
-                self._idle.notify_all()
+            self._idle.notify_all()
 
 
 @atexit.register
