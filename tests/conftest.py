@@ -14,8 +14,18 @@ import tempfile
 # passes keep IEEE semantics at every level (XLA asks for no fast math): pycode-5M's,
 # stories260K's and SmolLM2's lookahead and sampled tokens are the same at both levels.
 FAST_COMPILE = "--xla_backend_optimization_level=0"
-if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
+# Also XLA:CPU's loop emitters in place of its newer fusion emitters, and the whole module in one
+# LLVM codegen split (32 by default): the same numbers in a third of the compile time.
+# tests/test_speculative.py alone, one process, fresh caches, 2026-12-07 (jax.monitoring's
+# backend_compile_duration / the file's wall time): 77 s / 146 s at level 0 alone; 40 s / 110 s
+# with the loop emitters; 65 s / 128 s in one split; 31 s / 97 s with both (29 passed each time).
+# Modules marked `user_codegen` (bitwise claims across shapes: tests/test_batch_invariant.py)
+# compile with XLA's emitters as a user's programs do, in this process and the ones they start.
+QUICK_CODEGEN = ("--xla_cpu_use_fusion_emitters=false", "--xla_cpu_parallel_codegen_split_count=1")
+USER_CODEGEN = [("xla_cpu_use_fusion_emitters", "true"), ("xla_cpu_parallel_codegen_split_count", "32")]
+for _flag in (FAST_COMPILE, *QUICK_CODEGEN):
+    if _flag not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 import numpy as np  # noqa: E402
@@ -55,11 +65,15 @@ def _argument_bytes(module) -> int:
     return 0
 
 
+_user_codegen = False  # set while a `user_codegen` module runs
+
+
 def _compile_real_programs_at_the_default_level(compile_or_get_cached):
     def compile_(backend, computation, devices, compile_options, *args, **kwargs):
-        if _argument_bytes(computation) > REAL_PROGRAM_BYTES:
-            compile_options.env_option_overrides = [*compile_options.env_option_overrides,
-                                                    ("xla_backend_optimization_level", "2")]
+        real = _argument_bytes(computation) > REAL_PROGRAM_BYTES
+        if real or _user_codegen:
+            compile_options.env_option_overrides = [*compile_options.env_option_overrides, *USER_CODEGEN,
+                                                    *([("xla_backend_optimization_level", "2")] if real else [])]
         return compile_or_get_cached(backend, computation, devices, compile_options, *args, **kwargs)
 
     return compile_
@@ -85,6 +99,24 @@ if "JAXSPEC_TEST_COMPILE_CACHE" not in os.environ:
     os.environ["JAXSPEC_TEST_COMPILE_CACHE"] = _SESSION_CACHE.name
 os.environ["JAXSPEC_COMPILE_CACHE"] = os.environ["JAXSPEC_TEST_COMPILE_CACHE"]
 compile_cache.enable()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _codegen(request):
+    """A `user_codegen` module's programs, and the processes it starts, compile with XLA's own
+    emitters (QUICK_CODEGEN off)."""
+    global _user_codegen
+    if request.node.get_closest_marker("user_codegen") is None:
+        yield
+        return
+    flags = os.environ["XLA_FLAGS"]
+    os.environ["XLA_FLAGS"] = " ".join(f for f in flags.split() if f not in QUICK_CODEGEN)
+    _user_codegen = True
+    try:
+        yield
+    finally:
+        _user_codegen = False
+        os.environ["XLA_FLAGS"] = flags
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -20,7 +20,7 @@ from jaxspec.models.kv_cache import KVCache, commit, init_cache
 from jaxspec.models.model import causal_mask
 from stories import CASES, needs_stories
 
-pytestmark = needs_stories
+pytestmark = [needs_stories, pytest.mark.user_codegen]  # bitwise across shapes, as users compile
 
 SEQUENCE = 48  # reference positions
 rng = np.random.default_rng(7)
