@@ -22,7 +22,7 @@ FAST_COMPILE = "--xla_backend_optimization_level=0"
 # Modules marked `user_codegen` (bitwise claims across shapes: tests/test_batch_invariant.py)
 # compile with XLA's emitters as a user's programs do, in this process and the ones they start.
 QUICK_CODEGEN = ("--xla_cpu_use_fusion_emitters=false", "--xla_cpu_parallel_codegen_split_count=1")
-USER_CODEGEN = [("xla_cpu_use_fusion_emitters", "true"), ("xla_cpu_parallel_codegen_split_count", "32")]
+USER_CODEGEN = [("xla_cpu_use_fusion_emitters", True), ("xla_cpu_parallel_codegen_split_count", 32)]
 for _flag in (FAST_COMPILE, *QUICK_CODEGEN):
     if _flag not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()
