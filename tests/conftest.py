@@ -113,12 +113,16 @@ def _codegen(request):
         return
     flags = os.environ["XLA_FLAGS"]
     os.environ["XLA_FLAGS"] = " ".join(f for f in flags.split() if f not in QUICK_CODEGEN)
+    # The program cache's keys read XLA_FLAGS once per process: read again, so this module never
+    # loads a program another module compiled with the quicker codegen (nor leaves it one).
+    compile_cache._machine_key = None
     _user_codegen = True
     try:
         yield
     finally:
         _user_codegen = False
         os.environ["XLA_FLAGS"] = flags
+        compile_cache._machine_key = None
 
 
 @pytest.fixture(autouse=True, scope="module")
