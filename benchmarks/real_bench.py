@@ -13,6 +13,7 @@ fastest setting on this shared 2-core machine).
     python -m benchmarks.real_bench                 # split bench: 24 prompts x 128 tokens, 6 settings + 2 peers
     python -m benchmarks.real_bench --split heldout --methods "greedy,lookahead (15,5,15)" --no-peer
     python -m benchmarks.real_bench --quick         # 2 prompts x 24 tokens, 4 settings
+    python -m benchmarks.real_bench --dtype blocks --layer-scan --no-peer --methods greedy --name layer_scan_blocks
     python -m benchmarks.real_bench --name real_bench_drafter --no-peer --methods \\
         "greedy,speculative TD (K=2),speculative TD (K=4),speculative TD (K=8),speculative TI (K=4),hybrid (5,3,5) K=4"
 
@@ -123,6 +124,9 @@ def arguments(p) -> None:
     p.add_argument("--methods", help=f"comma-separated subset of: {', '.join(METHODS)}")
     p.add_argument("--eos-stop", action="store_true", help="end each reply at the end of turn")
     p.add_argument("--no-peer", dest="peer", action="store_false", help="skip transformers")
+    p.add_argument("--layer-scan", action="store_true",
+                   help="beside each jaxspec setting, its twin on the same weights with layer_scan=True "
+                        "(setting name + ' [scan]'; compile seconds and tokens/s interleaved)")
     p.add_argument("--dtype", default="float32", choices=["float32", "int8", "blocks"],
                    help="the weights every jaxspec setting decodes with; other than float32, a setting "
                         "'greedy (float32 weights)' decodes with the float32 load beside them")
@@ -140,6 +144,10 @@ def declare(args) -> DecodeBench:
     load_seconds = time.perf_counter() - t0
     stops = stop_ids(model) if args.eos_stop else ()
     settings = [Setting(name, *METHODS[name]) for name in chosen]
+    if args.layer_scan:  # (its tokens checked against the unrolled greedy's, like every setting's)
+        scanned = jaxspec.load(args.model, dtype=args.dtype, layer_scan=True)
+        settings = [twin for s in settings for twin in (s, Setting(f"{s.name} [scan]", s.method, s.options,
+                                                                   model=scanned))]
     if args.dtype != "float32":  # its tokens are checked against the bench's greedy like every setting's
         settings.insert(1, Setting(FLOAT32_GREEDY, model=jaxspec.load(args.model, dtype="float32")))
     if args.peer:
@@ -154,7 +162,7 @@ def declare(args) -> DecodeBench:
         name, f"{Path(model.source).name}{'' if args.dtype == 'float32' else f' ({args.dtype} weights)'} on "
               f"{args.split} chat prompts", model, chat_cases(model, args.split),
         settings, args.new_tokens, stop_at_eos=args.eos_stop, stop_ids=stops,
-        facts={"split": args.split, "dtype": args.dtype, "load_seconds": round(load_seconds, 1), "vocab_size": model.config.vocab_size,
+        facts={"split": args.split, "dtype": args.dtype, "layer_scan_twins": args.layer_scan, "load_seconds": round(load_seconds, 1), "vocab_size": model.config.vocab_size,
                "prompt_format": "chat template" if model.tokenizer.chat_template else "text (BOS + first turn)",
                "pool_bytes": pools, "torch_threads": 1 if args.peer else None})
 

@@ -21,7 +21,7 @@ from jaxspec.checkpoint.llama2c import read_llama2c
 from jaxspec.checkpoint.params import hf_name, model_from_tensors
 from jaxspec.models.config import ModelConfig
 from jaxspec.errors import CheckpointError, ConfigError
-from jaxspec.models.model import Transformer
+from jaxspec.models.model import LayerStack, Transformer, stack_layers, unstack_layers
 from jaxspec.models.quantize import QUANTIZED, block_placement, blocks_model, float_model, placement, quantize_model
 from jaxspec.checkpoint.tokenizer import Tokenizer, find_tokenizer
 
@@ -99,6 +99,8 @@ class Model:
     source: str
     # Every row's logits independent of the forward's shape (`jaxspec.models.batch_invariant`).
     batch_invariant: bool = False
+    # The layers held as one `LayerStack` (`load(..., layer_scan=True)`): one layer's program, scanned.
+    layer_scan: bool = False
     compiled: dict = dataclasses.field(default_factory=dict, repr=False)
     # Drafters loaded from disk for this target, by (folder, target-independent): a speculative
     # `generate` reads its drafter once, not at every call.
@@ -118,7 +120,8 @@ class Model:
         graphdef, params = nnx.split(module)
         return cls(config=module.config, graphdef=graphdef, params=params, tokenizer=tokenizer,
                    dtype=dtype, attention=module.attention, source=source,
-                   batch_invariant=getattr(module, "batch_invariant", False))
+                   batch_invariant=getattr(module, "batch_invariant", False),
+                   layer_scan=isinstance(module.layers, LayerStack))
 
     def __repr__(self) -> str:  # one line (the dataclass's would print every parameter array)
         cfg, n = self.config, self.config.num_params
@@ -126,6 +129,7 @@ class Model:
         mesh = "" if self.mesh is None else f", mesh={dict(self.mesh.shape)}"
         tokenizer = "" if self.tokenizer is not None else ", no tokenizer"
         invariant = ", batch_invariant" if self.batch_invariant else ""
+        invariant += ", layer_scan" if self.layer_scan else ""
         return (f"Model({cfg.model_type}, {size} params, {cfg.num_layers} layers, vocab {cfg.vocab_size}, "
                 f"{self.dtype}, attention={self.attention}{invariant}{mesh}{tokenizer}, source={self.source!r})")
 
@@ -139,7 +143,8 @@ class Model:
         if self.dtype == "int8":
             raise ConfigError("an int8 model is not saved (its weights are kept quantized); load the "
                               "checkpoint with dtype float32 or bfloat16 to export it")
-        module = float_model(self.module) if self.dtype == "blocks" else self.module
+        module = unstack_layers(self.module)  # (HF's names are per layer)
+        module = float_model(module) if self.dtype == "blocks" else module
         return save_hf_folder(module, folder, dtype=dtype, tokenizer=self.tokenizer)
 
 
@@ -234,7 +239,8 @@ def model_in_folder(path: Path) -> Path:
 
 
 def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str | None = None, attention: str = "xla",
-         tensor_parallel: int = 1, data_parallel: int = 1, mesh=None, batch_invariant: bool = False) -> Model:
+         tensor_parallel: int = 1, data_parallel: int = 1, mesh=None, batch_invariant: bool = False,
+         layer_scan: bool = False) -> Model:
     """Load a checkpoint for decoding (default: the shipped model). `attention` names the
     attention backend ("xla" | "pallas"). `tensor_parallel` T > 1 or `data_parallel` D > 1 lay
     the weights out over T devices (and the batch over D) of a (data, model) mesh
@@ -252,9 +258,15 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str | None = No
     keeps no matrix (a file in F16, F32 or K-quants only) is a float32 model and says so (`Model.dtype`).
     `batch_invariant`: every row's logits computed in one order whatever the forward's shape (block
     size, batch, cache length: `jaxspec.models.batch_invariant`), so every method equals greedy, and
-    batched greedy equals greedy alone, bit for bit in every dtype; XLA attention only."""
+    batched greedy equals greedy alone, bit for bit in every dtype; XLA attention only.
+    `layer_scan`: the layers held as one stack and run by `lax.scan` (`jaxspec.models.model.LayerStack`):
+    every program compiles one layer instead of all of them, in a fraction of the time and memory,
+    with the same numerics; one device, layers of one structure (a ConfigError names why not)."""
     from jaxspec.models import tensor_parallel as tp_lib
 
+    if layer_scan and (mesh is not None or (tensor_parallel, data_parallel) != (1, 1)):
+        raise ConfigError("layer_scan=True runs on one device; tensor_parallel, data_parallel and mesh lay "
+                          "the layers out one by one")
     mesh = _checked_mesh(dtype, attention, tensor_parallel, data_parallel, mesh, batch_invariant)
     path = resolve(path_or_name)
     if dtype is None:  # a GGUF's blocks where they can be kept: the float32 model, faster, a third of the memory
@@ -274,6 +286,11 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str | None = No
     if dtype == "blocks" and not any(isinstance(sub, QUANTIZED) for _, sub in nnx.iter_modules(module)):
         dtype = "float32"  # no matrix was in a block format: the float32 model, and it says so
     module.batch_invariant = bool(batch_invariant)
+    if layer_scan:
+        try:
+            stack_layers(module)
+        except ValueError as e:
+            raise ConfigError(f"{path}: layer_scan=True: {e}") from None
     model = Model.from_module(module, tokenizer=tokenizer, dtype=dtype, source=str(path))
     return model if mesh is None else tp_lib.on_mesh(model, model.params, mesh)
 
