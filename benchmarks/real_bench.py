@@ -125,8 +125,8 @@ def arguments(p) -> None:
     p.add_argument("--eos-stop", action="store_true", help="end each reply at the end of turn")
     p.add_argument("--no-peer", dest="peer", action="store_false", help="skip transformers")
     p.add_argument("--layer-scan", action="store_true",
-                   help="beside each jaxspec setting, its twin on the same weights with layer_scan=True "
-                        "(setting name + ' [scan]'; compile seconds and tokens/s interleaved)")
+                   help="each jaxspec setting on the layers unrolled (layer_scan=False) and its twin scanned "
+                        "(layer_scan=True, name + ' [scan]'); compile seconds and tokens/s interleaved")
     p.add_argument("--dtype", default="float32", choices=["float32", "int8", "blocks"],
                    help="the weights every jaxspec setting decodes with; other than float32, a setting "
                         "'greedy (float32 weights)' decodes with the float32 load beside them")
@@ -140,7 +140,7 @@ def declare(args) -> DecodeBench:
     if unknown := [k for k in chosen if k not in METHODS]:
         raise SystemExit(f"--methods: unknown {unknown}; known: {', '.join(METHODS)}")
     t0 = time.perf_counter()
-    model = jaxspec.load(args.model, dtype=args.dtype)
+    model = jaxspec.load(args.model, dtype=args.dtype, **({"layer_scan": False} if args.layer_scan else {}))
     load_seconds = time.perf_counter() - t0
     stops = stop_ids(model) if args.eos_stop else ()
     settings = [Setting(name, *METHODS[name]) for name in chosen]

@@ -28,6 +28,7 @@ import jaxspec  # noqa: E402
 from gguf_files import Q, write_gguf  # noqa: E402
 from jaxspec.errors import ConfigError  # noqa: E402
 from jaxspec.models import quantize, tensor_parallel  # noqa: E402
+from jaxspec.models.model import unstack_layers  # noqa: E402
 from jaxspec.runtime.memory import tree_bytes  # noqa: E402
 from test_gguf import SMALL  # noqa: E402  (test_gguf's tiny llama, every width a multiple of 32)
 from test_hf_parity import build_hf, jax_logits  # noqa: E402
@@ -59,7 +60,8 @@ def pair(request, tmp_path_factory):
 
 
 def _matrices(module):
-    return {tuple(path): sub for path, sub in nnx.iter_modules(module)
+    """Every matrix of `module` by path, layer by layer (a scanned stack unstacked)."""
+    return {tuple(path): sub for path, sub in nnx.iter_modules(unstack_layers(module))
             if isinstance(sub, (nnx.Linear, nnx.Embed, *quantize.QUANTIZED))}
 
 

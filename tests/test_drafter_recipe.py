@@ -17,6 +17,7 @@ from flax import nnx
 
 import jaxspec
 from jaxspec.checkpoint.drafter_files import DRAFT_FILE, load_drafter
+from jaxspec.models.model import unstack_layers
 from jaxspec.checkpoint.safetensors_io import write_safetensors
 from jaxspec.decoding.sources.base import Start, Step
 from jaxspec.decoding.sources.drafter import DraftSpec, PardDrafter
@@ -89,7 +90,7 @@ def test_added_layers_start_as_the_targets_next_layers_adding_nothing(pycode):
     np.testing.assert_array_equal(np.asarray(drafter_logits(grown, None, 1.0, *args, None)),
                                   np.asarray(drafter_logits(base, None, 1.0, *args, None)))
     for i in (2, 3):
-        new, donor = grown.layers[i], pycode.module.layers[i]
+        new, donor = grown.layers[i], unstack_layers(pycode.module).layers[i]
         np.testing.assert_array_equal(np.asarray(new.self_attn.q_proj.kernel[...]),
                                       np.asarray(donor.self_attn.q_proj.kernel[...]))
         np.testing.assert_array_equal(np.asarray(new.mlp.up_proj.kernel[...]), np.asarray(donor.mlp.up_proj.kernel[...]))

@@ -21,6 +21,7 @@ from flax import nnx
 
 from jaxspec.cli import main
 from jaxspec.models.config import ModelConfig
+from jaxspec.models.model import unstack_layers
 from jaxspec.checkpoint.drafter_files import default_target_layers, load_drafter
 from jaxspec.errors import ConfigError
 from jaxspec.models.kv_cache import KVCache
@@ -233,7 +234,7 @@ def test_drafter_init_from_a_smaller_model_appends_the_mask_row(tiny_target):
     assert embedding.shape == (321, 32)
     np.testing.assert_array_equal(embedding[:320], np.asarray(base.params["embed_tokens"]["embedding"][...]))
     np.testing.assert_array_equal(np.asarray(module.layers[1].mlp.up_proj.kernel[...]),
-                                  np.asarray(base.module.layers[1].mlp.up_proj.kernel[...]))
+                                  np.asarray(unstack_layers(base.module).layers[1].mlp.up_proj.kernel[...]))
 
 
 def test_shipped_drafter_configs_parse():

@@ -23,6 +23,7 @@ from flax import nnx
 
 import jaxspec
 import jaxspec.models.quantize as quantize
+from jaxspec.models.model import unstack_layers
 from jaxspec import exactness
 from jaxspec.cli import main
 from jaxspec.errors import ConfigError
@@ -56,7 +57,7 @@ def _pair(tied: bool = False) -> tuple[jaxspec.Model, jaxspec.Model]:
 def _dequantized(model: jaxspec.Model) -> jaxspec.Model:
     """A float32 model whose weights are the int8 model's dequantized values (q * scale)."""
     module = jaxspec.Transformer(model.config, rngs=nnx.Rngs(1))
-    q = model.module
+    q = unstack_layers(model.module)  # (per layer, as the fresh module's)
     for path, sub in nnx.iter_modules(q):
         if isinstance(sub, quantize.QUANTIZED):
             target = module
@@ -212,7 +213,8 @@ def test_speculative_equals_int8_greedy_with_a_float32_drafter(tiny_int8):
 def test_stories260k_int8_load_methods_and_memory():
     """The load path (quantized tensor by tensor as read): (c) the matrices take a quarter of their
     float32 bytes, norms stay float32; (b) lookahead and prompt lookup equal int8 greedy."""
-    f32, q = jaxspec.load("stories260K"), jaxspec.load("stories260K", dtype="int8")
+    # (layer by layer: the check reads each matrix as a 2-D array)
+    f32, q = jaxspec.load("stories260K", layer_scan=False), jaxspec.load("stories260K", dtype="int8", layer_scan=False)
     assert repr(q).count("int8") == 1 and q.dtype == "int8"
     flat32 = dict(jax.tree_util.tree_leaves_with_path(f32.params))
     flat8 = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(q.params)}

@@ -21,7 +21,7 @@ from jaxspec.checkpoint.llama2c import read_llama2c
 from jaxspec.checkpoint.params import hf_name, model_from_tensors
 from jaxspec.models.config import ModelConfig
 from jaxspec.errors import CheckpointError, ConfigError
-from jaxspec.models.model import LayerStack, Transformer, stack_layers, unstack_layers
+from jaxspec.models.model import LayerStack, Transformer, scannable, stack_layers, unstack_layers
 from jaxspec.models.quantize import QUANTIZED, block_placement, blocks_model, float_model, placement, quantize_model
 from jaxspec.checkpoint.tokenizer import Tokenizer, find_tokenizer
 
@@ -240,7 +240,7 @@ def model_in_folder(path: Path) -> Path:
 
 def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str | None = None, attention: str = "xla",
          tensor_parallel: int = 1, data_parallel: int = 1, mesh=None, batch_invariant: bool = False,
-         layer_scan: bool = False) -> Model:
+         layer_scan: bool | None = None) -> Model:
     """Load a checkpoint for decoding (default: the shipped model). `attention` names the
     attention backend ("xla" | "pallas"). `tensor_parallel` T > 1 or `data_parallel` D > 1 lay
     the weights out over T devices (and the batch over D) of a (data, model) mesh
@@ -261,10 +261,11 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str | None = No
     batched greedy equals greedy alone, bit for bit in every dtype; XLA attention only.
     `layer_scan`: the layers held as one stack and run by `lax.scan` (`jaxspec.models.model.LayerStack`):
     every program compiles one layer instead of all of them, in a fraction of the time and memory,
-    with the same numerics; one device, layers of one structure (a ConfigError names why not)."""
+    with the same numerics. True: required (one device, layers of one structure; a ConfigError says
+    why not); None (the default): wherever it can be (`Model.layer_scan` says); False: never."""
     from jaxspec.models import tensor_parallel as tp_lib
 
-    if layer_scan and (mesh is not None or (tensor_parallel, data_parallel) != (1, 1)):
+    if layer_scan is True and (mesh is not None or (tensor_parallel, data_parallel) != (1, 1)):
         raise ConfigError("layer_scan=True runs on one device; tensor_parallel, data_parallel and mesh lay "
                           "the layers out one by one")
     mesh = _checked_mesh(dtype, attention, tensor_parallel, data_parallel, mesh, batch_invariant)
@@ -286,11 +287,13 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str | None = No
     if dtype == "blocks" and not any(isinstance(sub, QUANTIZED) for _, sub in nnx.iter_modules(module)):
         dtype = "float32"  # no matrix was in a block format: the float32 model, and it says so
     module.batch_invariant = bool(batch_invariant)
-    if layer_scan:
+    if layer_scan is True:
         try:
             stack_layers(module)
         except ValueError as e:
             raise ConfigError(f"{path}: layer_scan=True: {e}") from None
+    elif layer_scan is None and mesh is None and scannable(module) is None:
+        stack_layers(module)
     model = Model.from_module(module, tokenizer=tokenizer, dtype=dtype, source=str(path))
     return model if mesh is None else tp_lib.on_mesh(model, model.params, mesh)
 

@@ -106,6 +106,10 @@ def add_decoding_options(g: argparse.ArgumentParser) -> None:
                    help="compute every row's logits in one order whatever the step's block size, batch and cache "
                         "length, so every method equals greedy bit for bit in every dtype (docs/performance.md, "
                         "\"Batch invariance\"; XLA attention only)")
+    g.add_argument("--layer-scan", action=argparse.BooleanOptionalAction, default=None,
+                   help="hold the layers as one stack run by lax.scan: each program compiles one layer, in a "
+                        "fraction of the time and memory, with the same numerics (docs/performance.md, \"Layer "
+                        "scan\"; default: wherever it can be, one device and layers of one structure)")
     g.add_argument("--tensor-parallel", "--tensor-parallel-size", dest="tensor_parallel", type=int, default=1,
                    metavar="T",
                    help="shard the weights over T devices (GSPMD, Megatron layout; docs/scaling.md)")
@@ -203,9 +207,9 @@ def load_model(args, model: str, method_options: dict):
     lp = method_options.get("lp_devices", 1)
     if lp > 1 and args.tensor_parallel > 1 and args.data_parallel == 1:
         return jaxspec.load(model, dtype=args.dtype, attention=args.attention, mesh=lp_mesh(lp, args.tensor_parallel),
-                            batch_invariant=args.batch_invariant)
+                            batch_invariant=args.batch_invariant, layer_scan=args.layer_scan)
     return jaxspec.load(model, dtype=args.dtype, attention=args.attention, tensor_parallel=args.tensor_parallel,
-                        batch_invariant=args.batch_invariant,
+                        batch_invariant=args.batch_invariant, layer_scan=args.layer_scan,
                         data_parallel=args.data_parallel)
 
 

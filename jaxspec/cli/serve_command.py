@@ -112,7 +112,8 @@ def run_serve(args) -> int:
     phases = progress.activate(progress.Phases(progress.wanted(args.quiet)))
     name = args.model or jaxspec.checkpoint.loading.DEFAULT_MODEL
     with phases.phase(f"loading {name}"):
-        model = jaxspec.load(name, dtype=args.dtype, attention=args.attention, batch_invariant=args.batch_invariant)
+        model = jaxspec.load(name, dtype=args.dtype, attention=args.attention, batch_invariant=args.batch_invariant,
+                             layer_scan=args.layer_scan)
     # auto's measurements and the warm-up say themselves (`jaxspec.progress`)
     server = make_server(model, args.served_model_name or name, method=args.method, method_options=method_options,
                          slots=args.slots, context=args.context, chunk_steps=args.chunk_steps,

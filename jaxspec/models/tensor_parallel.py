@@ -33,6 +33,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxspec.models.config import ModelConfig
+from jaxspec.models.model import unstack_layers
 from jaxspec.models.quantize import float_model
 from jaxspec.errors import ConfigError
 
@@ -158,9 +159,13 @@ def shard(model, mesh: Mesh):
     if model.dtype == "int8":
         raise ConfigError("an int8 model runs on one device; load the checkpoint with dtype float32 or bfloat16 "
                           "to lay it out on a mesh")
-    if model.dtype == "blocks":  # its float32 weights, exactly (a GGUF's blocks are kept on one device only)
-        graphdef, params = nnx.split(float_model(model.module))
-        model = dataclasses.replace(model, graphdef=graphdef, params=params, dtype="float32")
+    if model.layer_scan or model.dtype == "blocks":
+        # its layers one by one (a device holds every layer's slice of each weight); float32 weights,
+        # exactly, for blocks (a GGUF's blocks are kept on one device only)
+        module = unstack_layers(model.module)
+        graphdef, params = nnx.split(float_model(module) if model.dtype == "blocks" else module)
+        model = dataclasses.replace(model, graphdef=graphdef, params=params, layer_scan=False,
+                                    dtype="float32" if model.dtype == "blocks" else model.dtype)
     return on_mesh(model, jax.tree.map(put, model.params, param_shardings(model.params, model.config, mesh)), mesh)
 
 

@@ -36,7 +36,7 @@ from jaxspec.checkpoint.drafter_files import PROJECTION_FILE, Drafter, default_t
 from jaxspec.errors import CheckpointError, ConfigError
 from jaxspec.checkpoint.hf import read_draft_vocab
 from jaxspec.checkpoint.loading import Model
-from jaxspec.models.model import Transformer
+from jaxspec.models.model import Transformer, unstack_layers
 from jaxspec.train import chat_data, corpus, distill_data, target_cache
 from jaxspec.train.acceptance import AcceptanceStats, acceptance
 from jaxspec.train.train_config import SCHEDULE_KEY, TokenizerConfig, check_resume_config, resolve_schedule_steps
@@ -84,7 +84,7 @@ def init_drafter(cfg: DrafterTrainConfig, target: Model) -> Transformer:
                               "layers; use target:N with 1 <= N <= that")
         # A clone: `nnx.merge` shares the target's variables, and scaling the final norm in place
         # scaled the target's own (its teacher logits then came out 4x too soft for KD).
-        module = nnx.clone(nnx.merge(target.graphdef, target.params))
+        module = unstack_layers(nnx.clone(nnx.merge(target.graphdef, target.params)))
         module.layers = nnx.List(list(module.layers)[:num])
         module.config = dataclasses.replace(target.config, num_layers=num)
         scale_final_norm(module, cfg.drafter.final_norm_scale)
@@ -94,7 +94,7 @@ def init_drafter(cfg: DrafterTrainConfig, target: Model) -> Transformer:
         # when it shares them; its projection is read by init_projection.
         base = load_drafter(cfg.drafter.init, target=target).model
     else:
-        base = jaxspec.load(cfg.drafter.init)
+        base = jaxspec.load(cfg.drafter.init, layer_scan=False)  # (a drafter is trained layer by layer)
     if base.config.vocab_size not in (vocab, vocab + 1):
         raise ConfigError(f"[drafter] init model {cfg.drafter.init} has a {base.config.vocab_size}-token vocabulary, "
                           f"the target {vocab}; start from a model with the target's tokenizer or \"scratch\"")
@@ -123,7 +123,7 @@ def grow_layers(module: Transformer, target: Model, add: int, seed: int) -> Tran
                         rngs=nnx.Rngs(seed))
     graphdef, fresh = nnx.split(grown)
     flat = dict(nnx.to_flat_state(fresh))
-    donors = dict(nnx.to_flat_state(target.params))
+    donors = dict(nnx.to_flat_state(nnx.state(unstack_layers(target.module))))  # (per layer, as `grown`'s)
     for path, var in nnx.to_flat_state(nnx.state(module)):
         flat[path].set_value(var[...])
     for path, var in flat.items():
