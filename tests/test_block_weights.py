@@ -87,6 +87,8 @@ def test_every_matrix_is_kept_and_is_the_float32_weight_bit_for_bit(pair):
     matrices = sum(np.prod(s.kernel.shape if hasattr(s, "kernel") else s.embedding.shape) for s in kept.values())
     assert tree_bytes(blocks.params) < tree_bytes(f32.params) - 2.7 * matrices
     assert blocks.dtype == "blocks" and quantize.module_dtype(blocks.module) == jnp.float32
+    # load's default: kept blocks scanned, float32 weights on a CPU unrolled (`scan_by_default`)
+    assert blocks.layer_scan and not f32.layer_scan
 
 
 def test_logits_and_every_method_equal_float32(pair):
@@ -113,6 +115,7 @@ def test_a_tensor_in_another_format_stays_float32(tmp_path):
     kept = _matrices(blocks.module)
     plain = [path for path, sub in kept.items() if not isinstance(sub, quantize.QUANTIZED)]
     assert plain == [("layers", 1, "mlp", "up_proj")] and kept[plain[0]].kernel.dtype == jnp.float32
+    assert not blocks.layer_scan  # (layers of two structures: unrolled)
     tokens = np.random.default_rng(4).integers(0, SMALL["vocab_size"], (1, 12))
     np.testing.assert_array_equal(jax_logits(blocks, tokens), jax_logits(f32, tokens))
 

@@ -42,7 +42,7 @@ def _forward(model, tokens, hidden_layers):
 
 @needs_stories
 def test_stories260k_scanned_equals_unrolled_bit_for_bit_and_its_references():
-    plain, scanned = jaxspec.load(str(CHECKPOINT), layer_scan=False), jaxspec.load(str(CHECKPOINT))
+    plain, scanned = jaxspec.load(str(CHECKPOINT), layer_scan=False), jaxspec.load(str(CHECKPOINT), layer_scan=True)
     assert scanned.layer_scan and not plain.layer_scan and "layer_scan" in repr(scanned)
     tokens = [CASES[0]["prompt"] + [0] * (12 - len(CASES[0]["prompt"]))]
     for a, b in zip(jax.tree.leaves(_forward(plain, tokens, (0, 2, 4, 5))),
@@ -56,7 +56,7 @@ def test_stories260k_scanned_equals_unrolled_bit_for_bit_and_its_references():
 
 
 def test_a_scanned_program_is_a_fraction_of_the_unrolled_one():
-    plain, scanned = jaxspec.load("pycode-5M", layer_scan=False), jaxspec.load("pycode-5M")
+    plain, scanned = jaxspec.load("pycode-5M", layer_scan=False), jaxspec.load("pycode-5M", layer_scan=True)
 
     def instructions(model):
         request = prepare(model, list(range(10, 30)), 8, "autoregressive")
@@ -74,7 +74,7 @@ def test_a_scanned_program_is_a_fraction_of_the_unrolled_one():
 
 
 def test_a_scanned_model_saves_the_unrolled_models_folder(tmp_path):
-    plain, scanned = jaxspec.load("pycode-5M", layer_scan=False), jaxspec.load("pycode-5M")
+    plain, scanned = jaxspec.load("pycode-5M", layer_scan=False), jaxspec.load("pycode-5M", layer_scan=True)
     a, b = plain.save(tmp_path / "plain"), scanned.save(tmp_path / "scanned")
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
     assert scanned.layer_scan  # (saving unstacks a copy, not the model)

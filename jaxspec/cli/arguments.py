@@ -109,7 +109,7 @@ def add_decoding_options(g: argparse.ArgumentParser) -> None:
     g.add_argument("--layer-scan", action=argparse.BooleanOptionalAction, default=None,
                    help="hold the layers as one stack run by lax.scan: each program compiles one layer, in a "
                         "fraction of the time and memory, with the same numerics (docs/performance.md, \"Layer "
-                        "scan\"; default: wherever it can be, one device and layers of one structure)")
+                        "scan\"; default: where it was measured no slower, one device and layers of one structure)")
     g.add_argument("--tensor-parallel", "--tensor-parallel-size", dest="tensor_parallel", type=int, default=1,
                    metavar="T",
                    help="shard the weights over T devices (GSPMD, Megatron layout; docs/scaling.md)")
