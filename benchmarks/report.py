@@ -753,8 +753,9 @@ def serve_memory(r: dict) -> list[str]:
                      ((row["load"], row["clients"], f"{sum(x == 200 for x in row['statuses'])}/{len(row['statuses'])} "
                        "200", row["seconds"], row["rss_peak_mb"], row["rss_after_mb"], row["groups"])
                       for row in s["loads"])),
-             "", f"One program's memory ({pm['model']}, greedy decode loops of distinct lengths, RSS after "
-             "malloc_trim): compiled " + ", ".join(f"{x} MB" for x in pm["compiled_mb"]) + "; loaded from its "
+             "", f"One program's memory ({pm['model']}"
+             + {True: ", layers scanned", False: ", layers unrolled"}.get(pm.get("layer_scan"), "")
+             + ", greedy decode loops of distinct lengths, RSS after malloc_trim): compiled " + ", ".join(f"{x} MB" for x in pm["compiled_mb"]) + "; loaded from its "
              "serialized form (" + ", ".join(f"{x} MB" for x in pm["serialized_mb"]) + ") "
              + ", ".join(f"{x} MB" for x in pm["loaded_mb"]) + "."]
     if "guard" in r:
@@ -822,6 +823,19 @@ SECTIONS = [
             '--no-peer --dtype blocks --methods greedy,auto',
             "What `method=\"auto\"` picks per chat once configs/auto.toml holds the routed settings' S (fitted on "
             "the bench split), on prompts nothing was fitted on.", decode),
+    Section("layer_scan_blocks", "SmolLM2-135M-Instruct: the layers unrolled and scanned (`layer_scan`), blocks "
+            "weights",
+            "python -m benchmarks.real_bench --dtype blocks --layer-scan --no-peer --new-tokens 64 --methods "
+            "'greedy,speculative TD (K=3) or lookup (N=4,G=4) + 1 alt' --name layer_scan_blocks",
+            "Each setting on the layers unrolled (`layer_scan=False`) and scanned (`layer_scan=True`, ' [scan]'), "
+            "interleaved case by case, fresh compile caches: tokens/s, identity with greedy, and each setting's "
+            "compile seconds (the result's settings). What `scan_by_default` in jaxspec/checkpoint/loading.py "
+            "was chosen from.", decode),
+    Section("layer_scan_float32", "The same with float32 weights",
+            "python -m benchmarks.real_bench --dtype float32 --layer-scan --no-peer --new-tokens 64 --methods "
+            "'greedy,speculative TD (K=3) or lookup (N=4,G=4) + 1 alt' --name layer_scan_float32",
+            "On a CPU a float weight is copied out of the stack for its dot, layer by layer and step by step: "
+            "why float weights stay unrolled there by default.", decode),
     Section("real_bench_alternatives", "SmolLM2-135M-Instruct: the drafter's runner-up first draft beside the routed chain",
             'python -m benchmarks.real_bench --name real_bench_alternatives --rounds 2 --no-peer --fresh --dtype blocks '
             '--methods "greedy,speculative TD (K=2) + lookup (N=3,G=1),speculative TD (K=4) or lookup (N=5,G=4),'

@@ -57,13 +57,14 @@ class Peak:
         return max(self.value, rss_mb(self.pid))
 
 
-def serve(model: str, clients: int, max_tokens: int) -> dict:
+def serve(model: str, clients: int, max_tokens: int, layer_scan: bool | None = None) -> dict:
     import httpx
 
     caches = tempfile.mkdtemp(prefix="jaxspec-serve-memory-")
     env = {**os.environ, "JAXSPEC_COMPILE_CACHE": f"{caches}/xla", "JAXSPEC_AUTO_CACHE": f"{caches}/auto"}
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "jaxspec", "serve", "--model", model, "--port", "0"], env=env,
+    scan = [] if layer_scan is None else ["--layer-scan" if layer_scan else "--no-layer-scan"]
+    proc = subprocess.Popen([sys.executable, "-m", "jaxspec", "serve", "--model", model, "--port", "0", *scan], env=env,
                             stderr=subprocess.PIPE, text=True)
     try:
         url = None
@@ -112,7 +113,7 @@ def _own_rss() -> float:
     return rss_mb(os.getpid())
 
 
-def programs(model_name: str, count: int) -> dict:
+def programs(model_name: str, count: int, layer_scan: bool | None = None) -> dict:
     """RSS each of `count` distinct greedy decode programs adds, compiled and then loaded from its
     serialized form (what the compile cache holds)."""
     import jax
@@ -122,7 +123,7 @@ def programs(model_name: str, count: int) -> dict:
     from jaxspec.decoding.methods import decode  # (the decode loop itself: the program `generate` compiles)
     from jaxspec.generate import prepare
 
-    model = jaxspec.load(model_name)
+    model = jaxspec.load(model_name, layer_scan=layer_scan)
     compiled, loaded, sizes, kept = [], [], [], []
     for i in range(count):
         request = prepare(model, list(range(10, 60)), 32 + 16 * i, "autoregressive")
@@ -138,7 +139,7 @@ def programs(model_name: str, count: int) -> dict:
         before = _own_rss()
         held.append(serialize_executable.deserialize_and_load(*serialized))
         loaded.append(_own_rss() - before)
-    return {"model": model_name, "programs": count, "compiled_mb": [round(x) for x in compiled],
+    return {"model": model_name, "layer_scan": model.layer_scan, "programs": count, "compiled_mb": [round(x) for x in compiled],
             "loaded_mb": [round(x) for x in loaded], "serialized_mb": [round(x, 1) for x in sizes]}
 
 
@@ -179,11 +180,13 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--programs", type=int, default=4)
     p.add_argument("--name", default="serve_memory")
+    p.add_argument("--layer-scan", action=argparse.BooleanOptionalAction, default=None,
+                   help="the server's and the programs' layer_scan (default: load's default)")
     args = p.parse_args(argv)
     result = {"benchmark": "serve_memory", "title": "What jaxspec serve holds in memory",
               "command": command_line(__file__, argv), "model": args.model,
-              "server": serve(args.model, args.clients, args.max_tokens),
-              "program_memory": programs(args.model, args.programs), "guard": guard(args.model)}
+              "server": serve(args.model, args.clients, args.max_tokens, args.layer_scan),
+              "program_memory": programs(args.model, args.programs, args.layer_scan), "guard": guard(args.model)}
     write_result(result, RESULTS, args.name)
     return 0
 

@@ -304,8 +304,8 @@ def scan_by_default(dtype: str) -> bool:
     """Whether `load` scans the layers of a `dtype` model unless told: where it was measured no slower.
     On a CPU a float weight is copied out of the stack for its dot every layer and step, which cost
     SmolLM2's float32 greedy 11% (0.89x; kept-quantized weights are converted there anyway: blocks
-    greedy 1.07x, speculative 1.17x; docs/performance.md, "Layer scan"); an accelerator's scan
-    reads the slice in place."""
+    greedy 1.07x, speculative 1.16x; docs/performance.md, "Layer scan"). On an accelerator every
+    dtype: the layout JAX LLM stacks run there (not measured by this project yet)."""
     return dtype in ("int8", "blocks") or jax.default_backend() != "cpu"
 
 
