@@ -6,6 +6,7 @@ with what the cold run left there. Measured from the process's start:
 
 * chat: three questions typed one after the other (each as soon as the prompt shows); the first
   text of each reply, in seconds after the process started (first reply) and after its question;
+  its resident memory (RSS): the peak while it runs and once the third reply is done;
 * generate: `jaxspec generate --prompt Q --max-new-tokens N` to its output and to its exit;
 * serve: `jaxspec serve --slots 8` to "serving at" (ready), then one streamed chat request's time to
   its first text and to its end.
@@ -79,7 +80,10 @@ def _spawn(tree: Path, env: dict, argv: list[str], stdin=None) -> tuple[subproce
 
 
 def chat(tree: Path, env: dict, model: str, timeout: float) -> dict:
+    from benchmarks.serve_memory import Peak, rss_mb
+
     proc, out = _spawn(tree, env, ["chat", "--model", model], stdin=subprocess.PIPE)
+    peak = Peak(proc.pid)  # (the chat's resident memory: background compiles included)
     asked, first = [], []
     for i, question in enumerate(QUESTIONS):
         if not out.wait_for(lambda: out.text("out").count("> ") >= i + 1, timeout):
@@ -91,12 +95,14 @@ def chat(tree: Path, env: dict, model: str, timeout: float) -> dict:
         out.wait_for(lambda: out.first_after("out", asked[-1]) is not None, timeout)
         first.append(out.first_after("out", asked[-1]))
     out.wait_for(lambda: out.text("out").count("> ") >= len(QUESTIONS) + 1, timeout)
+    after = rss_mb(proc.pid)
+    peak_mb = max(peak.stop(), after)
     proc.stdin.write(b"\n")
     proc.stdin.flush()
     code = proc.wait(timeout)
     return {"first_text_after_start": round(first[0], 2),
             "first_text_after_question": [round(f - a, 2) for f, a in zip(first, asked)],
-            "exit_code": code, "stderr": out.text("err")[-4000:], "replies": out.text("out")[-2000:]}
+            "rss_peak_mb": round(peak_mb), "rss_after_replies_mb": round(after), "exit_code": code, "stderr": out.text("err")[-4000:], "replies": out.text("out")[-2000:]}
 
 
 def generate(tree: Path, env: dict, model: str, timeout: float, new_tokens: int) -> dict:

@@ -704,7 +704,10 @@ def cold_start(r: dict) -> list[str]:
     def waits(row: dict) -> str:
         if row["scenario"] == "chat":
             after = ", ".join(f"{x:.1f}" for x in row["first_text_after_question"][1:])
-            return f"first reply {row['first_text_after_start']:.1f} after start; next replies {after} after asking"
+            memory = (f"; RSS {row['rss_after_replies_mb']} MB after the replies, peak {row['rss_peak_mb']} MB"
+                      if "rss_peak_mb" in row else "")
+            return (f"first reply {row['first_text_after_start']:.1f} after start; next replies {after} after "
+                    f"asking{memory}")
         if row["scenario"] == "generate":
             return f"output {row['output_after_start']:.1f}, exit {row['exit_after_start']:.1f} after start"
         return (f"ready {row['ready_after_start']:.1f} after start; first text "

@@ -110,9 +110,11 @@ def test_blocks_weights_decode_as_transformers(model):
 
     from jaxspec.runtime.memory import tree_bytes
 
-    blocks = model  # the default load of a GGUF file on one device
-    kinds = Counter(type(sub).__name__ for _, sub in nnx.iter_modules(blocks.module))
-    assert blocks.dtype == "blocks"
+    from jaxspec.models.model import unstack_layers
+
+    blocks = model  # the default load of a GGUF file on one device: its layers scanned (`scan_by_default`)
+    kinds = Counter(type(sub).__name__ for _, sub in nnx.iter_modules(unstack_layers(blocks.module)))
+    assert blocks.dtype == "blocks" and blocks.layer_scan
     assert kinds["BlockLinear"] == 30 * 7 and kinds["BlockEmbed"] == 1 and kinds["Linear"] == 0
     assert tree_bytes(blocks.params) < 0.32 * 4 * model.config.num_params  # float32: 4 bytes a weight
     prompts = [c["prompt_ids"] for c in REFERENCES["chats"]]
