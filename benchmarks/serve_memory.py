@@ -146,7 +146,8 @@ def programs(model_name: str, count: int, layer_scan: bool | None = None) -> dic
 def guard(model_name: str) -> dict:
     """The memory guard's estimate for the server's default slot group (before anything is built)
     against what the group holds once built: its state and the largest temporary buffer of its
-    `advance` programs (XLA's memory analysis of each compiled program)."""
+    `advance` programs (XLA's memory analysis of each compiled program: the warm-up's and the one
+    of half the slots over the whole cache, the largest copy a chunk makes)."""
     import jaxspec
     from jaxspec.runtime import memory  # (the guard's estimate, read where it is checked)
     from jaxspec.serving import make_server
@@ -166,6 +167,8 @@ def guard(model_name: str) -> dict:
     server.scheduler.compiler.wait(3600)
     group = next(iter(server.scheduler.groups.values()))
     state = memory.tree_bytes(group.state)
+    # beside what the warm-up compiled, the chunk that copies the most: half the slots over the whole cache
+    group._advance_program(max(1, group.slots // 2), group.cache_len)
     temp = max(p.memory_analysis().temp_size_in_bytes for k, p in model.compiled.items() if "advance" in k)
     estimate, what = seen[-1]
     return {"plan": what, "estimate_mb": round(estimate.need_bytes / 2**20), "state_mb": round(state / 2**20),

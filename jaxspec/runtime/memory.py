@@ -236,7 +236,7 @@ def _on_device(model, estimate: MemoryEstimate, batch: int, cache_len: int) -> M
 
 
 def guard_options(model, engine, what: str, batch: int, prompt_len: int, max_new_tokens: int,
-                  cache_copies: int = 0) -> None:
+                  cache_copies: float = 0) -> None:
     """The first check (`first_estimate`, plus `cache_copies` copies of the KV cache in the step),
     before the engine's tree is built. The weights' bytes are counted once per parameter tree
     (flattening it costs milliseconds at every call)."""
@@ -250,7 +250,7 @@ def guard_options(model, engine, what: str, batch: int, prompt_len: int, max_new
         model.memory_estimates[weights_key] = (model.params, tree_bytes(model.params))
     estimate = first_estimate(model.config, activation_dtype(model.dtype).itemsize, engine,
                               model.memory_estimates[weights_key][1], batch, prompt_len, cache_len)
-    estimate = dataclasses.replace(estimate, step_bytes=estimate.step_bytes + cache_copies * estimate.state_bytes)
+    estimate = dataclasses.replace(estimate, step_bytes=estimate.step_bytes + int(cache_copies * estimate.state_bytes))
     check(_on_device(model, estimate, batch, cache_len), what)
 
 

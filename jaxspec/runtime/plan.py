@@ -191,13 +191,13 @@ def resolve(model, method: str, method_options: dict) -> tuple[str, Any, Any]:
 
 def plan_decode(model, method: str | tuple, method_options: dict | None = None, *, greedy: bool,
                 penalties: bool = False, logprobs: int = -1, batch: int, prompt_len: int, max_new_tokens: int,
-                eos_ids: tuple[int, ...] = (), where: str = "", cache_copies: int = 0) -> DecodePlan:
+                eos_ids: tuple[int, ...] = (), where: str = "", cache_copies: float = 0) -> DecodePlan:
     """Resolve `method` with `method_options` (or take what `resolve` gave), build its engine
     (greedy verification iff `greedy`; `penalties`, `logprobs` = the most reported, -1 none)
     and refuse, in one line, a plan whose `batch` rows of `prompt_len` + `max_new_tokens`
     cannot fit (`where` completes the refusal's description; `cache_copies`: copies of the KV
-    cache a step makes besides, as a server's slot group does of the rows and positions a chunk
-    reads)."""
+    cache a step makes besides, a fraction where it copies part of it, as a server's slot group
+    does of the rows and positions a chunk reads)."""
     name, spec, options = method if isinstance(method, tuple) else resolve(model, method, method_options or {})
     engine = dataclasses.replace(spec.engine(options, greedy), penalties=penalties, logprobs=logprobs)
     what = memory.describe(name, options, batch, max_new_tokens) + where
