@@ -18,7 +18,7 @@ from jaxspec.serving import make_server
 from jaxspec.serving.app import background
 from jaxspec.serving.openai import ApiError
 from jaxspec.serving.scheduler import Job, QueueFull, Scheduler
-from jaxspec.serving.slots import CORNER_SHARE
+from jaxspec.serving.slots import corner_share
 from jaxspec.decoding.sampling import SamplingParams
 from test_serve_hardening import (MODEL_ID, assert_error, assert_serving, model, needs_smollm2,  # noqa: F401
                                   post, server)
@@ -180,7 +180,7 @@ def test_a_huge_integer_knob_is_a_generation_error_in_the_library(model, knob): 
 def test_the_servers_memory_guard_counts_one_context_per_slot_and_the_prefill_by_chunks(monkeypatch):
     """A slot holds prompt + output within the context (not a context of each) and a prompt is
     prefilled 128 tokens at a time: the default server's estimate for a new group is about its state
-    and the largest copy a chunk makes of it (half: `slots.CORNER_SHARE`), not the 9.97 GB that
+    and the largest copy a chunk makes of it (`slots.corner_share`), not the 9.97 GB that
     refused penalties and ignore_eos on SmolLM2 at 8 x 2048."""
     from jaxspec.models.quantize import activation_dtype
     from jaxspec.runtime import memory
@@ -194,5 +194,8 @@ def test_the_servers_memory_guard_counts_one_context_per_slot_and_the_prefill_by
     kv = memory.kv_cache_bytes(model.config, activation_dtype(model.dtype).itemsize, 8,
                                plan.engine.cache_length(2048, tree_free=True))
     assert estimate.state_bytes == kv and "context 2048" in what and "max_new_tokens" not in what
-    # half a copy of the cache, and a 128-token chunk's buffers
-    assert CORNER_SHARE == 0.5 and kv / 2 <= estimate.step_bytes <= kv / 2 + 128 * 2**20
+    # the largest copy a chunk makes (the whole cache, layers unrolled; half of it, scanned) and a
+    # 128-token chunk's buffers
+    copies = corner_share(model)
+    assert copies == (0.5 if model.layer_scan else 1.0)
+    assert copies * kv <= estimate.step_bytes <= copies * kv + 128 * 2**20

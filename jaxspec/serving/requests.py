@@ -33,7 +33,7 @@ from jaxspec.decoding.sampling import MAX_LOGPROBS, SERVER_TEMPERATURE, Sampling
 from jaxspec.serving.fields import chat_messages, integer, neutral_only, number, same, typed
 from jaxspec.serving.openai import ApiError, bad
 from jaxspec.serving.scheduler import random_seed
-from jaxspec.serving.slots import CORNER_SHARE
+from jaxspec.serving.slots import corner_share
 
 COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "n",
                  "stream", "stream_options", "user", "presence_penalty", "frequency_penalty", "logprobs",
@@ -267,7 +267,7 @@ class Requests:
                                logprobs=MAX_LOGPROBS if logprobs else -1, batch=s.slots, prompt_len=s.context,
                                max_new_tokens=0, eos_ids=() if ignore_eos else self.eos_ids,
                                where=f", context {s.context} (the server's slots x context)",
-                               cache_copies=CORNER_SHARE)
+                               cache_copies=corner_share(self.model))
             if step_modes and plan.engine.steps_plain:
                 plan = dataclasses.replace(plan, step_modes=True)
             if plan.lp_devices > 1:

@@ -55,13 +55,17 @@ from jaxspec.runtime.step_modes import MODES, StepModes
 
 # The largest slot state a group keeps a copy of, to run its programs once before they serve.
 SCRATCH_BYTES = 256 << 20
-# The largest share of the slots' state one chunk copies, for the memory guard: a corner of fewer
-# rows than the slots, or fewer positions than the cache (`_corner`), is copied; the largest is half
-# the state (the tier of half the slots over the whole cache, or every slot over half of it), the
-# whole state is updated in place. Measured (SmolLM2, 8 slots x 2112, layers scanned; XLA's memory
-# analysis of each `advance`): the 4-slot chunk over the whole cache 438 MB of temporaries, the
-# 8-slot one 59 MB, the state 817 MB.
-CORNER_SHARE = 0.5
+
+
+def corner_share(model) -> float:
+    """The largest share of the slots' state one chunk copies, for the memory guard. A corner of fewer
+    rows than the slots, or fewer positions than the cache (`_corner`), is copied; with the layers
+    scanned the largest is half the state (half the slots over the whole cache, or every slot over
+    half of it) and the whole state is updated in place; unrolled, XLA copies the whole state.
+    Measured (SmolLM2, 8 slots x 2112, XLA's memory analysis of each `advance`): scanned, the 4-slot
+    chunk over the whole cache 438 MB of temporaries, the 8-slot one 59 MB, the state 817 MB;
+    unrolled, 797 MB."""
+    return 0.5 if model.layer_scan else 1.0
 
 
 def _pad_to(x, like: jax.ShapeDtypeStruct):
