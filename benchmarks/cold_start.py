@@ -102,7 +102,8 @@ def chat(tree: Path, env: dict, model: str, timeout: float) -> dict:
     code = proc.wait(timeout)
     return {"first_text_after_start": round(first[0], 2),
             "first_text_after_question": [round(f - a, 2) for f, a in zip(first, asked)],
-            "rss_peak_mb": round(peak_mb), "rss_after_replies_mb": round(after), "exit_code": code, "stderr": out.text("err")[-4000:], "replies": out.text("out")[-2000:]}
+            "rss_peak_mb": round(peak_mb), "rss_after_replies_mb": round(after), "exit_code": code,
+            "stderr": out.text("err")[-4000:], "replies": out.text("out")[-2000:]}
 
 
 def generate(tree: Path, env: dict, model: str, timeout: float, new_tokens: int) -> dict:

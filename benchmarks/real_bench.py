@@ -162,7 +162,8 @@ def declare(args) -> DecodeBench:
         name, f"{Path(model.source).name}{'' if args.dtype == 'float32' else f' ({args.dtype} weights)'} on "
               f"{args.split} chat prompts", model, chat_cases(model, args.split),
         settings, args.new_tokens, stop_at_eos=args.eos_stop, stop_ids=stops,
-        facts={"split": args.split, "dtype": args.dtype, "layer_scan_twins": args.layer_scan, "load_seconds": round(load_seconds, 1), "vocab_size": model.config.vocab_size,
+        facts={"split": args.split, "dtype": args.dtype, "layer_scan_twins": args.layer_scan,
+               "load_seconds": round(load_seconds, 1), "vocab_size": model.config.vocab_size,
                "prompt_format": "chat template" if model.tokenizer.chat_template else "text (BOS + first turn)",
                "pool_bytes": pools, "torch_threads": 1 if args.peer else None})
 

@@ -139,7 +139,8 @@ def programs(model_name: str, count: int, layer_scan: bool | None = None) -> dic
         before = _own_rss()
         held.append(serialize_executable.deserialize_and_load(*serialized))
         loaded.append(_own_rss() - before)
-    return {"model": model_name, "layer_scan": model.layer_scan, "programs": count, "compiled_mb": [round(x) for x in compiled],
+    return {"model": model_name, "layer_scan": model.layer_scan, "programs": count,
+            "compiled_mb": [round(x) for x in compiled],
             "loaded_mb": [round(x) for x in loaded], "serialized_mb": [round(x, 1) for x in sizes]}
 
 
