@@ -664,6 +664,12 @@ def serve_bench(r: dict) -> list[str]:
     if r.get("step_modes"):
         lines += ["", "Chunks of the default's slots by mode (the whole run, warm-up included): " + ", ".join(
             f"{m} {v['chunks']} chunks, {v['tokens']} tokens" for m, v in r["step_modes"].items()) + "."]
+        if "auto_store" in r:
+            lines += ["", "The server started with " + ("the given auto store." if r["auto_store"] == "given" else
+                                                        "a new auto store (nothing measured before).")]
+        if r.get("step_mode_lines"):
+            lines += ["", "What the default's slots measured (the server's lines):", "",
+                      *(f"- {line.removeprefix('jaxspec: ')}" for line in r["step_mode_lines"])]
     if s := r.get("soak"):
         lines += ["", f"Soak: {s['requests']} requests from {s['clients']} clients in {s['seconds']} s: {s['good']} "
                   f"good ({s['good_ok']} identical to generate alone, {s['wrong']} wrong, {s['lost']} lost), "

@@ -24,10 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -92,12 +94,14 @@ def start_server(model_name: str, slots: int, context: int, chunk_steps: int, me
     proc = subprocess.Popen([sys.executable, "-m", "jaxspec", "serve", "--model", model_name, "--port", "0",
                              "--slots", str(slots), "--context", str(context), "--chunk-steps", str(chunk_steps),
                              "--method", method], stderr=subprocess.PIPE, text=True)
-    said = []
+    said = []  # what the server said: its start-up, then the step modes' lines (`jaxspec.runtime.step_modes`)
     for line in proc.stderr:
         print(line, end="", file=sys.stderr)
         said.append(line.rstrip())
         if " serving " in line:
-            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # (never block it)
+            def drain():  # (never block the server on a full pipe)
+                said.extend(x.rstrip() for x in proc.stderr if "a drafted step costs" in x)
+            threading.Thread(target=drain, daemon=True).start()
             return proc, line.split(" at ")[1].split()[0], said
     raise SystemExit(f"the server did not start (exit {proc.wait()})")
 
@@ -221,9 +225,13 @@ def main(argv=None) -> int:
     p.add_argument("--chunk-steps", type=int, default=4)
     p.add_argument("--soak", type=int, default=500, help="requests in the soak (0: none)")
     p.add_argument("--smoke", action="store_true", help="a few requests, N = 1 and 4, a 40-request soak")
+    p.add_argument("--store", type=Path, default=None,
+                   help="auto's measurement store (default: a new one, nothing stored: what a first server learns)")
     p.add_argument("--name", default=None)
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
     args = p.parse_args(argv)
+    store = args.store or Path(tempfile.mkdtemp(prefix="serve_bench")) / "auto.json"
+    os.environ["JAXSPEC_AUTO_CACHE"] = str(store)  # (this process's and the server's)
     if args.smoke:
         args.requests, args.concurrency, args.soak, args.budgets = 4, "1,4", 40, "16,24"
         args.methods = args.methods or "autoregressive,lookahead"
@@ -291,7 +299,8 @@ def main(argv=None) -> int:
               "model": args.model, "slots": args.slots, "context": args.context, "chunk_steps": args.chunk_steps,
               "requests": requests, "one_at_a_time": base, "runs": runs, "speedup_over_greedy": speedups,
               "fixed": {"method": fixed[0], "options": fixed[1]}, "fixed_alone_differs_from_greedy": alone_differs,
-              "auto": auto_line, "step_modes": modes,
+              "auto": auto_line, "step_modes": modes, "auto_store": "given" if args.store else "new",
+              "step_mode_lines": [line for line in said if "a drafted step costs" in line],
               "soak": soak_result, "server_exit_code": exit_code}
     write_result(result, args.out, name)
     return 0

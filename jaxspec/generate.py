@@ -20,7 +20,7 @@ from jaxspec import progress
 from jaxspec.runtime import auto
 from jaxspec import stop_strings
 from jaxspec.runtime import compile_cache
-from jaxspec.runtime.step_modes import StepModes
+from jaxspec.runtime.step_modes import Acceptance, StepModes
 from jaxspec.errors import GenerationError, PromptError, shown
 from jaxspec.inputs import as_bool, describe, given, int_arg, is_array, normalize_prompts, number_arg, plain_option
 from jaxspec.checkpoint.loading import Model
@@ -468,12 +468,14 @@ class Stream:
         chunk = jnp.int32(self.chunk_steps)
         tokenizer = model.tokenizer
         modes, plain_fn = self._step_modes(state)
+        acceptance = Acceptance(1)
         sent, text, steps, plain_steps = 0, "", 0, 0
         while True:
             mode = "drafted"
             if modes is not None:
                 plain_fn = plain_fn or model.compiled.get(request.compile_key("advance-plain"))
-                mode = modes.pick(1, {"drafted", "plain"} if plain_fn is not None else {"drafted"})
+                mode = modes.pick(1, {"drafted", "plain"} if plain_fn is not None else {"drafted"},
+                                  acceptance.expected([0]))
             quiet = model.background is None or not model.background.busy()
             t0 = time.perf_counter()
             state = (step_fn if mode == "drafted" else plain_fn)(graphdef, params, state, sampling, chunk)
@@ -487,6 +489,8 @@ class Stream:
             if modes is not None:  # (a chunk measured only when nothing compiled beside it)
                 ran = int(host[3][0]) - steps
                 modes.ran(mode, num - sent)
+                if mode == "drafted":
+                    acceptance.add(0, num - sent, ran)
                 if quiet:
                     modes.record(1, mode, ran, num - sent, elapsed)
                 plain_steps += ran if mode == "plain" else 0

@@ -176,6 +176,17 @@ def test_the_fastest_measured_setting_is_chosen_only_by_the_margin(pycode, fresh
     assert auto.choose(pycode, 1, sampled=True).reason.startswith("greedy: nothing measured")
 
 
+def test_the_ledger_follows_what_the_device_does_now(pycode, fresh):
+    """A setting's rate weighs its recent decodes most (`HALF_LIFE`): a setting that got slower (another
+    program layout, a busier machine) is outvoted within a few half-lives, not by its whole history."""
+    _learned(pycode, {"autoregressive": 100.0, "speculative (4)": 150.0}, runs=200)
+    assert auto.choose(pycode, 1, tries=False).method == "speculative"
+    _learned(pycode, {"speculative (4)": 60.0}, runs=3 * auto.HALF_LIFE)
+    rate = auto.Ledger.of(pycode, 1, "generate", False).tally("speculative (4)").rate
+    assert 60.0 < rate < 70.0  # (an all-time sum would still say 134)
+    assert auto.choose(pycode, 1, tries=False).method == "autoregressive"
+
+
 def test_a_contender_is_tried_only_once_its_program_is_ready(pycode, fresh):
     """After greedy's first decode the best contender by the prior is the one to compile; it is
     tried (EXPLORE_RUNS times) only once `ready` says its program is compiled, then judged."""

@@ -15,7 +15,7 @@ import jaxspec
 from jaxspec.runtime import auto
 from jaxspec.serving import make_server
 from jaxspec.serving.app import background
-from jaxspec.runtime.step_modes import EXPLORE_CHUNKS, REVISIT, StepModes
+from jaxspec.runtime.step_modes import EXPLORE_CHUNKS, REVISIT, ROW_KEEP, Acceptance, StepModes
 from test_serve import PROMPTS, client
 
 MODEL_ID = "pycode-5M"
@@ -105,3 +105,35 @@ def test_the_pick_explores_both_then_keeps_the_faster_and_revisits(model):
     assert modes.pick(4, {"drafted"}) == "drafted"
     auto.Ledger.forget()
 
+
+
+def test_the_pick_weighs_the_busy_rows_acceptance_against_a_drafted_steps_cost(model):
+    """Measured: a drafted step costs twice a plain one at 2 rows. Rows whose drafts commit 3 tokens a
+    step are drafted (3 / 2 > 1), rows that commit 1.5 step plain; a new row counts what every row's
+    drafted chunks committed lately, and a row's estimate follows its last chunks (`ROW_KEEP`)."""
+    auto.Ledger.forget()
+    modes = StepModes(model, "test setting", announce=False)
+    for mode, seconds in (("drafted", 2.0), ("plain", 1.0)):
+        for _ in range(EXPLORE_CHUNKS):
+            modes.record(2, mode, steps=4, tokens=8, seconds=seconds)  # (equal tokens: the rate alone ties)
+    counted = EXPLORE_CHUNKS * 2
+    acceptance = Acceptance(2)
+    assert acceptance.expected([0, 1]) is None
+    for k in range(6):
+        acceptance.add(0, 12, 4)
+        acceptance.add(1, 6, 4)
+    assert acceptance.expected([0]) == pytest.approx(3.0) and acceptance.expected([1]) == pytest.approx(1.5)
+
+    def pick(rows):  # (clear of the one-in-REVISIT chunk of the other mode)
+        nonlocal counted
+        assert counted % REVISIT
+        return modes.pick(2, {"drafted", "plain"}, acceptance.expected(rows), len(rows))
+
+    assert pick([0]) == "drafted" and pick([1]) == "plain"
+    assert pick([0, 1]) == "drafted"  # together: 4.5 tokens per 2 plain steps' time, against 2
+    acceptance.add(1, 16, 4)  # the text turned predictable: 16 / 4 weighs over the older 1.5s
+    assert acceptance.expected([1]) > 2.5 and pick([1]) == "drafted"
+    acceptance.start(1)  # a new request: every row's recent chunks
+    assert 1.5 < acceptance.expected([1]) < 3.0
+    assert ROW_KEEP < 1
+    auto.Ledger.forget()

@@ -90,13 +90,20 @@ class Candidate:
         return self.expected_s / (1 + (self.block_tokens - 1) / knee + PRIOR_DRAFT * self.drafter_tokens)
 
 
+# A measurement's weight in its setting's tally halves after HALF_LIFE later ones of that setting: the
+# rate follows what the device does now (another program layout, a machine that got busier), and a
+# store written by an older revision of the same version is outvoted within a few dozen runs.
+HALF_LIFE = 16
+
+
 @dataclasses.dataclass
 class Tally:
-    """What decodes of one setting measured: their count, steps, tokens and seconds (compiling excluded)."""
+    """What decodes of one setting measured: their count, and their steps, tokens and seconds
+    (compiling excluded), each measurement weighted by its recency (`HALF_LIFE`)."""
 
     runs: int = 0
-    steps: int = 0
-    tokens: int = 0
+    steps: float = 0.0
+    tokens: float = 0.0
     seconds: float = 0.0
 
     @property
@@ -106,6 +113,10 @@ class Tally:
     @property
     def compression(self) -> float:  # S: tokens per step
         return self.tokens / self.steps if self.steps else 0.0
+
+    @property
+    def step_seconds(self) -> float:  # wall seconds per step
+        return self.seconds / self.steps if self.steps else 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,17 +251,21 @@ class Ledger:
                 tallies = {}
                 for label, row in (stored or {}).items():
                     try:
-                        tallies[label] = Tally(int(row[0]), int(row[1]), int(row[2]), float(row[3]))
+                        tallies[label] = Tally(int(row[0]), float(row[1]), float(row[2]), float(row[3]))
                     except (TypeError, ValueError, IndexError):  # an entry edited by hand: measured again
                         continue
                 cls._OPEN[name] = cls(key, tallies, where)
             return cls._OPEN[name]
 
     def add(self, label: str, steps: int, tokens: int, seconds: float, save: bool = True) -> None:
-        """One decode more; written to the store now (`save`), or with the next decode that is."""
+        """One decode more (the earlier ones of `label` weigh less, `HALF_LIFE`); written to the store
+        now (`save`), or with the next decode that is."""
+        keep = 0.5 ** (1 / HALF_LIFE)
         with self._LOCK:
             t = self.tallies.setdefault(label, Tally())
-            t.runs, t.steps, t.tokens, t.seconds = t.runs + 1, t.steps + steps, t.tokens + tokens, t.seconds + seconds
+            t.runs = t.runs + 1
+            t.steps, t.tokens, t.seconds = (keep * t.steps + steps, keep * t.tokens + tokens,
+                                            keep * t.seconds + seconds)
         if save:
             self.save()
 

@@ -26,10 +26,11 @@ from pathlib import Path
 import jax
 
 ENV = "JAXSPEC_AUTO_CACHE"
+# 5: tallies weighted by recency; the layer layout (scanned or unrolled) in the model's key
 # 4: ledgers of decodes (`jaxspec.runtime.auto.Ledger`), no forward timings or races
 # 3: the KV cache stored heads-major (a forward's cost changed; 2's timings are of the old programs)
 # 2: a key holds forwards timed together (c divides them); 1 kept each model's apart
-VERSION = 4
+VERSION = 5
 
 
 def path() -> Path | None:
@@ -49,8 +50,10 @@ def model_identity(model) -> tuple:
     mesh = None if model.mesh is None else sorted(model.mesh.shape.items())
     # batch-invariant numerics cost their own time (`jaxspec.models.batch_invariant`)
     attention = model.attention + ("+batch_invariant" if getattr(model, "batch_invariant", False) else "")
+    # (a scanned stack of layers is another program, of another cost: `jaxspec.models.model.LayerStack`)
+    layout = "layer_scan" if getattr(model, "layer_scan", False) else "unrolled"
     return (str(Path(model.source).resolve()) if model.source else None, config, str(model.dtype), attention,
-            mesh, socket.gethostname(), os.cpu_count(), jax.default_backend(), jax.devices()[0].device_kind,
+            layout, mesh, socket.gethostname(), os.cpu_count(), jax.default_backend(), jax.devices()[0].device_kind,
             jax.device_count(), jax.process_count(), jax.__version__)
 
 

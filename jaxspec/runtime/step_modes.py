@@ -9,11 +9,15 @@ reading every committed token, so drafting again loses nothing). Which one pays 
 device, on how many rows are busy (what a block of drafts costs over one token changes with the
 rows sharing the step: on this project's CPU SmolLM2's drafted step served at one row cost about
 twice a plain one, relatively less at eight) and on how well the busy requests' drafts are
-accepted. Nothing here is a rule fitted in advance: each chunk is a
-measurement: its output tokens over its wall time (dispatch to the host reading its tokens),
-per tier of busy rows. Before each chunk `pick` runs the mode measured faster for that tier,
-after EXPLORE_CHUNKS chunks of each; one chunk in REVISIT runs the other again (acceptance
-changes with the requests in the slots).
+accepted. Nothing here is a rule fitted in advance; each chunk is a measurement: its wall time
+(dispatch to the host reading its tokens) over its steps, per tier of busy rows and mode, which
+gives the cost of a drafted step and of a plain one at that occupancy; and, per row, the tokens
+its recent drafted steps committed (`Acceptance`: the text decides how well drafts are accepted,
+and it changes within a reply). Before each chunk `pick` runs the mode with the higher predicted
+output: the busy rows' expected tokens per drafted step over a drafted step's cost, against one
+token per row over a plain step's cost (after EXPLORE_CHUNKS chunks of each per tier); one chunk
+in REVISIT runs the other mode again (the costs follow the device, and a row's acceptance is only
+measured while it drafts).
 
 The measurements live in `jaxspec.runtime.auto`'s ledger (per device, model, drafter content and
 jaxspec version; kind "serve-chunk" or "stream-chunk", batch = the tier of rows), so a restarted
@@ -26,6 +30,8 @@ from __future__ import annotations
 import sys
 import threading
 
+import numpy as np
+
 from jaxspec.runtime import auto
 
 MODES = ("drafted", "plain")
@@ -33,6 +39,9 @@ MODES = ("drafted", "plain")
 EXPLORE_CHUNKS = 3
 # Once both are measured, one chunk in REVISIT (per tier) runs the slower mode again.
 REVISIT = 8
+# A row's acceptance: each drafted chunk's tokens and steps, the earlier chunks' weight halved per chunk
+# (a row's next steps are best predicted by its last few: acceptance follows the text being written).
+ROW_KEEP = 0.5
 # The ledger is written to the store every SAVE_EVERY chunks measured (and when the server stops).
 SAVE_EVERY = 32
 
@@ -42,14 +51,14 @@ class StepModes:
 
     def __init__(self, model, setting: str, kind: str = "serve-chunk", announce: bool = True):
         # setting: the drafted method's label (ledger key); kind: the ledger's (the server's chunks, a stream's);
-        # announce: a line on stderr when a tier's faster mode changes (the server's log; a library call: none)
+        # announce: a line on stderr when a tier's break-even moves (the server's log; a library call: none)
         self.model, self.setting, self.kind, self.announce = model, setting, kind, announce
         self.current: str | None = None
         self.chunks = dict.fromkeys(MODES, 0)  # chunks run (measured or not), per mode
         self.tokens = dict.fromkeys(MODES, 0)  # output tokens of those chunks, per mode
         self._measured = 0
         self._tiers: set[int] = set()  # tiers of rows measured
-        self._best: dict[int, str] = {}  # per tier of rows, the mode last judged faster (said when it changes)
+        self._said: dict[int, float] = {}  # per tier of rows, the break-even last said (`pick`)
         self._lock = threading.Lock()
 
     def _ledger(self, rows: int) -> auto.Ledger:
@@ -62,8 +71,10 @@ class StepModes:
         ledger = self._ledger(rows)
         return {m: ledger.tally(self._label(m)) for m in MODES}
 
-    def pick(self, rows: int, ready: set[str]) -> str:
-        """The mode of the next chunk over `rows` busy rows, among those with a program `ready`."""
+    def pick(self, rows: int, ready: set[str], accepted: float | None = None, busy: int = 1) -> str:
+        """The mode of the next chunk over `rows` rows (the program's tier), among those with a program
+        `ready`. `accepted`: the tokens the `busy` rows are expected to commit per drafted step
+        (`Acceptance.expected`; None: the tier's measured tokens per second decide)."""
         options = [m for m in MODES if m in ready] or ["drafted"]
         if len(options) == 1:
             return options[0]
@@ -71,13 +82,23 @@ class StepModes:
         young = [m for m in options if tallies[m].runs < EXPLORE_CHUNKS]
         if young:
             return min(young, key=lambda m: tallies[m].runs)
-        best, other = sorted(options, key=lambda m: -tallies[m].rate)
-        if self._best.get(rows) != best:
-            self._best[rows] = best
-            if self.announce:
-                print(f"jaxspec: {self.setting}, {rows} row{'s' * (rows != 1)} busy: {best} steps from now on "
-                      f"({tallies[best].rate:.1f} tokens/s against {tallies[other].rate:.1f} {other}, over "
-                      f"{tallies[best].runs} and {tallies[other].runs} chunks)", file=sys.stderr)
+        drafted, plain = tallies["drafted"], tallies["plain"]
+        if accepted is not None:
+            predicted = {"drafted": accepted / drafted.step_seconds, "plain": busy / plain.step_seconds}
+        else:
+            predicted = {"drafted": drafted.rate, "plain": plain.rate}
+        best = max(options, key=lambda m: predicted[m])
+        other = next(m for m in options if m != best)
+        # said when a tier's break-even moves by a tenth: drafting pays while the busy rows
+        # commit more than this many tokens per drafted step each
+        even = drafted.step_seconds / plain.step_seconds
+        said = self._said.get(rows)
+        if self.announce and (said is None or abs(even - said) > 0.1 * said):
+            self._said[rows] = even
+            print(f"jaxspec: {self.setting}, {rows} row{'s' * (rows != 1)}: a drafted step costs {even:.2f} plain "
+                  f"ones ({1e3 * drafted.step_seconds:.0f} against {1e3 * plain.step_seconds:.0f} ms): drafted "
+                  f"steps while the busy rows' drafts commit more than {even:.2f} tokens per step (over "
+                  f"{drafted.runs} and {plain.runs} chunks)", file=sys.stderr)
         return other if sum(t.runs for t in tallies.values()) % REVISIT == 0 else best
 
     def ran(self, mode: str, tokens: int) -> None:
@@ -105,3 +126,38 @@ class StepModes:
     def as_dict(self) -> dict:
         with self._lock:
             return {"current": self.current, "chunks": dict(self.chunks), "tokens": dict(self.tokens)}
+
+
+class Acceptance:
+    """Per row (slot), the tokens one drafted step commits: the row's recent drafted chunks, weighted
+    by their steps, the earlier ones by ROW_KEEP per chunk; a row with none yet (a new request, or
+    one that has only stepped plain) counts what every row's drafted chunks committed lately."""
+
+    def __init__(self, rows: int):
+        self.tokens, self.steps = np.zeros(rows), np.zeros(rows)
+        self._tokens = self._steps = 0.0  # every row's, weighted alike
+
+    def start(self, row: int) -> None:
+        """A new request in `row`: nothing measured of it yet."""
+        self.tokens[row] = self.steps[row] = 0.0
+
+    def move(self, src: int, dst: int) -> None:
+        self.tokens[dst], self.steps[dst] = self.tokens[src], self.steps[src]
+        self.start(src)
+
+    def add(self, row: int, tokens: int, steps: int) -> None:
+        """A drafted chunk's `tokens` committed in `steps` steps of `row`."""
+        if steps <= 0:
+            return
+        self.tokens[row] = ROW_KEEP * self.tokens[row] + tokens
+        self.steps[row] = ROW_KEEP * self.steps[row] + steps
+        keep = ROW_KEEP ** (1 / len(self.tokens))  # (a chunk of every row weighs as one row's chunk)
+        self._tokens, self._steps = keep * self._tokens + tokens, keep * self._steps + steps
+
+    def expected(self, rows) -> float | None:
+        """The tokens the `rows` (indices) are expected to commit per drafted step, summed; None
+        before any drafted chunk."""
+        if not self._steps:
+            return None
+        prior = self._tokens / self._steps
+        return float(sum(self.tokens[r] / self.steps[r] if self.steps[r] else prior for r in rows))

@@ -23,10 +23,17 @@ Four programs, none recompiled while serving:
   scheduler keeps the busy slots first (`move`), so one request in flight costs one row;
 * `move`: copies a slot's row into a free slot.
 
+The slots' state holds as many cache positions as the busy rows may reach (`lengths`: 256, 512,
+... the context), not the context: it grows before a chunk or an insert needs more and shrinks
+when the rows that needed it are gone (`resize`, one copy), so a server of short requests holds a
+cache of their size. `insert`, `move` and `advance` are compiled per state length (and `advance`
+per tier of rows); positions past a length are never read by a row that fits it, so nothing is
+lost when the state shrinks.
+
 A group given `StepModes` (`jaxspec.runtime.step_modes`: the server's `auto`, an engine that drafts
 and `Engine.steps_plain`) has `advance` twice per tier and length: drafted steps and plain steps
-over the same state. Before each chunk it picks the mode measured faster for the busy rows' tier,
-and measures the chunk.
+over the same state. Before each chunk it picks the mode predicted faster from what the chunks
+measured: a step's cost per mode at the busy rows' tier, and each busy row's recent acceptance.
 
 With a `Background` worker (`jaxspec.runtime.background`; the server's), no program compiles on
 the caller's thread once the group is built: `admits` says whether a request's programs are
@@ -50,7 +57,7 @@ from jaxspec.decoding.engine import Engine, EngineState, accept_histogram
 from jaxspec.decoding.methods import advance, begin
 from jaxspec.decoding.sampling import SamplingParams
 from jaxspec.runtime.plan import DecodePlan
-from jaxspec.runtime.step_modes import MODES, StepModes
+from jaxspec.runtime.step_modes import MODES, Acceptance, StepModes
 
 
 # The largest slot state a group keeps a copy of, to run its programs once before they serve.
@@ -59,9 +66,9 @@ SCRATCH_BYTES = 256 << 20
 
 def corner_share(model) -> float:
     """The largest share of the slots' state one chunk copies, for the memory guard. A corner of fewer
-    rows than the slots, or fewer positions than the cache (`_corner`), is copied; with the layers
-    scanned the largest is half the state (half the slots over the whole cache, or every slot over
-    half of it) and the whole state is updated in place; unrolled, counted as a whole copy.
+    rows than the slots (`_corner`) is copied; with the layers scanned the largest is half the state
+    (half the slots, the state grown to the whole cache) and a chunk of every slot updates the state
+    in place; unrolled, counted as a whole copy.
     Measured (SmolLM2, 8 slots x 2112, XLA's memory analysis of each `advance`): scanned, the 4-slot
     chunk over the whole cache 438 MB of temporaries, the 8-slot one 59 MB, the state 817 MB;
     unrolled, the warm-up's programs' largest 797 MB (about the whole state)."""
@@ -83,6 +90,19 @@ def _start(graphdef, params, prompts, lengths, rng, sampling, *, shapes, **stati
     return jax.tree.map(_pad_to, state, shapes)
 
 
+def _resized(x, axis: int, length: int):
+    """`x` cut, or zero-padded at the end, to `length` along `axis` (-1: kept)."""
+    if axis < 0 or x.shape[axis] == length:
+        return x
+    if x.shape[axis] > length:
+        return jax.lax.slice_in_dim(x, 0, length, axis=axis)
+    return jnp.pad(x, [(0, length - n if i == axis else 0) for i, n in enumerate(x.shape)])
+
+
+def _resize(slots: EngineState, *, length_axes, length: int) -> EngineState:
+    return jax.tree.map(lambda x, la: _resized(x, la, length), slots, length_axes)
+
+
 def _differing_axis(a, b):
     """Per leaf, the first axis where the shapes of `a` and `b` differ (-1: none)."""
     return jax.tree.map(lambda x, y: next((i for i, (m, n) in enumerate(zip(x.shape, y.shape)) if m != n), -1), a, b)
@@ -101,13 +121,15 @@ def _set_rows(x, part, axis: int, start):
     return part if axis < 0 else jax.lax.dynamic_update_slice_in_dim(x, part, start, axis)
 
 
-def _insert(slots: EngineState, one: EngineState, slot, *, axes, per_row: bool) -> EngineState:
-    def put(rows, row, axis):
+def _insert(slots: EngineState, one: EngineState, slot, *, axes, row_length_axes, per_row: bool) -> EngineState:
+    """`one` (a request's state at the whole cache) written into `slot`, cut to the slots' length."""
+    def put(rows, row, axis, length_axis):
         if axis < 0:  # (a batched state's shared key: greedy engines never draw from it)
             return rows
+        row = _resized(row, length_axis, rows.shape[length_axis + per_row] if length_axis >= 0 else 0)
         return _set_rows(rows, row[None] if per_row else row, axis, slot)
 
-    return jax.tree.map(put, slots, one, axes)
+    return jax.tree.map(put, slots, one, axes, row_length_axes)
 
 
 def _move(slots: EngineState, src, dst, *, axes) -> EngineState:
@@ -127,9 +149,10 @@ def _corner(x, row_axis: int, rows: int, length_axis: int, length: int):
 def _advance(graphdef, params, slots: EngineState, sampling: SamplingParams, limit, *, engine: Engine,
              eos_ids: tuple[int, ...], chunk_steps: int, rows: int, length: int, axes, length_axes,
              per_row: bool, plain: bool = False) -> EngineState:
-    """The engine's `advance` (the loop `generate` and `stream` run) over the first `rows` slots
-    and the first `length` cache positions (the busy rows' caches end before it): attention
-    costs the cache it reads, not the context's. A free slot (limit 0) is masked, never decoded.
+    """The engine's `advance` (the loop `generate` and `stream` run) over the first `rows` slots of
+    the state, which holds `length` cache positions (`SlotGroup.length`: the busy rows' caches end
+    before it): attention costs the cache it reads, not the context's. A free slot (limit 0) is
+    masked, never decoded.
     `plain`: steps without drafts over the same state (`jaxspec.decoding.engine.plain_step`)."""
     part = jax.tree.map(lambda x, a, la: _corner(x, a, rows, la, length), slots, axes, length_axes)
     part = advance(graphdef, params, part, sampling, jnp.int32(chunk_steps), engine=engine, eos_ids=eos_ids,
@@ -171,6 +194,7 @@ class SlotGroup:
         if modes is not None and not engine.steps_plain:
             raise ValueError("step modes need an engine that drafts and can step plain (Engine.steps_plain)")
         self.modes = modes  # drafted or plain, chunk by chunk (None: drafted, as the engine is)
+        self.acceptance = Acceptance(slots)  # each slot's tokens per drafted step (what `modes` predicts from)
         # Programs live in the model's one program table (`Model.compiled`, as generate's), keyed
         # by what decides them: a group made again for the same plan finds them there.
         self._key = self.program.key("slots", chunk_steps)
@@ -181,40 +205,56 @@ class SlotGroup:
         self.row_shapes = self._shapes(1, self.cache_len)
         # Each leaf's row axis (where its shape at batch 2 differs from batch 1) and cache
         # axis (where it differs at another cache length); -1 where it has none.
-        self.length_axes = _differing_axis(self.row_shapes, self._shapes(1, self.cache_len + 64))
+        self.row_length_axes = _differing_axis(self.row_shapes, self._shapes(1, self.cache_len + 64))
         if self.per_row:  # (stacked: every leaf gains a leading row axis)
             self.axes = jax.tree.map(lambda _: 0, self.row_shapes)
-            self.length_axes = jax.tree.map(lambda a: a + 1 if a >= 0 else a, self.length_axes)
+            self.length_axes = jax.tree.map(lambda a: a + 1 if a >= 0 else a, self.row_length_axes)
         else:
             self.axes = _differing_axis(self.row_shapes, self._shapes(2, self.cache_len))
+            self.length_axes = self.row_length_axes
         self.used = np.zeros(slots, np.int32)  # cache positions each slot's request may reach by the next read
         empty = self._start_program()(*self._start_args(np.zeros(self.bucket, np.int32), 1, 0, self._sampling0))
+        self.length = self.lengths[0]  # the cache positions the slots' state holds now
 
-        def tile(x, axis):
+        def tile(x, axis, length_axis):
+            x = _resized(x, length_axis, self.length)
             if self.per_row:
                 return jnp.broadcast_to(x, (slots, *x.shape))
             return x if axis < 0 else jnp.repeat(x, slots, axis)
 
-        state = jax.tree.map(tile, empty, self.axes)
+        state = jax.tree.map(tile, empty, self.axes, self.row_length_axes)
         self.state = state.replace(decode=state.decode.replace(done=jnp.ones_like(state.decode.done)))
-        # What the programs are lowered from (the state itself is donated chunk after chunk: another
-        # thread must not read it).
-        self.state_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                                         self.state)
+        # What the programs are lowered from, per length (the state itself is donated chunk after
+        # chunk: another thread must not read it).
+        self._shapes_at_first = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                                             self.state)
         # A state to run each new program once on, off the scheduler's thread (on a CPU a program's first
         # run costs several of its later ones): every row live, so a chunk steps them all. Only where it is
-        # small (a copy of the slots' caches is kept for it).
-        size = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.state))
+        # small (a copy of the slots' caches is kept for it, at the first length; resized for a program
+        # of another length where that stays small).
         # (its own buffers: the slots' state is donated from the first chunk on, and a first run may
         # come later, in the background)
-        self._scratch = None if compiler is None or size > SCRATCH_BYTES else jax.tree.map(jnp.copy, (
-            state.replace(decode=state.decode.replace(done=jnp.zeros_like(state.decode.done))), empty))
+        self._scratch = None if compiler is None or self._bytes(self.length) > SCRATCH_BYTES else jax.tree.map(
+            jnp.copy, (state.replace(decode=state.decode.replace(done=jnp.zeros_like(state.decode.done))), empty))
         self.limit = np.zeros(slots, np.int32)
         self.prompt_len = np.zeros(slots, np.int32)
         self.generated = np.zeros(slots, np.int64)  # each slot's tokens at the last read
         self.steps = np.zeros(slots, np.int64)  # each slot's steps at the last read
         self.plain_steps = np.zeros(slots, np.int64)  # of those, plain ones (`modes`)
         self.sampling = {k: np.full(slots, v) for k, v in _fields(self._sampling0)}  # (free slots: neutral)
+
+    def state_shapes(self, length: int):
+        """The slots' state's shapes when it holds `length` cache positions."""
+        def at(x, axis):
+            shape = list(x.shape)
+            if axis >= 0:
+                shape[axis] = length
+            return jax.ShapeDtypeStruct(tuple(shape), x.dtype, sharding=x.sharding)
+
+        return jax.tree.map(at, self._shapes_at_first, self.length_axes)
+
+    def _bytes(self, length: int) -> int:
+        return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.state_shapes(length)))
 
     def _shapes(self, batch: int, cache_len: int):
         """The loop state's shapes for `batch` rows at the prompt buffer."""
@@ -247,18 +287,19 @@ class SlotGroup:
         return self._compile(("start",), fn, args, self._begin_statics())
 
     def warm(self, tiers: int | None = None) -> None:
-        """Compile before the first request: insert, move and `advance` of the first `tiers`
-        tiers of rows (None: all) over the smallest cache length and over the whole cache
-        (`start` compiled with the group).
+        """Compile before the first request: insert and move at every state length, and `advance`
+        of the first `tiers` tiers of rows (None: all) over the smallest cache length and over the
+        whole cache (`start` compiled with the group).
         With a `Background` worker, the other tiers over the smallest length, and all slots over
         the whole cache, are queued to compile next: a chunk then always finds a covering program.
-        (Not every tier over the whole cache: each program holds ~60-210 MB on this project's CPU
-        (SmolLM2), and a tier of long requests is compiled when one comes, `_covering`.)"""
-        self._first_run(self._insert_program(), "insert")
-        self._first_run(self._move_program(), "move")
+        (Not every tier over the whole cache: each program holds ~20-50 MB on this project's CPU
+        (SmolLM2, layers scanned), and a tier of long requests is compiled when one comes, `_covering`.)"""
+        for length in self.lengths:  # (small programs: a request of any length finds its insert and move)
+            self._first_run(self._insert_program(length), "insert", length=length)
+            self._first_run(self._move_program(length), "move", length=length)
         for rows in self.tiers[:tiers]:
             for length in (self.lengths[0], self.cache_len):  # a short request's, and one that covers any
-                self._first_run(self._advance_program(rows, length), "advance", rows)
+                self._first_run(self._advance_program(rows, length), "advance", rows, length)
         if self.compiler is not None:
             for mode in self._modes:  # (plain steps after every drafted program: drafted serves alone)
                 for rows in self.tiers:
@@ -272,13 +313,18 @@ class SlotGroup:
     def _queue(self, rows: int, length: int, mode: str = "drafted") -> None:
         if not self.compiled("advance", rows, length, mode):
             self.compiler.submit((self._key, "advance", rows, length, mode),
-                                 lambda: self._first_run(self._advance_program(rows, length, mode), "advance", rows))
+                                 lambda: self._first_run(self._advance_program(rows, length, mode), "advance", rows,
+                                                         length))
 
-    def _first_run(self, program, kind: str, rows: int = 0) -> None:
-        """Run a new program once on the scratch state (see `__init__`), when the group keeps one."""
-        if self._scratch is None:
+    def _first_run(self, program, kind: str, rows: int = 0, length: int = 0) -> None:
+        """Run a new program once on the scratch state (see `__init__`) resized to the program's
+        `length`, when the group keeps one and that stays small."""
+        if self._scratch is None or self._bytes(length) > SCRATCH_BYTES:
             return
-        state, row = (jax.tree.map(jnp.copy, x) for x in self._scratch)  # (copies: the programs donate)
+        state, row = self._scratch
+        # (copies: the programs donate)
+        state = jax.tree.map(jnp.copy, _resize(state, length_axes=self.length_axes, length=length))
+        row = jax.tree.map(jnp.copy, row)
         if kind == "insert":
             out = program(state, row, jnp.int32(0))
         elif kind == "move":
@@ -288,23 +334,35 @@ class SlotGroup:
         jax.block_until_ready(out)
 
     # (the slot axes are a pytree, not hashable: bound with partial, not static)
-    def _insert_program(self):
-        fn = functools.partial(_insert, axes=self.axes, per_row=self.per_row)
+    def _insert_program(self, length: int):
+        fn = functools.partial(_insert, axes=self.axes, row_length_axes=self.row_length_axes, per_row=self.per_row)
         # (shapes stand for the arrays when lowering)
-        return self._compile(("insert",), fn, (self.state_shapes, self.row_shapes, jnp.int32(0)), {},
+        return self._compile(("insert", length), fn, (self.state_shapes(length), self.row_shapes, jnp.int32(0)), {},
                              donate_argnums=(0,))
 
     def _advance_program(self, rows: int, length: int, mode: str = "drafted"):
+        """The `advance` of the first `rows` rows of the state at `length` cache positions."""
         statics = dict(engine=self.engine, eos_ids=self.eos_ids, chunk_steps=self.chunk_steps, rows=rows,
                        length=length, plain=mode == "plain")
-        args = (self.graphdef, self.params, self.state_shapes, self._sampling_arrays(rows),
+        args = (self.graphdef, self.params, self.state_shapes(length), self._sampling_arrays(rows),
                 jax.ShapeDtypeStruct((rows,), jnp.int32))
         fn = functools.partial(_advance, axes=self.axes, length_axes=self.length_axes, per_row=self.per_row)
         return self._compile(("advance", rows, length, mode), fn, args, statics, donate_argnums=(2,))
 
-    def _move_program(self):
+    def _move_program(self, length: int):
         fn = functools.partial(_move, axes=self.axes)
-        return self._compile(("move",), fn, (self.state_shapes, jnp.int32(0), jnp.int32(0)), {}, donate_argnums=(0,))
+        return self._compile(("move", length), fn, (self.state_shapes(length), jnp.int32(0), jnp.int32(0)), {},
+                             donate_argnums=(0,))
+
+    def _resize_to(self, length: int) -> None:
+        """The state grown or cut to `length` cache positions (one copy; a small program per pair of
+        lengths, compiled where first needed)."""
+        if length == self.length:
+            return
+        fn = functools.partial(_resize, length_axes=self.length_axes, length=length)
+        # (not donated: no buffer of the old length can hold the new one)
+        program = self._compile(("resize", self.length, length), fn, (self.state_shapes(self.length),), {})
+        self.state, self.length = program(self.state), length
 
     def _exact(self, rows: int, reach: int) -> tuple[int, int]:
         """The (tier, length) of a chunk of the first `rows` rows reaching `reach` cache positions."""
@@ -378,11 +436,13 @@ class SlotGroup:
         padded = np.zeros(self.bucket, np.int32)
         padded[:len(prompt)] = prompt
         one = self._start_program()(*self._start_args(padded, len(prompt), seed, sampling))
-        self.state = self._insert_program()(self.state, one, jnp.int32(slot))
+        self._resize_to(max(self.length, self._exact(1, self._reach(len(prompt), 1))[1]))
+        self.state = self._insert_program(self.length)(self.state, one, jnp.int32(slot))
         self.limit[slot] = limit
         self.prompt_len[slot] = len(prompt)
         self.generated[slot] = self.steps[slot] = self.plain_steps[slot] = 0
         self.used[slot] = self._reach(len(prompt), 1)
+        self.acceptance.start(slot)
         for k, v in _fields(sampling):
             self.sampling[k][slot] = np.asarray(v)
 
@@ -396,17 +456,19 @@ class SlotGroup:
 
     def move(self, src: int, dst: int) -> None:
         """Move the request in slot `src` to the free slot `dst` (to keep busy slots first)."""
-        self.state = self._move_program()(self.state, jnp.int32(src), jnp.int32(dst))
+        self.state = self._move_program(self.length)(self.state, jnp.int32(src), jnp.int32(dst))
         self.limit[dst], self.limit[src] = self.limit[src], 0
         self.used[dst], self.prompt_len[dst] = self.used[src], self.prompt_len[src]
         for v in (self.generated, self.steps, self.plain_steps):
             v[dst] = v[src]
+        self.acceptance.move(src, dst)
         for v in self.sampling.values():
             v[dst] = v[src]
 
     def advance(self) -> list[SlotView]:
         """Up to `chunk_steps` steps of the busy slots (the smallest tier holding the last busy
-        slot), drafted or plain (`modes`); each slot's row afterwards (one host sync)."""
+        slot, over the state resized to the length the program reads), drafted or plain (`modes`);
+        each slot's row afterwards (one host sync)."""
         busy = self.limit > 0
         last = int(np.flatnonzero(busy)[-1]) + 1 if busy.any() else 1
         reach = int(self.used[busy].max()) if busy.any() else 1
@@ -421,9 +483,12 @@ class SlotGroup:
                     ready.add(m)
                 else:
                     self._queue(*exact, m)
-            mode = self.modes.pick(exact[0], ready)
+            rows_busy = np.flatnonzero(busy)
+            mode = self.modes.pick(exact[0], ready, self.acceptance.expected(rows_busy), len(rows_busy))
         rows, length = self._covering(last, reach, mode)
         program = self._advance_program(rows, length, mode)
+        resized = length != self.length
+        self._resize_to(length)  # (the state holds what the program reads: grown, or cut to the busy rows')
         compiled, generated, steps = self.compile_seconds, self.generated.copy(), self.steps.copy()
         quiet = self.compiler is None or not self.compiler.busy()
         start = time.perf_counter()
@@ -432,10 +497,13 @@ class SlotGroup:
         views = self.read(plain=mode == "plain")
         seconds = time.perf_counter() - start
         if self.modes is not None:
+            if mode == "drafted":
+                for i in np.flatnonzero(busy):
+                    self.acceptance.add(i, int(self.generated[i] - generated[i]), int(self.steps[i] - steps[i]))
             tokens = int((self.generated - generated)[busy].sum())
             self.modes.ran(mode, tokens)
             # measured where the chunk ran its own program, nothing compiling (here or in the background)
-            if (rows, length) == exact and compiled == self.compile_seconds and quiet:
+            if (rows, length) == exact and compiled == self.compile_seconds and quiet and not resized:
                 self.modes.record(exact[0], mode, int((self.steps - steps)[busy].max()), tokens, seconds)
         return views
 
