@@ -167,9 +167,10 @@ def guard(model_name: str) -> dict:
         memory.check = check
     server.scheduler.compiler.wait(3600)
     group = next(iter(server.scheduler.groups.values()))
-    state = memory.tree_bytes(group.state)
+    # the state grown to the whole cache (what the guard counts: every slot's request may reach it)
+    state = memory.tree_bytes(group.state_shapes(group.cache_len))
     # beside what the warm-up compiled, the chunk that copies the most: half the slots over the whole cache
-    group._advance_program(max(1, group.slots // 2), group.cache_len)
+    group.advance_program(max(1, group.slots // 2), group.cache_len)
     temp = max(p.memory_analysis().temp_size_in_bytes for k, p in model.compiled.items() if "advance" in k)
     estimate, what = seen[-1]
     return {"plan": what, "estimate_mb": round(estimate.need_bytes / 2**20), "state_mb": round(state / 2**20),

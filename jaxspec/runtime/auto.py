@@ -400,8 +400,8 @@ def serve_choice(model, slots: int, sampled: bool) -> tuple[Choice, bool]:
     else:
         pick = drafted[0]
         why = f"expected S {pick.expected_s:.2f} ({jax.default_backend()} prior: nothing measured alone here yet)"
-    reason = (f"{pick.label}, {why}; each chunk drafted or plain (greedy's cost), whichever the slots measure "
-              "faster for the rows busy")
+    reason = (f"{pick.label}, {why}; each chunk drafted or plain (greedy's cost), by the busy rows' "
+              "acceptance against the cost of a drafted step the slots measure")
     pick = options[int(agreed([float(options.index(pick))])[0])]
     return Choice(method=pick.method, options=dict(pick.options), reason=reason, candidates=()), True
 

@@ -299,7 +299,7 @@ class SlotGroup:
             self._first_run(self._move_program(length), "move", length=length)
         for rows in self.tiers[:tiers]:
             for length in (self.lengths[0], self.cache_len):  # a short request's, and one that covers any
-                self._first_run(self._advance_program(rows, length), "advance", rows, length)
+                self._first_run(self.advance_program(rows, length), "advance", rows, length)
         if self.compiler is not None:
             for mode in self._modes:  # (plain steps after every drafted program: drafted serves alone)
                 for rows in self.tiers:
@@ -313,7 +313,7 @@ class SlotGroup:
     def _queue(self, rows: int, length: int, mode: str = "drafted") -> None:
         if not self.compiled("advance", rows, length, mode):
             self.compiler.submit((self._key, "advance", rows, length, mode),
-                                 lambda: self._first_run(self._advance_program(rows, length, mode), "advance", rows,
+                                 lambda: self._first_run(self.advance_program(rows, length, mode), "advance", rows,
                                                          length))
 
     def _first_run(self, program, kind: str, rows: int = 0, length: int = 0) -> None:
@@ -340,7 +340,7 @@ class SlotGroup:
         return self._compile(("insert", length), fn, (self.state_shapes(length), self.row_shapes, jnp.int32(0)), {},
                              donate_argnums=(0,))
 
-    def _advance_program(self, rows: int, length: int, mode: str = "drafted"):
+    def advance_program(self, rows: int, length: int, mode: str = "drafted"):
         """The `advance` of the first `rows` rows of the state at `length` cache positions."""
         statics = dict(engine=self.engine, eos_ids=self.eos_ids, chunk_steps=self.chunk_steps, rows=rows,
                        length=length, plain=mode == "plain")
@@ -486,7 +486,7 @@ class SlotGroup:
             rows_busy = np.flatnonzero(busy)
             mode = self.modes.pick(exact[0], ready, self.acceptance.expected(rows_busy), len(rows_busy))
         rows, length = self._covering(last, reach, mode)
-        program = self._advance_program(rows, length, mode)
+        program = self.advance_program(rows, length, mode)
         resized = length != self.length
         self._resize_to(length)  # (the state holds what the program reads: grown, or cut to the busy rows')
         compiled, generated, steps = self.compile_seconds, self.generated.copy(), self.steps.copy()
