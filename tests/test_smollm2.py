@@ -76,13 +76,22 @@ def test_the_shipped_drafter_is_found_and_auto_weighs_it(model):
     assert drafter.model.source.endswith("smollm2-135m-instruct-pard2")
     assert drafter.shared_embeddings and drafter.draft_vocab_size == 8448 and drafter.projection is not None  # stage 4's ids + 96% of stage 5's replies
     # its embeddings are the target's own rows (stored once, in the GGUF; kept in blocks by the
-    # default load, read as float32), plus the mask row
+    # default load, read as float32), plus the mask row; held as the target's arrays, not a copy
+    import jax
     import numpy as np
+    from pathlib import Path
+    from jaxspec.checkpoint.hf import DRAFT_FILE
+    from jaxspec.checkpoint.safetensors_io import read_safetensors
     from jaxspec.models.quantize import float_table
 
     assert model.dtype == "blocks"
-    np.testing.assert_array_equal(np.asarray(drafter.model.params["embed_tokens"]["embedding"][...])[:49152],
-                                  float_table(model.module.embed_tokens))
+    held = {id(x) for x in jax.tree.leaves(drafter.model.params)}
+    assert all(id(x) in held for x in jax.tree.leaves(model.params["embed_tokens"]))
+    ids = np.array([0, 1, 777, 49151, 49152])
+    rows = np.asarray(drafter.model.module.embed_tokens(ids))
+    np.testing.assert_array_equal(rows[:4], float_table(model.module.embed_tokens)[ids[:4]])
+    mask_row = read_safetensors(Path(drafter.model.source) / DRAFT_FILE)["mask_embedding"]
+    np.testing.assert_array_equal(rows[4], np.asarray(mask_row, np.float32)[0])
     assert any(c.method == "speculative" for c in auto.candidates(model))
     # one chain of max(K, N-1), and the drafter's A runner-up first drafts beside it
     routed = [c for c in auto.candidates(model) if c.options.get("lookup_route")]

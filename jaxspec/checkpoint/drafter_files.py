@@ -44,11 +44,12 @@ from jaxtyping import Array, Float, Int
 
 from jaxspec.checkpoint.hf import DRAFT_FILE, EMBED_NAME, WEIGHTS, read_config, read_draft_vocab, save_hf_folder
 from jaxspec.checkpoint.pard_format import export_pard, is_amd_folder, read_amd_drafter
-from jaxspec.checkpoint.params import model_from_tensors
+from jaxspec.checkpoint.params import full_index, model_from_tensors
 from jaxspec.checkpoint.safetensors_io import read_safetensors, write_safetensors
 from jaxspec.models.config import ModelConfig
 from jaxspec.errors import CheckpointError, GenerationError
 from jaxspec.checkpoint.loading import DTYPES, Model, load
+from jaxspec.models.extended_embed import ExtendedEmbed
 from jaxspec.models.quantize import float_table
 
 PROJECTION_FILE = "projection.safetensors"
@@ -78,7 +79,11 @@ class Drafter:
         if self.draft_vocab is None:
             return None
         if getattr(self, "_head", None) is None:
-            table, tied = _head_table(self.model.module)
+            module = self.model.module
+            if isinstance(module.embed_tokens, ExtendedEmbed):  # (the target's table: its rows, as a lookup reads them)
+                self._head = module.embed_tokens(self.draft_vocab)
+                return self._head
+            table, tied = _head_table(module)
             # One jitted gather: eagerly, the rows cost each process ~0.17 s of compiling (SmolLM2's
             # drafter); jitted, once `compile_cache.enable()` is on, JAX's persistent cache holds it.
             self._head = _head_rows_jit(table, self.draft_vocab, tied=tied)
@@ -186,36 +191,56 @@ def _pard_entry(folder: Path) -> dict:
                               "the authors' \"pard_token\"); train one with `jaxspec train-drafter`") from None
 
 
-def _load_shared(folder: Path, target: Model | None, dtype: str, attention: str) -> Model:
-    """A drafter stored without its token embeddings: the target's rows + its own mask row."""
+def _load_shared(folder: Path, target: Model | None, dtype: str, attention: str, share: bool) -> Model:
+    """A drafter stored without its token embeddings: the target's rows + its own mask row; with
+    `share` (and a float32 drafter), the target's embedding module itself (`ExtendedEmbed`: no copy
+    of its table), else one table of both (a copy, dequantized from a kept-quantized target: what
+    training updates)."""
     if target is None:
         raise CheckpointError(f"{folder} shares its token embeddings with its target; load it with "
                               "load_drafter(folder, target=model) (generate(..., drafter=folder) does)")
     cfg = read_config(folder)
     tensors = read_safetensors(folder / WEIGHTS)
     mask_row = np.asarray(read_safetensors(folder / DRAFT_FILE)["mask_embedding"], np.float32)
-    embedding = float_table(target.module.embed_tokens)  # (an int8 target's: dequantized)
-    if embedding.shape[1] != mask_row.shape[1] or embedding.shape[0] + len(mask_row) != cfg.vocab_size:
-        raise CheckpointError(f"{folder}: the target's embeddings {embedding.shape} do not fit this drafter "
-                              f"(vocabulary {cfg.vocab_size}, hidden {mask_row.shape[1]}); use the drafter's own target")
-    tensors[EMBED_NAME] = np.concatenate([embedding, mask_row])
-    module = model_from_tensors(cfg, tensors, dtype=DTYPES[dtype], attention=attention, source=str(folder))
+    base = target.module.embed_tokens
+    if base.features != mask_row.shape[1] or base.num_embeddings + len(mask_row) != cfg.vocab_size:
+        raise CheckpointError(f"{folder}: the target's embeddings {(base.num_embeddings, base.features)} do not fit "
+                              f"this drafter (vocabulary {cfg.vocab_size}, hidden {mask_row.shape[1]}); use the "
+                              "drafter's own target")
+    # (a drafter without a draft vocabulary reads its tied table whole as its head: that one keeps a table)
+    share = share and dtype == "float32" and read_draft_vocab(folder) is not None
+    if not share:
+        tensors[EMBED_NAME] = np.concatenate([float_table(base), mask_row])  # (an int8 or blocks target's: dequantized)
+        module = model_from_tensors(cfg, tensors, dtype=DTYPES[dtype], attention=attention, source=str(folder))
+        return Model.from_module(module, tokenizer=target.tokenizer, dtype=dtype, source=str(folder))
+    # (a table never read: the module is built around an empty one, replaced by the target's)
+    tensors[EMBED_NAME] = np.broadcast_to(np.float32(0), (cfg.vocab_size, cfg.hidden_size))
+
+    def place(path, shape, read):
+        if str(path[0]) == "embed_tokens":
+            return jnp.zeros((0, shape[1]), jnp.float32)
+        return jax.device_put(read(full_index(shape)))
+
+    module = model_from_tensors(cfg, tensors, dtype=DTYPES[dtype], attention=attention, source=str(folder),
+                                place=place)
+    module.embed_tokens = ExtendedEmbed(base, mask_row)
     return Model.from_module(module, tokenizer=target.tokenizer, dtype=dtype, source=str(folder))
 
 
 def load_drafter(path: str | os.PathLike, *, dtype: str = "float32", attention: str = "xla",
-                 target_independent: bool = False, target: Model | None = None) -> Drafter:
+                 target_independent: bool = False, target: Model | None = None, share: bool = False) -> Drafter:
     """A drafter folder (see the module docstring) or an authors'-format PARD / PARD-2 folder
     (`jaxspec.checkpoint.pard_format`); `target_independent` skips the projection; `target`: the model it
     drafts for (needed when the drafter shares the target's embeddings, and to place an
-    authors' PARD-2 drafter's target layers)."""
+    authors' PARD-2 drafter's target layers); `share`: a drafter stored with shared embeddings holds
+    the target's embedding arrays, not a copy (decoding; training updates its own copy)."""
     folder = Path(path)
     if is_amd_folder(folder):
         return Drafter(**read_amd_drafter(folder, target=target, target_independent=target_independent, dtype=dtype,
                                           attention=attention))
     pard = _pard_entry(folder)
     if pard.get("shared_embeddings"):
-        model = _load_shared(folder, target, dtype, attention)
+        model = _load_shared(folder, target, dtype, attention, share)
     else:
         model = load(path, dtype=dtype, attention=attention)
         folder = Path(model.source)

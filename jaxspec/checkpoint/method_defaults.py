@@ -89,7 +89,7 @@ def resolve_drafter(cfg: ModelConfig, drafter, target_features: bool | None, dra
     def load(folder: Path) -> Drafter:
         key = (str(folder.resolve()), independent)
         if key not in drafters:
-            drafters[key] = load_drafter(folder, target_independent=independent, target=target)
+            drafters[key] = load_drafter(folder, target_independent=independent, target=target, share=True)
         return drafters[key]
 
     if drafter is None:

@@ -59,8 +59,9 @@ def activation_dtype(dtype: str):
 
 def module_dtype(module):
     """The dtype of a `jaxspec.Transformer`'s activations and KV cache: its token embeddings' (float32
-    where they are int8)."""
-    dtype = jnp.dtype(module.embed_tokens.embedding.dtype)
+    where they are int8; an `ExtendedEmbed`'s own rows' dtype)."""
+    embed = module.embed_tokens
+    dtype = jnp.dtype(embed.embedding.dtype if hasattr(embed, "embedding") else embed.dtype)
     return jnp.dtype(jnp.float32) if dtype == jnp.int8 else dtype
 
 

@@ -50,9 +50,14 @@ SAMPLING_BUFFERS = 12
 
 def tree_bytes(tree) -> int:
     """Bytes of a pytree's arrays (or ShapeDtypeStructs) on one device: a sharded array counts
-    one shard; PRNG keys count their key data."""
-    total = 0
+    one shard; PRNG keys count their key data; an array held twice (a drafter's embeddings are its
+    target's: `jaxspec.models.extended_embed`) counts once."""
+    total, seen = 0, set()
     for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array):
+            if id(leaf) in seen:
+                continue
+            seen.add(id(leaf))
         if isinstance(leaf, jax.Array) and not leaf.is_fully_replicated and leaf.addressable_shards:
             total += leaf.addressable_shards[0].data.nbytes
             continue
