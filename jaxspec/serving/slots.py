@@ -237,6 +237,7 @@ class SlotGroup:
         self._scratch = None if compiler is None or self._bytes(self.length) > SCRATCH_BYTES else jax.tree.map(
             jnp.copy, (state.replace(decode=state.decode.replace(done=jnp.zeros_like(state.decode.done))), empty))
         self.limit = np.zeros(slots, np.int32)
+        self._inserted = False  # a request inserted since the last chunk (its prefill's memory: given back after it)
         self.prompt_len = np.zeros(slots, np.int32)
         self.generated = np.zeros(slots, np.int64)  # each slot's tokens at the last read
         self.steps = np.zeros(slots, np.int64)  # each slot's steps at the last read
@@ -443,6 +444,7 @@ class SlotGroup:
         self.generated[slot] = self.steps[slot] = self.plain_steps[slot] = 0
         self.used[slot] = self._reach(len(prompt), 1)
         self.acceptance.start(slot)
+        self._inserted = True
         for k, v in _fields(sampling):
             self.sampling[k][slot] = np.asarray(v)
 
@@ -496,6 +498,9 @@ class SlotGroup:
                              jnp.asarray(self.limit[:rows]))
         views = self.read(plain=mode == "plain")
         seconds = time.perf_counter() - start
+        if self._inserted:  # (the prefills' temporaries and rows at the whole cache are freed by now)
+            compile_cache.give_back_freed_memory()
+            self._inserted = False
         if self.modes is not None:
             if mode == "drafted":
                 for i in np.flatnonzero(busy):
