@@ -194,3 +194,23 @@ def test_old_code_versions_are_pruned_and_nothing_else(tmp_path):
         os.utime(folder, (month_ago, month_ago))
     compile_cache._prune(tmp_path, keep=now)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (now, recent, foreign))
+
+
+def test_slim_programs_are_held_as_loaded_and_compute_the_same(program_cache, monkeypatch):
+    """`slim_programs()` (the server's, chat's): a fresh program is held as loaded from its serialized
+    form, with JAX's caches cleared after it; it computes what the compiled one does, donation included."""
+    x = jnp.arange(5, dtype=jnp.float32) * 0.5
+    fat = compile_cache.compiled(_donated_step, (x,), {"factor": 2.5}, donate_argnums=(0,))
+    monkeypatch.setattr(compile_cache, "SLIM_PROGRAMS", True)
+    cleared = []
+    monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(1))
+    slim = compile_cache.compiled(_donated_step, (x,), {"factor": 3.5}, donate_argnums=(0,))
+    assert cleared == [1] and type(slim) is type(fat)
+    y = jnp.arange(5, dtype=jnp.float32) * 0.5
+    out = slim(y)
+    assert np.asarray(out).tolist() == (np.arange(5, dtype=np.float32) * 0.5 * 3.5 + 1).tolist()
+    assert y.is_deleted()  # (the loaded program donates as the compiled one does)
+
+
+def _donated_step(x, *, factor):
+    return x * factor + 1

@@ -314,6 +314,20 @@ def backend_jit_options(jit_options: dict) -> dict:
     return {**jit_options, "compiler_options": {**CPU_COMPILER_OPTIONS, **jit_options.get("compiler_options", {})}}
 
 
+# Processes that keep many programs for long (`jaxspec serve`, `jaxspec chat`: `slim_programs()`) hold each
+# one as loaded from its serialized form and clear JAX's caches after each compile: a program as compiled,
+# with what JAX's trace, lowering and compilation caches keep of it, holds more memory (SmolLM2's greedy
+# decode, 4 programs: 97 MB as compiled, 63 MB reloaded with the caches cleared). Off in library calls:
+# clearing the caches makes every later trace and eager operation compile again once.
+SLIM_PROGRAMS = False
+
+
+def slim_programs() -> None:
+    """Hold this process's programs as loaded from their serialized form (see `SLIM_PROGRAMS`)."""
+    global SLIM_PROGRAMS
+    SLIM_PROGRAMS = True
+
+
 # What this process's programs came from: "loaded" from the program cache, "compiled" (traced,
 # lowered, then compiled or read from XLA's cache), "kept" (written to the program cache).
 counts: collections.Counter = collections.Counter()
@@ -349,15 +363,22 @@ def compiled(fn, args: tuple, statics: dict | None = None, **jit_options) -> jax
     _compile.from_xla_cache = False
     program = jax.jit(fn, static_argnames=tuple(statics), **jit_options).lower(*args, **statics).compile()
     counts["compiled"] += 1
-    give_back_freed_memory()
-    if key is not None and not _compile.from_xla_cache and _serializable(program):
+    # (an executable XLA's cache loaded is neither kept nor reloaded: on CPU its serialized form lacks functions)
+    keep = key is not None and not _compile.from_xla_cache
+    slim = SLIM_PROGRAMS and not _compile.from_xla_cache
+    if (keep or slim) and _serializable(program):
         try:
             serialized, in_tree, out_tree = serialize_executable.serialize(program)
+        except Exception:  # noqa: BLE001  (not serializable after all: compiled in every process)
+            serialized = None
+        if serialized is not None and keep:
             # The arguments' structure is part of the key, so it is rebuilt from them at load rather
             # than stored: pickled, a model's graph definition costs ~4 ms to read back.
             counts["kept"] += _write(key, (serialized, None if in_tree == _in_tree(args) else in_tree, out_tree))
-        except Exception:  # noqa: BLE001  (not serializable after all: compiled in every process)
-            pass
+        if serialized is not None and slim:
+            program = serialize_executable.deserialize_and_load(serialized, in_tree, out_tree)
+            jax.clear_caches()  # (what held the compiled one: JAX's trace, lowering and compilation caches)
+    give_back_freed_memory()
     return program
 
 
