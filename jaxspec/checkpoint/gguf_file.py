@@ -21,6 +21,7 @@ local RoPE base (10000) are not in the file: llama.cpp's own constants for the a
 from __future__ import annotations
 
 import functools
+import mmap
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -81,6 +82,18 @@ def _reader_class():
         @data.setter
         def data(self, value):
             self._data = value.view(np.ndarray)
+            self.map = getattr(value, "_mmap", None)  # (`release`)
+
+        def release(self) -> None:
+            """Drop the file's pages from this process's resident memory once the weights are read
+            (SmolLM2's 110 MB): the map stays open for what still views it (metadata arrays), a page
+            touched again is read again (`madvise(MADV_DONTNEED)` on a read-only file map)."""
+            advice = getattr(mmap, "MADV_DONTNEED", None)
+            if self.map is not None and advice is not None:
+                try:
+                    self.map.madvise(advice)
+                except (OSError, ValueError):  # (a closed map, a platform without it: only memory is at stake)
+                    pass
 
     return Reader
 
@@ -324,7 +337,7 @@ class GGUFTensors(Mapping):
         import gguf
 
         supported = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, *gguf.quants._type_traits}
-        self._config = config
+        self._config, self._reader = config, reader
         self._by_hf: dict[str, Any] = {}
         for t in reader.tensors:
             if t.name in _NOT_WEIGHTS:
@@ -354,6 +367,10 @@ class GGUFTensors(Mapping):
 
     def __len__(self) -> int:
         return len(self._by_hf)
+
+    def release(self) -> None:
+        """The weights are read: the file's pages leave this process's memory (`Reader.release`)."""
+        self._reader.release()
 
 
 def read_gguf(path: Path) -> tuple[ModelConfig, GGUFTensors, dict[str, Any]]:

@@ -368,6 +368,7 @@ def _read_checkpoint(path: Path, build) -> tuple[Transformer, Any]:
         cfg, tensors, meta = read_gguf(path)
         tokenizer = tokenizer_from_gguf(meta)
         module = build(cfg, tensors)
+        tensors.release()
     elif path.suffix == ".bin":
         if path.stat().st_size == 0:  # np.memmap cannot map an empty file (a bare ValueError)
             raise CheckpointError(f"{path} is empty (0 bytes; a llama2.c checkpoint has a 28-byte header "
