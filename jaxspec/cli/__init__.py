@@ -34,15 +34,22 @@ def build_parser() -> argparse.ArgumentParser:
 def entry() -> None:
     """The `jaxspec` command: `main`, then the process ends without waiting for what `auto`
     compiles in the background (`jaxspec.runtime.background.exit_process`)."""
-    code = main()
+    code = main(own_process=True)
     from jaxspec.runtime.background import exit_process
 
     exit_process(code)
 
 
-def main(argv: list[str] | None = None) -> int:
+# Commands whose process keeps its programs for long: held as loaded, the lighter form (`compile_cache.SLIM_PROGRAMS`).
+KEEPS_PROGRAMS = ("chat", "serve")
+
+
+def main(argv: list[str] | None = None, own_process: bool = False) -> int:
+    """The command `argv` names; `own_process`: the process is the command's (`entry`), not a caller's."""
     args = build_parser().parse_args(argv)
     from jaxspec.runtime import compile_cache
 
     compile_cache.enable()  # a second call with the same shapes loads its programs from disk
+    if own_process and args.command in KEEPS_PROGRAMS:
+        compile_cache.slim_programs()
     return run_command(COMMANDS[args.command], args)

@@ -35,9 +35,6 @@ def add_parser(sub) -> None:
 def run_chat(args) -> int:
     """`jaxspec chat`: one reply (--message) or a conversation on the terminal; the exit code."""
     import jaxspec
-    from jaxspec.runtime import compile_cache
-
-    compile_cache.slim_programs()  # (a process that keeps its programs: each held as loaded, the lighter form)
 
     options = dict(method=args.method, max_new_tokens=args.max_new_tokens, stop=args.stop, **sampling_options(args),
                    **method_options_from(args))

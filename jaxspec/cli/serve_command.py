@@ -65,9 +65,6 @@ def add_parser(sub) -> None:
 def run_serve(args) -> int:
     """`jaxspec serve`: the server's settings checked, the model loaded, then requests until SIGTERM; the exit code."""
     import jaxspec
-    from jaxspec.runtime import compile_cache
-
-    compile_cache.slim_programs()  # (a process that keeps its programs: each held as loaded, the lighter form)
     from jaxspec.errors import GenerationError
 
     method_options = method_options_from(args)

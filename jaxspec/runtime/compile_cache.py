@@ -320,6 +320,8 @@ def backend_jit_options(jit_options: dict) -> dict:
 # decode, 4 programs: 97 MB as compiled, 63 MB reloaded with the caches cleared). Off in library calls:
 # clearing the caches makes every later trace and eager operation compile again once.
 SLIM_PROGRAMS = False
+_COMPILING = threading.Lock()
+_compiling = 0  # threads inside a compile (`compiled`)
 
 
 def slim_programs() -> None:
@@ -361,7 +363,14 @@ def compiled(fn, args: tuple, statics: dict | None = None, **jit_options) -> jax
         except Exception:  # noqa: BLE001  (unloadable here: compiled again below)
             pass
     _compile.from_xla_cache = False
-    program = jax.jit(fn, static_argnames=tuple(statics), **jit_options).lower(*args, **statics).compile()
+    global _compiling
+    with _COMPILING:
+        _compiling += 1
+    try:
+        program = jax.jit(fn, static_argnames=tuple(statics), **jit_options).lower(*args, **statics).compile()
+    finally:
+        with _COMPILING:
+            _compiling -= 1
     counts["compiled"] += 1
     # (an executable XLA's cache loaded is neither kept nor reloaded: on CPU its serialized form lacks functions)
     keep = key is not None and not _compile.from_xla_cache
@@ -377,7 +386,11 @@ def compiled(fn, args: tuple, statics: dict | None = None, **jit_options) -> jax
             counts["kept"] += _write(key, (serialized, None if in_tree == _in_tree(args) else in_tree, out_tree))
         if serialized is not None and slim:
             program = serialize_executable.deserialize_and_load(serialized, in_tree, out_tree)
-            jax.clear_caches()  # (what held the compiled one: JAX's trace, lowering and compilation caches)
+            # What held the compiled one: JAX's trace, lowering and compilation caches. Cleared only while no
+            # other thread compiles (a program destroyed while another is serialized is not a risk taken).
+            with _COMPILING:
+                if not _compiling:
+                    jax.clear_caches()
     give_back_freed_memory()
     return program
 
