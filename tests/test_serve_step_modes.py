@@ -116,7 +116,7 @@ def test_the_pick_weighs_the_busy_rows_acceptance_against_a_drafted_steps_cost(m
     for mode, seconds in (("drafted", 2.0), ("plain", 1.0)):
         for _ in range(EXPLORE_CHUNKS):
             modes.record(2, mode, steps=4, tokens=8, seconds=seconds)  # (equal tokens: the rate alone ties)
-    counted = EXPLORE_CHUNKS * 2
+    assert (EXPLORE_CHUNKS * 2) % REVISIT  # (the picks below are clear of the one-in-REVISIT chunk of the other mode)
     acceptance = Acceptance(2)
     assert acceptance.expected([0, 1]) is None
     for k in range(6):
@@ -124,9 +124,7 @@ def test_the_pick_weighs_the_busy_rows_acceptance_against_a_drafted_steps_cost(m
         acceptance.add(1, 6, 4)
     assert acceptance.expected([0]) == pytest.approx(3.0) and acceptance.expected([1]) == pytest.approx(1.5)
 
-    def pick(rows):  # (clear of the one-in-REVISIT chunk of the other mode)
-        nonlocal counted
-        assert counted % REVISIT
+    def pick(rows):
         return modes.pick(2, {"drafted", "plain"}, acceptance.expected(rows), len(rows))
 
     assert pick([0]) == "drafted" and pick([1]) == "plain"
