@@ -37,9 +37,13 @@ def server(model):
 
 
 def _metric(text: str, name: str, **labels) -> float:
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    pattern = re.escape(f"jaxspec:{name}" + (f"{{{want}}}" if want else "")) + r" ([0-9.e+-]+)"
-    return sum(float(x) for x in re.findall(pattern, text))
+    """The sum of `jaxspec:name`'s samples whose labels include `labels`."""
+    total = 0.0
+    for found, value in re.findall(re.escape(f"jaxspec:{name}") + r"(?:\{([^}]*)\})? ([0-9.e+-]+)\n", text):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', found))
+        if all(have.get(k) == str(v) for k, v in labels.items()):
+            total += float(value)
+    return total
 
 
 def test_auto_serves_a_drafted_method_in_step_modes_and_every_answer_is_greedy(model, server):
@@ -71,6 +75,14 @@ def test_auto_serves_a_drafted_method_in_step_modes_and_every_answer_is_greedy(m
     plain = sum(e["plain_steps"] for e in busy + alone)
     assert steps == sum(e["steps"] - 1 for e in busy + alone) and drafts == steps - plain
     assert _metric(metrics, "step_mode_chunks_total", mode="plain") == modes["plain"]["chunks"]
+    # per tier of rows: the chunks each ran, and what a step of each mode measured there
+    tiers = status["step_mode_tiers"]
+    assert {"1", "4"} <= set(tiers) and sum(t["plain"]["chunks"] for t in tiers.values() if "plain" in t) == \
+        modes["plain"]["chunks"]
+    for rows in ("1", "4"):
+        assert _metric(metrics, "step_mode_chunks_total", mode="drafted", rows=rows) == tiers[rows]["drafted"]["chunks"]
+        measured = _metric(metrics, "step_mode_step_seconds", mode="drafted", rows=rows)
+        assert measured > 0 and measured == pytest.approx(tiers[rows]["drafted"]["step_seconds"])
 
 
 def test_a_request_that_names_a_method_keeps_it(model, server):

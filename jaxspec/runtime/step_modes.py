@@ -56,6 +56,7 @@ class StepModes:
         self.current: str | None = None
         self.chunks = dict.fromkeys(MODES, 0)  # chunks run (measured or not), per mode
         self.tokens = dict.fromkeys(MODES, 0)  # output tokens of those chunks, per mode
+        self._by_tier: dict[tuple[int, str], list[int]] = {}  # (tier of rows, mode) -> [chunks, tokens]
         self._measured = 0
         self._tiers: set[int] = set()  # tiers of rows measured
         self._said: dict[int, float] = {}  # per tier of rows, the break-even last said (`pick`)
@@ -101,12 +102,14 @@ class StepModes:
                   f"{drafted.runs} and {plain.runs} chunks)", file=sys.stderr)
         return other if sum(t.runs for t in tallies.values()) % REVISIT == 0 else best
 
-    def ran(self, mode: str, tokens: int) -> None:
-        """A chunk ran (for the counters, measured or not)."""
+    def ran(self, mode: str, tokens: int, rows: int = 1) -> None:
+        """A chunk of a `rows`-row program ran (for the counters, measured or not)."""
         with self._lock:
             self.current = mode
             self.chunks[mode] += 1
             self.tokens[mode] += tokens
+            tier = self._by_tier.setdefault((rows, mode), [0, 0])
+            tier[0], tier[1] = tier[0] + 1, tier[1] + tokens
 
     def record(self, rows: int, mode: str, steps: int, tokens: int, seconds: float) -> None:
         """A measured chunk: `tokens` output tokens of `steps` steps in `seconds`."""
@@ -125,7 +128,14 @@ class StepModes:
 
     def as_dict(self) -> dict:
         with self._lock:
-            return {"current": self.current, "chunks": dict(self.chunks), "tokens": dict(self.tokens)}
+            ran = dict(self._by_tier)
+        tiers = {}  # per tier of rows and mode: chunks and tokens run, and the seconds a step measured
+        for (rows, mode), (chunks, tokens) in sorted(ran.items()):
+            tiers.setdefault(rows, {})[mode] = {"chunks": chunks, "tokens": tokens,
+                                                "step_seconds": round(self.rates(rows)[mode].step_seconds, 6)}
+        with self._lock:
+            return {"current": self.current, "chunks": dict(self.chunks), "tokens": dict(self.tokens),
+                    "tiers": tiers}
 
 
 class Acceptance:

@@ -89,18 +89,25 @@ class _SchedulerCollector:
             events.add_metric([event], s.get(event, 0))
         yield events
         chunks = CounterMetricFamily(PREFIX + "step_mode_chunks", "decode chunks of slot groups that pick drafted "
-                                     "or plain steps per chunk (the server's auto), by the mode they ran",
-                                     labels=["mode"])
-        tokens = CounterMetricFamily(PREFIX + "step_mode_tokens", "output tokens of those chunks, by mode",
-                                     labels=["mode"])
+                                     "or plain steps per chunk (the server's auto), by the mode they ran and the "
+                                     "tier of rows (the program's) they ran at", labels=["mode", "rows"])
+        tokens = CounterMetricFamily(PREFIX + "step_mode_tokens", "output tokens of those chunks, by mode and tier",
+                                     labels=["mode", "rows"])
+        seconds = GaugeMetricFamily(PREFIX + "step_mode_step_seconds", "what a step of this mode measured at this "
+                                    "tier of rows (recent chunks weigh most): drafting pays while the busy rows "
+                                    "commit more tokens per drafted step than drafted / plain", labels=["mode", "rows"])
+        for rows, by_mode in s["step_mode_tiers"].items():
+            for mode, row in by_mode.items():
+                chunks.add_metric([mode, rows], row["chunks"])
+                tokens.add_metric([mode, rows], row["tokens"])
+                seconds.add_metric([mode, rows], row["step_seconds"])
         current = GaugeMetricFamily(PREFIX + "step_mode_current", "groups whose last chunk ran this mode",
                                     labels=["mode"])
         for mode, row in s["step_modes"].items():
-            chunks.add_metric([mode], row["chunks"])
-            tokens.add_metric([mode], row["tokens"])
             current.add_metric([mode], row["current"])
         yield chunks
         yield tokens
+        yield seconds
         yield current
         yield CounterMetricFamily(PREFIX + "scheduler_stalls", "decode chunks that compiled their program on the "
                                   "scheduler's thread (no compiled program covered them yet: 0 by construction)",

@@ -176,6 +176,8 @@ class Scheduler:
                     "step_modes": {m: {"chunks": sum(x["chunks"][m] for x in modes),
                                        "tokens": sum(x["tokens"][m] for x in modes),
                                        "current": sum(x["current"] == m for x in modes)} for m in MODES},
+                    # the same per tier of rows (the program's), with the seconds a step of each mode measured there
+                    "step_mode_tiers": _merged_tiers([x["tiers"] for x in modes]),
                     **self.counters}
 
     def group(self, plan: DecodePlan, wait: bool = False) -> SlotGroup | None:
@@ -360,3 +362,21 @@ def _logged(what: str) -> str:
 
 def random_seed() -> int:
     return int(np.random.default_rng().integers(0, 2**32))
+
+
+def _merged_tiers(groups: list[dict]) -> dict:
+    """Step modes' tiers of several groups: chunks and tokens summed; a step's seconds, the group's
+    that ran the most chunks there (groups of one model share a plan's ledger: the same figure)."""
+    out: dict = {}
+    for tiers in groups:
+        for rows, by_mode in tiers.items():
+            for mode, row in by_mode.items():
+                have = out.setdefault(str(rows), {}).get(mode)
+                if have is None:
+                    out[str(rows)][mode] = dict(row)
+                    continue
+                if row["chunks"] > have["chunks"]:
+                    have["step_seconds"] = row["step_seconds"]
+                have["chunks"] += row["chunks"]
+                have["tokens"] += row["tokens"]
+    return out

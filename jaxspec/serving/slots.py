@@ -506,7 +506,7 @@ class SlotGroup:
                 for i in np.flatnonzero(busy):
                     self.acceptance.add(i, int(self.generated[i] - generated[i]), int(self.steps[i] - steps[i]))
             tokens = int((self.generated - generated)[busy].sum())
-            self.modes.ran(mode, tokens)
+            self.modes.ran(mode, tokens, rows)
             # measured where the chunk ran its own program, nothing compiling (here or in the background)
             if (rows, length) == exact and compiled == self.compile_seconds and quiet and not resized:
                 self.modes.record(exact[0], mode, int((self.steps - steps)[busy].max()), tokens, seconds)
