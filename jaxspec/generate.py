@@ -491,6 +491,8 @@ class Stream:
                 modes.ran(mode, num - sent)
                 if mode == "drafted":
                     acceptance.add(0, num - sent, ran)
+                else:
+                    acceptance.aged(0)
                 if quiet:
                     modes.record(1, mode, ran, num - sent, elapsed)
                 plain_steps += ran if mode == "plain" else 0

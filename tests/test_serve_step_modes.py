@@ -134,16 +134,22 @@ def test_the_pick_weighs_the_busy_rows_acceptance_against_a_drafted_steps_cost(m
     for k in range(6):
         acceptance.add(0, 12, 4)
         acceptance.add(1, 6, 4)
-    assert acceptance.expected([0]) == pytest.approx(3.0) and acceptance.expected([1]) == pytest.approx(1.5)
 
     def pick(rows):
         return modes.pick(2, {"drafted", "plain"}, acceptance.expected(rows), len(rows))
 
-    assert pick([0]) == "drafted" and pick([1]) == "plain"
+    # (each row's own chunks beside PRIOR_STEPS of every row's 2.25: near its own)
+    assert 2.5 < acceptance.expected([0]) < 3.0 and pick([0]) == "drafted"
+    assert 1.5 < acceptance.expected([1]) < 2.0 and pick([1]) == "plain"
     assert pick([0, 1]) == "drafted"  # together: 4.5 tokens per 2 plain steps' time, against 2
-    acceptance.add(1, 16, 4)  # the text turned predictable: 16 / 4 weighs over the older 1.5s
+    for _ in range(4):  # row 1 steps plain: its evidence ages, its estimate returns to every row's
+        acceptance.aged(1)
+    assert acceptance.expected([1]) > 2.0 and pick([1]) == "drafted"
+    acceptance.add(1, 4, 4)  # drafted again, and accepted nothing: plain again
+    assert pick([1]) == "plain"
+    acceptance.add(1, 16, 4)  # the text turned predictable: 16 / 4 weighs over the older chunk
     assert acceptance.expected([1]) > 2.5 and pick([1]) == "drafted"
     acceptance.start(1)  # a new request: every row's recent chunks
-    assert 1.5 < acceptance.expected([1]) < 3.0
+    assert acceptance.expected([1]) == pytest.approx(acceptance._tokens / acceptance._steps)
     assert ROW_KEEP < 1
     auto.Ledger.forget()

@@ -41,7 +41,11 @@ EXPLORE_CHUNKS = 3
 REVISIT = 8
 # A row's acceptance: each drafted chunk's tokens and steps, the earlier chunks' weight halved per chunk
 # (a row's next steps are best predicted by its last few: acceptance follows the text being written).
+# While the row steps plain its evidence ages the same way, and its estimate returns to every row's:
+# a row switched to plain by a few poorly accepted chunks drafts again once they are old.
 ROW_KEEP = 0.5
+# Steps of every row's acceptance a row's estimate counts beside its own (a chunk's worth).
+PRIOR_STEPS = 4.0
 # The ledger is written to the store every SAVE_EVERY chunks measured (and when the server stops).
 SAVE_EVERY = 32
 
@@ -140,8 +144,9 @@ class StepModes:
 
 class Acceptance:
     """Per row (slot), the tokens one drafted step commits: the row's recent drafted chunks, weighted
-    by their steps, the earlier ones by ROW_KEEP per chunk; a row with none yet (a new request, or
-    one that has only stepped plain) counts what every row's drafted chunks committed lately."""
+    by their steps, the earlier ones (and all of them after a plain chunk) by ROW_KEEP per chunk,
+    beside PRIOR_STEPS of what every row's drafted chunks committed lately (all of it for a row with
+    none yet: a new request)."""
 
     def __init__(self, rows: int):
         self.tokens, self.steps = np.zeros(rows), np.zeros(rows)
@@ -164,10 +169,15 @@ class Acceptance:
         keep = ROW_KEEP ** (1 / len(self.tokens))  # (a chunk of every row weighs as one row's chunk)
         self._tokens, self._steps = keep * self._tokens + tokens, keep * self._steps + steps
 
+    def aged(self, row: int) -> None:
+        """`row` stepped a plain chunk: its own evidence weighs less (`ROW_KEEP`)."""
+        self.tokens[row] *= ROW_KEEP
+        self.steps[row] *= ROW_KEEP
+
     def expected(self, rows) -> float | None:
         """The tokens the `rows` (indices) are expected to commit per drafted step, summed; None
-        before any drafted chunk."""
+        before any drafted chunk. A row's own chunks count beside PRIOR_STEPS of every row's."""
         if not self._steps:
             return None
         prior = self._tokens / self._steps
-        return float(sum(self.tokens[r] / self.steps[r] if self.steps[r] else prior for r in rows))
+        return float(sum((self.tokens[r] + prior * PRIOR_STEPS) / (self.steps[r] + PRIOR_STEPS) for r in rows))

@@ -502,9 +502,11 @@ class SlotGroup:
             compile_cache.give_back_freed_memory()
             self._inserted = False
         if self.modes is not None:
-            if mode == "drafted":
-                for i in np.flatnonzero(busy):
+            for i in np.flatnonzero(busy):
+                if mode == "drafted":
                     self.acceptance.add(i, int(self.generated[i] - generated[i]), int(self.steps[i] - steps[i]))
+                else:
+                    self.acceptance.aged(i)
             tokens = int((self.generated - generated)[busy].sum())
             self.modes.ran(mode, tokens, rows)
             # measured where the chunk ran its own program, nothing compiling (here or in the background)
