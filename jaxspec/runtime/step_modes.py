@@ -13,7 +13,7 @@ accepted. Nothing here is a rule fitted in advance; each chunk is a measurement:
 (dispatch to the host reading its tokens) over its steps, per tier of busy rows and mode, which
 gives the cost of a drafted step and of a plain one at that occupancy; and, per row, the tokens
 its recent drafted steps committed (`Acceptance`: the text decides how well drafts are accepted,
-and it changes within a reply). Before each chunk `pick` runs the mode with the higher predicted
+and it changes within a reply; what a row measured ages while it steps plain). Before each chunk `pick` runs the mode with the higher predicted
 output: the busy rows' expected tokens per drafted step over a drafted step's cost, against one
 token per row over a plain step's cost (after EXPLORE_CHUNKS chunks of each per tier); one chunk
 in REVISIT runs the other mode again (the costs follow the device, and a row's acceptance is only
