@@ -654,9 +654,14 @@ def serve_bench(r: dict) -> list[str]:
                   for row in r["runs"] if row["method"] == m]
     if r.get("speedup_over_greedy"):
         methods = list(r["one_at_a_time"])
-        lines += ["", "Output tokens/s over greedy's in the same server, per number of clients (runs interleaved):", "",
+        each = r.get("speedup_each_round", {}) if r.get("rounds", 1) > 1 else {}
+        cell = lambda n, m, v: f"{v:.2f}" + (  # noqa: E731
+            f" ({' / '.join(f'{x:.2f}' for x in each[n][m])})" if m in each.get(n, {}) else "")
+        lines += ["", "Output tokens/s over greedy's in the same server, per number of clients (runs interleaved"
+                  + (f"; {r['rounds']} rounds: over their summed tokens and seconds, each round's in brackets"
+                     if each else "") + "):", "",
                   *_table(["clients", *(LABELS.get(m, m) for m in methods)], "l" + "r" * len(methods),
-                          ((n, *(f"{row.get(m, float('nan')):.2f}" for m in methods))
+                          ((n, *(cell(n, m, row.get(m, float('nan'))) for m in methods))
                            for n, row in r["speedup_over_greedy"].items()))]
     if r.get("auto"):
         lines += ["", f"`auto`: {r['auto'].removeprefix('jaxspec: ')}" + (

@@ -223,6 +223,8 @@ def main(argv=None) -> int:
     p.add_argument("--slots", type=int, default=16)
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--chunk-steps", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=1, help="timed rounds over every (clients, method); "
+                   "ratios over their summed tokens and seconds, each round's beside them")
     p.add_argument("--soak", type=int, default=500, help="requests in the soak (0: none)")
     p.add_argument("--smoke", action="store_true", help="a few requests, N = 1 and 4, a 40-request soak")
     p.add_argument("--store", type=Path, default=None,
@@ -274,11 +276,13 @@ def main(argv=None) -> int:
                 print(f"warm-up {m} N={n}: {warm['completed']} done, {warm['wrong']} wrong", file=sys.stderr)
                 while health()["compiling"]:  # the background worker's programs: not during a timed run
                     time.sleep(2)
-        for k, n in enumerate(concurrency):
-            for m in interleaved(methods, k):  # no method always first
-                runs.append({"method": m, "clients": n, **loop(m, n)})
-                print(f"{m} N={n}: {runs[-1]['output_tokens_per_second']} tok/s, wrong {runs[-1]['wrong']}, "
-                      f"lost {runs[-1]['lost']}, plain steps {runs[-1]['plain_step_share']}", file=sys.stderr)
+        for r in range(args.rounds):
+            for k, n in enumerate(concurrency):
+                for m in interleaved(methods, k + r):  # no method always first
+                    runs.append({"method": m, "clients": n, "round": r, **loop(m, n)})
+                    print(f"round {r} {m} N={n}: {runs[-1]['output_tokens_per_second']} tok/s, wrong "
+                          f"{runs[-1]['wrong']}, lost {runs[-1]['lost']}, plain steps "
+                          f"{runs[-1]['plain_step_share']}", file=sys.stderr)
         modes = health().get("step_modes")
         soak_result = asyncio.run(soak(url, args.model, requests, refs, methods, args.soak, 16,
                                                fixed=fixed)) if args.soak else None
@@ -288,16 +292,23 @@ def main(argv=None) -> int:
     finally:
         proc.send_signal(signal.SIGTERM)
         exit_code = proc.wait(120)
-    speedups = {}
+    speedups, per_round = {}, {}
     for n in concurrency:
-        rate = {r["method"]: r["output_tokens_per_second"] for r in runs if r["clients"] == n}
+        # (a rate over the rounds' summed tokens and seconds; each round's ratio kept to show the spread)
+        rate = {m: sum(r["output_tokens_per_second"] * r["seconds"] for r in runs if (r["clients"], r["method"]) == (n, m))
+                / sum(r["seconds"] for r in runs if (r["clients"], r["method"]) == (n, m)) for m in methods}
         greedy = rate.get("greedy") or rate.get("autoregressive")
         if greedy:
             speedups[str(n)] = {m: round(v / greedy, 3) for m, v in rate.items()}
+            base_of = "greedy" if "greedy" in rate else "autoregressive"
+            each = {(r["round"], r["method"]): r["output_tokens_per_second"] for r in runs if r["clients"] == n}
+            per_round[str(n)] = {m: [round(each[(k, m)] / each[(k, base_of)], 3) for k in range(args.rounds)]
+                                 for m in methods}
     auto_line = next((line for line in said if "--method auto chose" in line), None)
     result = {"benchmark": "serve_bench", "title": "jaxspec serve under load", "command": command_line(__file__, argv),
               "model": args.model, "slots": args.slots, "context": args.context, "chunk_steps": args.chunk_steps,
-              "requests": requests, "one_at_a_time": base, "runs": runs, "speedup_over_greedy": speedups,
+              "requests": requests, "one_at_a_time": base, "runs": runs, "rounds": args.rounds,
+              "speedup_over_greedy": speedups, "speedup_each_round": per_round,
               "fixed": {"method": fixed[0], "options": fixed[1]}, "fixed_alone_differs_from_greedy": alone_differs,
               "auto": auto_line, "step_modes": modes, "auto_store": "given" if args.store else "new",
               "step_mode_lines": [line for line in said if "a drafted step costs" in line],
