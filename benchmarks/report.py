@@ -174,10 +174,13 @@ def plot_decode(r: dict, path: Path) -> None:
 
 def standalone(r: dict) -> list[str]:
     """A result's own markdown file: title, where and when it ran, and its table."""
+    return [f"# {r.get('title', r['benchmark'])}", "", standalone_provenance(r), "", *table_for(r)]
+
+
+def standalone_provenance(r: dict) -> str:
     m = r.get("machine", {})
-    return [f"# {r.get('title', r['benchmark'])}", "",
-            f"{m.get('cpu', '?')} ({m.get('cpu_count', '?')} cores), JAX {m.get('jax', '?')} on "
-            f"{m.get('jax_backend', '?')}, {r.get('date')}, `{r.get('command', '')}`.", "", *table_for(r)]
+    return (f"{m.get('cpu', '?')} ({m.get('cpu_count', '?')} cores), JAX {m.get('jax', '?')} on "
+            f"{m.get('jax_backend', '?')}, {r.get('date')}, `{r.get('command', '')}`.")
 
 
 def table_for(r: dict) -> list[str]:
@@ -212,34 +215,7 @@ def _lade_rows(r: dict, names: list[str], categories: list[str]) -> tuple[list[s
     return lines, totals
 
 
-def draft_vocab(r: dict) -> list[str]:
-    return [f"{r['prompts']} {r['split']} chats x {r['new_tokens']} tokens (EOS off), speculative TD K = {r['k']}, "
-            f"interleaved with greedy ({r['greedy_tokens_per_second']:.1f} tokens/s; one-token forward "
-            f"{r['greedy_forward_ms']:.1f} ms). The drafter was trained with V' = 8192.", "",
-            *_table("V' | S | drafter ms | verify ms | drafter share of a step | step cost (greedy steps) | tokens/s "
-                    "| vs greedy | identical", "r" * 9,
-                    ((size, f"{x['S']:.2f}", f"{x['drafter_ms']:.1f}", f"{x['verify_ms']:.1f}",
-                      f"{x['drafter_share']:.0%}", f"{x['step_cost']:.2f}", f"{x['tokens_per_second']:.1f}",
-                      f"{x['speed_vs_greedy']:.2f}x", f"{x['identical_to_greedy']}/{r['prompts']}")
-                     for size, x in r["rows"].items()))]
-
-
 PARD_MODES = {"td": "target-dependent", "ti": "target-independent", "-": "no drafter"}
-
-
-def route_rule(r: dict) -> list[str]:
-    """One-chain routing rules against the two-branch settings: S per (agree, unsure), the
-    constants `jaxspec.decoding.sources.routed` uses in bold."""
-    from jaxspec.decoding.sources.routed import RoutedChain
-
-    chosen = (RoutedChain.agree, RoutedChain.unsure)
-    mark = lambda row: "**" if (row.get("agree"), row.get("unsure")) == chosen else ""  # noqa: E731
-    return [f"{r['prompts']} prompts ({r['prompt_kind']}), the target's greedy continuations of "
-            f"{r['new_tokens']} tokens, drafter `{_rel(r['drafter'])}`; S along each continuation's decoding path "
-            "(teacher-forced: no timing). T: tokens the target verifies per step.", "",
-            *_table("setting | agree | unsure | T | S", "lrrrr",
-                    ((row["setting"], _f(row.get("agree"), "g"), _f(row.get("unsure"), "g"), row["block_tokens"],
-                      f"{mark(row)}{row['S']:.3f}{mark(row)}") for row in r["rows"]))]
 
 
 def pard_ablation(r: dict) -> list[str]:
@@ -319,56 +295,6 @@ def plot_pard_ablation(r: dict, path: Path) -> None:
         ax.set(xlabel="draft position k", ylabel="acceptance rate a_k", ylim=(0, 1),
                title=f"PARD-2 drafters for {r['target']}: per-position acceptance")
         ax.grid(alpha=0.3)
-
-
-def drafter_curve(r: dict) -> list[str]:
-    return [f"Held-out teacher-forced acceptance length (bonus token included; TD: with the target's features, "
-            f"TI: without) of `{r['target']}`'s drafter against total training steps, from the runs' own "
-            "evaluations (every held-out context of the recipe's split). A stage's step-0 point is the drafter it "
-            "started from, on its own held-out split." + (f" {r['note']}" if r.get("note") else ""), "",
-            *_table("run | step | total steps | held-out contexts | TD | TI | TD S on the decoding path | TD a_1..a_K",
-                    "lrrrrrrl",
-                    ((run["label"], pt["step"], pt["total_step"], pt["contexts"] or "-", _f(pt["td"], ".3f"),
-                      _f(pt["ti"], ".3f"), _f(pt.get("path_td"), ".3f"),
-                      ", ".join("-" if x is None or x != x else f"{x:.2f}" for x in pt.get("rates_td") or []) or "-")
-                     for run in r["runs"] for pt in run["points"])),
-            "", "Per run, acceptance gained per doubling of total steps (least squares over its points after step 0):",
-            "", *(f"- {run['label']} (`{run['run']}`, init {run['init']}, K = {run['num_blocks']}"
-                  + (f", {run['chat_parts']} part(s) of chat data" if run.get("chat_parts") else "")
-                  + (f"; carried from `{run['carried_from']}`" if run.get("carried_from") else "") + "): TD "
-                  f"{_f(run['td_per_doubling'], '+.3f')}, TI {_f(run['ti_per_doubling'], '+.3f')}"
-                  for run in r["runs"])]
-
-
-def cpu_options(r: dict) -> list[str]:
-    sizes, base = r["sizes"], r["rows"]["default"]["greedy_tokens_per_second"]
-    return [f"`{r['model']}`, {r['rounds']} interleaved rounds (each option set in a fresh process), the minimum of "
-            "each. c(T) = the forward of T tokens / the forward of 1 token (256-token context, median of 25 "
-            f"round-robin runs); greedy tokens/s over the quick chats x {r['new_tokens']} tokens; tokens identical to "
-            "the default options' on every prompt.", "",
-            *_table(["options", "XLA_FLAGS", "1-token forward (ms)", *(f"c({t})" for t in sizes[1:]), "greedy tok/s",
-                     "vs default", "identical"], "llr" + "r" * (len(sizes) - 1) + "rrl",
-                    ((name, f"`{row['flags']}`", f"failed: {row['error'][:80]}") if "error" in row else
-                     (name, f"`{row['flags'] or '(none)'}`", f"{row['forward_ms'][str(sizes[0])]:.1f}",
-                      *(f"{row['c'][str(t)]:.2f}" for t in sizes[1:]), f"{row['greedy_tokens_per_second']:.1f}",
-                      f"{row['greedy_tokens_per_second'] / base:.2f}x", "yes" if row["tokens_identical"] else "NO")
-                     for name, row in r["rows"].items()))]
-
-
-def long_context(r: dict) -> list[str]:
-    first, second = r["option_sets"]
-    compared = (f"Both with `{r['compiler_options']}`; {first} decoded in a child process from a worktree of it. "
-                f"Identical: every output equals {first}'s greedy." if r.get("against") else
-                f"{second}: `{r['compiler_options']}`. Identical: every output equals greedy's with XLA's defaults.")
-    return [f"`{r['model']}`, {r['rounds']} interleaved rounds, the best of each: ms per generated token of the "
-            f"decoding loop ({r['new_tokens']} new tokens streamed in chunks of {r['chunk_steps']} steps; the prefill "
-            f"and the first chunk left out). {compared}", "",
-            *_table(f"context (tokens) | setting | {first} (ms/token) | {second} (ms/token) | speed-up | cache copies "
-                    "in the programs | identical", "rlrrrrl",
-                    ((row["context"], row["method"], f"{ms[first]:.1f}", f"{ms[second]:.1f}",
-                      f"{ms[first] / ms[second]:.2f}x", f"{copies[first]} / {copies[second]}",
-                      "yes" if row["identical"] else "NO")
-                     for row in r["rows"] for ms, copies in [(row["ms_per_token"], row["cache_copies"])]))]
 
 
 def lp_bench(r: dict) -> list[str]:
@@ -456,56 +382,6 @@ def exactness(r: dict) -> list[str]:
                           ((*key, f"{total - n}/{total} ({100 * (total - n) / total:.1f}%)", n, ties, other,
                             f"{gaps[0]:.2g} to {gaps[-1]:.2g}" if gaps else "")
                            for key, (total, diffs) in groups.items() for n, ties, other, gaps in [summary(diffs)]))
-
-
-def vocab_memory(r: dict) -> list[str]:
-    mb = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
-    return [f"Each case's program with the block's full logits and with the head in chunks of {r['chunk']} entries "
-            f"(jaxspec's head before its {r['budget'] >> 20} MB logits budget; the variant jaxspec compiles now is "
-            "marked). Memory is XLA's `memory_analysis()` of the whole compiled decode program; ms/step interleaved, "
-            "the best of the rounds.", "",
-            *_table("case | vocab | head | jaxspec | temporaries MB | arguments MB | block logits MB | ms/step | same "
-                    "tokens", "lrllrrrrl",
-                    ((x["case"], x["vocab"], x["variant"], "yes" if x["jaxspec"] else "", mb(x["temp_bytes"]),
-                      mb(x["argument_bytes"]), mb(x["block_logits_bytes"]), f"{1e3 * x['seconds_per_step']:.1f}",
-                      _yes(x["identical_tokens"])) for x in r["rows"]))]
-
-
-def _options(options: dict) -> str:
-    shown = {k: v for k, v in options.items() if isinstance(v, int) and not isinstance(v, bool)}
-    return "(" + ", ".join(f"{k} {v}" for k, v in shown.items()) + ")" if shown else ""
-
-
-def quantized_weights(r: dict) -> list[str]:
-    mb = lambda b: f"{b / 1e6:.0f}" if b else "-"  # noqa: E731
-    rng = lambda lo_hi, fmt: f" ({lo_hi[0]:{fmt}}..{lo_hi[1]:{fmt}})" if r["rounds"] > 1 else ""  # noqa: E731
-    n = len(r["cases"])
-    lines = [f"{r['model']}, greedy, {n} chats x {r['new_tokens']} new tokens, batch 1, each `jaxspec.generate` call "
-             f"timed whole; {r['rounds']} interleaved rounds: median tokens/s (min..max), the speed against float32 "
-             "the median of per-round ratios. Weights: the parameters' bytes; temporaries: XLA's `memory_analysis()` "
-             "of the greedy program.", "",
-             *_table("weights | tokens/s | vs float32 | weights MB | temporaries MB | identical to float32 greedy | "
-                     "first difference (token)", "lrrrrll",
-                     ((v["variant"], f"{v['tokens_per_s']:.1f}{rng(v['tokens_per_s_range'], '.1f')}",
-                       f"{v['speed_vs_float32']:.2f}x{rng(v['speed_vs_float32_range'], '.2f')}",
-                       mb(v["weights_bytes"]), mb(v["greedy_temp_bytes"]), f"{v['identical_to_float32_greedy']}/{n}",
-                       ", ".join("-" if i is None else str(i) for i in v["first_difference_from_float32"]))
-                      for v in r["variants"]))]
-    if r["methods"]:
-        lines += ["", "The methods (their default options for this model) in the same rounds, each checked against "
-                  "greedy decoding of the same weights (int8's reference is int8 greedy: the same quantized model):",
-                  "", *_table("method | weights | tokens/s | vs its greedy | vs float32, same method | S | identical "
-                              "to its greedy", "llrrrrl",
-                              ((f"{x['method']} {_options(x['options'])}", x["variant"], f"{x['tokens_per_s']:.1f}",
-                                f"{x['speed_vs_own_greedy']:.2f}x", f"{x['speed_vs_float32_same_method']:.2f}x",
-                                f"{x['compression']:.2f}", _yes(x["identical_to_own_greedy"] == x["cases"])
-                                + f" ({x['identical_to_own_greedy']}/{x['cases']})") for x in r["methods"]))]
-    return lines + ["", f"The matmuls alone, each format's own code compiled on its own, {r['micro_rounds']} "
-                    "interleaved rounds, median ms (speed against float32: median of per-round ratios); temporaries "
-                    "from `memory_analysis()`.", "",
-                    *_table("program | rows | weights | ms | vs float32 | temporaries MB", "lrlrrr",
-                            ((x["program"], x["rows"], x["variant"], f"{x['ms']:.2f}", f"{x['speed_vs_float32']:.2f}x",
-                              mb(x["temp_bytes"])) for x in r["micro"]))]
 
 
 def roofline_cpu(r: dict) -> list[str]:
@@ -780,6 +656,13 @@ def serve_memory(r: dict) -> list[str]:
     return lines
 
 
+
+def committed(r: dict) -> list[str]:
+    """A retired study's table (its benchmark is in RETIRED): no renderer here any more; its section shows the
+    markdown its script wrote beside the JSON (`committed_markdown`)."""
+    raise ValueError(f"{r.get('benchmark')} is a retired study: its table is the committed markdown beside its JSON")
+
+
 SECTIONS = [
     Section("code_bench", "Default model on held-out code: every lossless method, the PARD-2 drafter at K = 4..16",
             "python -m benchmarks.code_bench --draft-len 4 8 12 16",
@@ -910,7 +793,7 @@ SECTIONS = [
     Section("draft_vocab", "The SmolLM2 drafter's draft vocabulary V' and its share of a step",
             "python -m benchmarks.draft_vocab --data runs/pard2-smollm2/data/train.npy",
             "FR-Spec's draft vocabulary: the drafter's head over the V' most frequent training tokens. S, the "
-            "drafter's and the verification's forward times, and tokens/s against greedy in one run.", draft_vocab),
+            "drafter's and the verification's forward times, and tokens/s against greedy in one run.", committed),
     Section("hf_compare", "jaxspec vs Hugging Face transformers: greedy and prompt lookup",
             "python -m benchmarks.hf_compare",
             "The same exported default checkpoint decoded by jaxspec (greedy, prompt lookup) and by transformers' "
@@ -921,13 +804,13 @@ SECTIONS = [
             "runs/pard2-smollm2-stage5/data/conversations.jsonl",
             "Teacher-forced S of one routed chain a step (`lookup_route`) for a grid of its two constants, beside "
             "the two-branch settings, on the prompts of the drafter recipe's held-out greedy replies (never the "
-            "benchmark prompts).", route_rule),
+            "benchmark prompts).", committed),
     Section("route_rule_heldout", "Routing prompt lookup and the drafter, on the held-out chat prompts",
             "python -m benchmarks.route_rule --name route_rule_heldout --chat heldout",
-            "The same grid on real_bench's held-out split, reported, not chosen on.", route_rule),
+            "The same grid on real_bench's held-out split, reported, not chosen on.", committed),
     Section("route_rule_bench", "Routing prompt lookup and the drafter, on the bench chat prompts",
             "python -m benchmarks.route_rule --name route_rule_bench --chat bench",
-            "The same grid on real_bench's bench split, reported, not chosen on.", route_rule),
+            "The same grid on real_bench's bench split, reported, not chosen on.", committed),
     Section("pard_ablation", "PARD-2 drafter ablation: the recipe (K, data, init) and the objective (PARD, CAT, "
             "CAT + KD)", "python tools/pard_arms.py --out runs/pard-arms (at 1baa28e); python -m "
             "benchmarks.pard_ablation --drafter NAME=FOLDER ...", "Teacher-forced acceptance of drafters trained "
@@ -947,37 +830,34 @@ SECTIONS = [
             'python -m benchmarks.drafter_curve --name pard2_smollm2_curve --run "stage 1=runs/pard2-smollm2" '
             '--run "stage 2=runs/pard2-smollm2-stage2@450" ...',
             "Held-out acceptance against total training steps, from each stage's own evaluations, and what a "
-            "doubling of steps bought per stage.", drafter_curve),
+            "doubling of steps bought per stage.", committed),
     Section("cpu_options", "XLA:CPU's own options and what a drafted step costs", "python -m benchmarks.cpu_options",
             "SmolLM2-135M-Instruct's forwards of 1-9 tokens and greedy decoding under XLA:CPU's option sets "
             "(XNNPACK, XNN / YNN dot fusion, oneDNN, 512-bit vectors), each in a fresh process, interleaved; an "
-            "option is adoptable only if every token stays the default's.", cpu_options),
+            "option is adoptable only if every token stays the default's.", committed),
     Section("cpu_cost", "What a verification forward of T tokens costs on this CPU, T = 1..10",
             "python -m benchmarks.cpu_options --sets default --sizes 1-10 --name cpu_cost",
             "c(T) at every block size a drafted step could verify (the default options only): which settings of "
-            "pard2_smollm2's grid a step can afford.", cpu_options),
+            "pard2_smollm2's grid a step can afford.", committed),
     Section("cpu_ynn", "Multi-row dots with and without YNNPACK",
             'python -m benchmarks.cpu_options --sets "default,no ynn (eigen dots)" --rounds 2 --name cpu_ynn',
             "JAX 0.10's XLA:CPU hands every dot of 2+ rows to YNNPACK; the same forwards and greedy decoding "
-            "with it turned off (Eigen's dots): what the default's c(T) owes to it.", cpu_options),
+            "with it turned off (Eigen's dots): what the default's c(T) owes to it.", committed),
     Section("cpu_blocks", "What a verification forward costs with the GGUF's blocks kept (dtype blocks)",
             'python -m benchmarks.cpu_options --sets "default,blocks weights" --sizes 1-10 --rounds 2 --name cpu_blocks',
             "c(T) at every block size and greedy decoding with float32 weights and with the file's Q4_1 / Q8_0 "
             "blocks kept (`jaxspec.load(dtype=\"blocks\")`: int8 values, each block's scale and offset, "
-            "dequantized inside each matmul), each in a fresh process, interleaved; the tokens must be the same.",
-            cpu_options),
+            "dequantized inside each matmul), each in a fresh process, interleaved; the tokens must be the same.", committed),
     Section("long_context", "A decoding step against the context, with and without the in-place KV cache update",
             "python -m benchmarks.long_context",
             "Milliseconds per token of the decoding loop alone (streamed, the prefill and the first chunk left out) "
             "at prompts of 128-2048 tokens, with XLA:CPU's defaults and with region analysis in its copy insertion "
-            "(`jaxspec.runtime.compile_cache.CPU_COMPILER_OPTIONS`), interleaved; the tokens must be the same.",
-            long_context),
+            "(`jaxspec.runtime.compile_cache.CPU_COMPILER_OPTIONS`), interleaved; the tokens must be the same.", committed),
     Section("long_context_layout", "A decoding step against the context, the KV cache stored heads-major",
             "python -m benchmarks.long_context --against 73f52c6 --name long_context_layout",
             "The same measurement, this checkout (the KV cache stored [layers, b, kv, s, d], read by attention as it "
             "is stored) against revision 73f52c6 (stored [layers, b, s, kv, d] and transposed by every layer's "
-            "attention each step), interleaved; the tokens must be the same.",
-            long_context),
+            "attention each step), interleaved; the tokens must be the same.", committed),
     Section("lookahead_bench", "Lookahead Decoding over a (W, N, G) grid on stories260K",
             "python -m benchmarks.lookahead_bench",
             "Greedy, Jacobi, prompt lookup and lookahead on stories260K; S against the block size and the cost "
@@ -1009,14 +889,14 @@ SECTIONS = [
             "python -m benchmarks.vocab_memory",
             "Greedy verification reads only the argmax, so where a block's float32 logits would be large the LM "
             "head runs over vocabulary chunks (`Transformer.head_argmax`); each chunk copies its rows of the "
-            "head, which a one-token step pays for more than for its logits.", vocab_memory,
+            "head, which a one-token step pays for more than for its logits.", committed,
             variants=("vocab_memory_smoke",)),
     Section("quantized_weights", "Quantized weights on this CPU: float32, bfloat16, int8 and the GGUF's own blocks",
             "python -m benchmarks.quantized_weights",
             "SmolLM2-135M-Instruct's greedy tokens/s and weight memory with float32 weights, bfloat16, "
             "int8 per output channel (`dtype=\"int8\"`) and the GGUF file's Q8_0 / Q4_1 blocks kept, each "
             "dequantized inside its matmuls; int8's methods against int8 greedy; the head and layer matmuls alone.",
-            quantized_weights, variants=("quantized_weights_smoke",)),
+            committed, variants=("quantized_weights_smoke",)),
     Section("lp_bench", "Lookahead parallelism: work and bytes per device",
             "python -m benchmarks.parallel_bench lp",
             "Lookahead at (15, 5, 15) split over 1, 2, 4 and 8 devices: block tokens per device, the bytes "
@@ -1088,7 +968,6 @@ SECTIONS = [
 RETIRED = dict.fromkeys(("route_rule", "drafter_curve", "cpu_options", "draft_vocab", "long_context",
                          "vocab_memory", "quantized_weights"), "1baa28e")
 TABLES = {s.stem: s.table for s in SECTIONS}  # a result's renderer by its benchmark name
-TABLES.update(drafter_curve=drafter_curve, route_rule=route_rule)  # (results named after what they measured)
 PLOTS: dict[str, Callable[[dict, Path], None]] = {"pard_ablation": plot_pard_ablation, "serve_bench": plot_serve_bench}
 
 
@@ -1123,6 +1002,21 @@ def companion_markdown(path: Path) -> list[str]:
     return [re.sub(r"^(#+)", r"\1##", line) for line in md.read_text().splitlines()]
 
 
+def committed_markdown(path: Path, r: dict) -> list[str]:
+    """A retired study's own markdown table, written by its script with the renderer it had: everything after
+    its title and its provenance line (this section's provenance table says the same)."""
+    md = path.with_suffix(".md")
+    if not md.exists():
+        raise ValueError(f"{md.name} is missing: a retired study's table is its committed markdown")
+    lines = md.read_text().splitlines()[1:]
+    lines = lines[next((i for i, line in enumerate(lines) if line.strip()), len(lines)):]
+    if lines and lines[0] == standalone_provenance(r):
+        lines = lines[1:]
+    while lines and not lines[0].strip():
+        lines = lines[1:]
+    return lines
+
+
 def section_markdown(section: Section, results: Path) -> tuple[list[str], bool]:
     """The section's lines and whether a result file was found."""
     lines = [f"## {section.title}", "", section.about, ""]
@@ -1144,7 +1038,8 @@ def section_markdown(section: Section, results: Path) -> tuple[list[str], bool]:
     if caveat:
         lines += [caveat, ""]
     try:
-        body = table_for(r) if r.get("kind") == "decode" else section.table(r)
+        body = (table_for(r) if r.get("kind") == "decode" else committed_markdown(path, r)
+                if section.table is committed else section.table(r))
     except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as e:
         body = [f"This report does not know the layout of `{path.name}` ({type(e).__name__}: {e}); the "
                 "benchmark's own markdown follows.", "", *companion_markdown(path)]

@@ -26,14 +26,32 @@ def test_missing_and_unknown_results_are_noted(tmp_path):
     assert "*Not run yet*" in found["Lookahead parallelism: work and bytes per device"]
 
 
-DRAFT_VOCAB = {  # a complete draft_vocab result, as benchmarks/draft_vocab.py (at 1baa28e) wrote one
-    "benchmark": "draft_vocab", "date": "2026-01-02T03:04:05+00:00", "command": "python -m benchmarks.draft_vocab",
+ATTENTION = {  # a complete attention_bench result, as benchmarks/attention_bench.py writes one
+    "benchmark": "attention_bench", "date": "2026-01-02T03:04:05+00:00",
+    "command": "python -m benchmarks.attention_bench",
     "machine": {"cpu": "made-up CPU", "cpu_count": 2, "jax": "0.0", "jax_backend": "cpu"},
-    "prompts": 4, "split": "heldout", "new_tokens": 32, "k": 4, "greedy_tokens_per_second": 50.0,
-    "greedy_forward_ms": 20.0,
-    "rows": {"8192": {"S": 2.5, "drafter_ms": 5.0, "verify_ms": 25.0, "drafter_share": 0.2, "step_cost": 1.5,
-                      "tokens_per_second": 80.0, "speed_vs_greedy": 1.6, "identical_to_greedy": 4}},
+    "config": {"heads": 4, "kv_heads": 2, "head_dim": 16, "dtype": "float32"}, "batch": 1,
+    "rows": [{"block": "causal", "tokens": 8, "cache": 64, "variant": "xla", "ms": 1.0, "gb_per_s": 2.0,
+              "max_abs_diff": 0.0}],
 }
+
+
+def test_a_retired_study_shows_the_markdown_its_script_wrote(tmp_path):
+    """A study whose script is gone (RETIRED) has no renderer: its section is the committed markdown's table,
+    without the markdown's own title and provenance line, and with the section's provenance table."""
+    result = {"benchmark": "route_rule", "date": "2026-01-02", "command": "python -m benchmarks.route_rule",
+              "machine": {"cpu": "made-up CPU", "cpu_count": 2, "jax": "0.0", "jax_backend": "cpu"}}
+    (tmp_path / "route_rule_bench.json").write_text(json.dumps(result))
+    (tmp_path / "route_rule_bench.md").write_text(
+        f"# Route rule\n\n{report.standalone_provenance(result)}\n\nS per rule.\n\n| agree | S |\n|---|---:|\n")
+    body = sections(report.build_report(tmp_path))[
+        next(s.title for s in report.SECTIONS if s.stem == "route_rule_bench")]
+    assert "S per rule.\n\n| agree | S |" in body and "# Route rule" not in body \
+        and "made-up CPU (2 cores), JAX" not in body
+    assert "| machine | made-up CPU" in body and "removed after" in body
+    (tmp_path / "route_rule_bench.md").unlink()
+    assert "does not know the layout" in sections(report.build_report(tmp_path))[
+        next(s.title for s in report.SECTIONS if s.stem == "route_rule_bench")]
 
 
 def _check(results, capsys) -> tuple[int, list[str]]:
@@ -47,8 +65,8 @@ def test_check_passes_complete_results_and_names_each_problem(tmp_path, capsys, 
     the report cannot lay out, one without its machine or date, or an unreadable file fails, one line
     each, and no report is written."""
     monkeypatch.setattr(report, "OUT", tmp_path / "out" / "benchmarks.md")  # main's default --out
-    title = next(s.title for s in report.SECTIONS if s.stem == "draft_vocab")
-    (tmp_path / "draft_vocab.json").write_text(json.dumps(DRAFT_VOCAB))
+    title = next(s.title for s in report.SECTIONS if s.stem == "attention_bench")
+    (tmp_path / "attention_bench.json").write_text(json.dumps(ATTENTION))
     found = sections(report.build_report(tmp_path))
     assert list(found) == [s.title for s in report.SECTIONS]
     assert all(row in found[title] for row in ("| machine | made-up CPU", "| date | 2026-01-02", "| command |"))
@@ -56,14 +74,14 @@ def test_check_passes_complete_results_and_names_each_problem(tmp_path, capsys, 
     assert code == 0 and out == [f"{tmp_path}: 1 of {len(report.SECTIONS)} sections have a result, each in a "
                                  "layout the report knows, with its provenance"]
 
-    no_provenance = {k: v for k, v in DRAFT_VOCAB.items() if k not in ("machine", "date", "command")}
-    (tmp_path / "draft_vocab.json").write_text(json.dumps(no_provenance))
-    (tmp_path / "greedy_bench.json").write_text(json.dumps({**DRAFT_VOCAB, "benchmark": "greedy_bench"}))
+    no_provenance = {k: v for k, v in ATTENTION.items() if k not in ("machine", "date", "command")}
+    (tmp_path / "attention_bench.json").write_text(json.dumps(no_provenance))
+    (tmp_path / "greedy_bench.json").write_text(json.dumps({**ATTENTION, "benchmark": "greedy_bench"}))
     (tmp_path / "lp_bench.json").write_text("{not json")
     code, out = _check(tmp_path, capsys)
     assert code == 1 and sorted(out) == sorted([
-        f"{tmp_path}/draft_vocab.json records no machine",
-        f"{tmp_path}/draft_vocab.json records no date",
+        f"{tmp_path}/attention_bench.json records no machine",
+        f"{tmp_path}/attention_bench.json records no date",
         f"{tmp_path}/greedy_bench.json: the report does not know its layout (update decode() in benchmarks/report.py)",
         f"{tmp_path}/lp_bench.json is unreadable (not JSON)",
     ])
@@ -74,11 +92,11 @@ def test_check_fails_when_the_committed_report_is_not_the_one_the_results_make(t
     """A result rerun (or added) without regenerating the report: --check says so; once the report
     is written again it passes (the moment it was generated aside)."""
     out = tmp_path / "benchmarks.md"
-    (tmp_path / "draft_vocab.json").write_text(json.dumps(DRAFT_VOCAB))
+    (tmp_path / "attention_bench.json").write_text(json.dumps(ATTENTION))
     assert report.main(["--results", str(tmp_path), "--out", str(out)]) == 0
     capsys.readouterr()
     assert report.main(["--check", "--results", str(tmp_path), "--out", str(out)]) == 0
-    (tmp_path / "draft_vocab.json").write_text(json.dumps({**DRAFT_VOCAB, "date": "2026-02-03"}))
+    (tmp_path / "attention_bench.json").write_text(json.dumps({**ATTENTION, "date": "2026-02-03"}))
     code, said = report.main(["--check", "--results", str(tmp_path), "--out", str(out)]), capsys.readouterr().out
     assert code == 1 and f"is not the report {tmp_path} make" in said
     assert report.main(["--results", str(tmp_path), "--out", str(out)]) == 0
@@ -112,9 +130,8 @@ def test_pard_ablation_reports_s_on_the_decoding_path(tmp_path):
     assert f"| shipped | target-dependent | 4 | {r['rows'][1]['decode_path_s']:.3f} (5) |" in text
 
 
-def test_long_context_counts_a_loops_cache_copies_and_reports_each_option_set():
-    """benchmarks/hlo: copies of a carried cache are counted (not other copies), and the long_context
-    table gives each option set's time, the speed-up and the copies, NO where tokens differed."""
+def test_cache_copies_counts_a_loops_copies_of_its_carried_cache():
+    """benchmarks/hlo: copies of a carried cache are counted, not other copies."""
     from benchmarks.hlo import cache_copies
 
     text = ("%copy.1 = f32[30,1,3,2240,64]{4,3,2,1,0} copy(%get-tuple-element.7)\n"
@@ -123,12 +140,3 @@ def test_long_context_counts_a_loops_cache_copies_and_reports_each_option_set():
             "%copy.4 = f32[30,1,9,2240,64]{4,3,2,1,0} copy(%get-tuple-element.8)\n"  # not a cache of this model
             "%copy.5 = f32[2,1,3,2240,64]{4,3,2,1,0} copy(%get-tuple-element.9)\n")  # a drafter's
     assert cache_copies(text, 3, 64) == 3 and cache_copies(text, 3, 64, layers=30) == 2
-    r = {"benchmark": "long_context", "model": "m", "rounds": 1, "new_tokens": 8, "chunk_steps": 2,
-         "compiler_options": {"x": True}, "option_sets": ["defaults", "region"],
-         "rows": [{"context": 128, "method": "greedy", "ms_per_token": {"defaults": 30.0, "region": 20.0},
-                   "cache_copies": {"defaults": 4, "region": 0}, "identical": True},
-                  {"context": 2048, "method": "lookup", "ms_per_token": {"defaults": 10.0, "region": 10.0},
-                   "cache_copies": {"defaults": 0, "region": 0}, "identical": False}]}
-    lines = report.table_for(r)
-    assert "| 128 | greedy | 30.0 | 20.0 | 1.50x | 4 / 0 | yes |" in lines
-    assert lines[-1].endswith("| 1.00x | 0 / 0 | NO |")
