@@ -148,6 +148,44 @@ def test_fixed_rows_and_ordered_sum():
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda y: ordered_sum(y, 1))(y[:1])), s[:1])
 
 
+def test_the_one_row_head_takes_the_fast_product_only_where_its_argmax_is_the_tiles(monkeypatch):
+    """float32 greedy's one-row head runs XLA's matrix-vector product and keeps its argmax only where
+    the top two logits are further apart than both products' rounding bound; a near-tie (here: a row's
+    best entry's weights given to another entry, an exact tie) goes to the tiles' product, which
+    decides it as every block shape does (the lowest id)."""
+    from jaxspec.models.model import Transformer
+
+    model = stories("float32", True)
+    module = nnx.merge(model.graphdef, model.params)
+    assert module.head_norm is not None and module.head_norm == pytest.approx(float(np.max(np.linalg.norm(
+        np.asarray(module.embed_tokens.embedding[...]), axis=1))))
+    w = module.embed_tokens.embedding[...]
+    xs = jnp.asarray(np.random.default_rng(3).standard_normal((64, 1, w.shape[1])), jnp.float32)
+    one_row = jax.jit(lambda x: module.head_argmax(x))
+    tiles = jax.jit(lambda x: module._argmax_by_row_tiles(x, w, True))
+    assert [int(one_row(x)[0]) for x in xs] == [int(tiles(x)[0]) for x in xs]
+    # the bound holds: the two products' logits differ by less than it
+    u = np.finfo(np.float32).eps / 2
+    gamma = w.shape[1] * u / (1 - w.shape[1] * u)
+    gemv = np.stack([np.asarray(jnp.einsum("...d,vd->...v", x, w)) for x in xs])
+    tile = np.stack([np.asarray(fixed_rows(lambda r: jnp.einsum("...d,vd->...v", r, w), x)) for x in xs])
+    assert np.all(np.abs(gemv - tile) <= 2 * gamma * np.linalg.norm(np.asarray(xs), axis=-1, keepdims=True)
+                  * module.head_norm)
+    # a tie: a row's best entry's weights copied to another entry
+    x, best = xs[0], int(tiles(xs[0])[0])
+    other = 0 if best else 1
+    module.embed_tokens.embedding[...] = w.at[other].set(w[best])
+    calls = []
+    tiles_argmax = Transformer._argmax_by_row_tiles
+    monkeypatch.setattr(Transformer, "_argmax_by_row_tiles",
+                        lambda self, *a: calls.append(1) or tiles_argmax(self, *a))
+    with jax.disable_jit():  # (a concrete predicate: lax.cond runs one branch)
+        assert int(module.head_argmax(x)[0]) == min(best, other) and calls
+        calls.clear()
+        module.embed_tokens.embedding[...] = w
+        assert int(module.head_argmax(x)[0]) == best and not calls
+
+
 # per model: methods whose blocks are chains, trees and a drafter's (each decoded batched: a block
 # of rows whose caches differ in length)
 METHODS = {

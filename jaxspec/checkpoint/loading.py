@@ -296,6 +296,8 @@ def load(path_or_name: str | os.PathLike = DEFAULT_MODEL, dtype: str | None = No
             raise ConfigError(f"{path}: layer_scan=True: {e}") from None
     elif layer_scan is None and mesh is None and scan_by_default(dtype) and scannable(module) is None:
         stack_layers(module)
+    if batch_invariant and mesh is None:  # (the one-row head's bound: `Transformer._argmax_one_row`)
+        module.head_norm = module.head_norm_max()
     model = Model.from_module(module, tokenizer=tokenizer, dtype=dtype, source=str(path))
     return model if mesh is None else tp_lib.on_mesh(model, model.params, mesh)
 

@@ -249,6 +249,9 @@ class Transformer(nnx.Module):
         self.attention = attention
         # Every row's logits independent of the forward's shape (`jaxspec.models.batch_invariant`).
         self.batch_invariant = batch_invariant
+        # The largest L2 norm of a vocabulary entry's head weights (`head_norm_max`), set where the one-row
+        # head may take XLA's fast matrix-vector product under batch-invariant numerics (`_argmax_one_row`).
+        self.head_norm = None
         # Devices the vocabulary is split over (tensor parallelism sets it: `jaxspec.models.tensor_parallel`);
         # the chunked argmax then chunks within each device's slice (`head_argmax`).
         self.vocab_shards = 1
@@ -344,6 +347,8 @@ class Transformer(nnx.Module):
         rows = math.prod(x.shape[:-1])
         w = head.embedding[...] if tied else head.kernel[...]
         if self.batch_invariant and not quantized and shards == 1 and chunk is None:
+            if rows == 1 and self.head_norm is not None and w.dtype == jnp.float32:
+                return self._argmax_one_row(x, w, tied)
             return self._argmax_by_row_tiles(x, w, tied)
         if self.batch_invariant and chunk is None:  # (a chunk that followed the rows would change the sums)
             chunk = min(HEAD_CHUNK, piece_channels(x.shape[-1])) if quantized else HEAD_CHUNK
@@ -380,6 +385,42 @@ class Transformer(nnx.Module):
             return best_id[..., 0]
         winner = jnp.argmax(best, axis=-1)
         return (jnp.take_along_axis(best_id, winner[..., None], axis=-1)[..., 0] + winner * part).astype(jnp.int32)
+
+    def head_norm_max(self) -> float | None:
+        """The largest L2 norm of one vocabulary entry's head weights (float32 weights on one device;
+        else None), for `_argmax_one_row`'s bound: computed once, from the weights as they are now."""
+        tied = self.config.tie_word_embeddings
+        head = self.embed_tokens if tied else self.lm_head
+        if isinstance(head, QUANTIZED) or self.vocab_shards != 1:
+            return None
+        w = head.embedding[...] if tied else head.kernel[...]
+        if w.dtype != jnp.float32:
+            return None
+        norms = jnp.sqrt(jnp.sum(jnp.square(w.astype(jnp.float32)), axis=1 if tied else 0))
+        return float(jnp.max(norms))
+
+    def _argmax_one_row(self, x: Float[Array, "... d"], w, tied: bool) -> Int[Array, "..."]:
+        """Batch-invariant argmax of ONE row on float32 weights, at the speed of XLA's matrix-vector
+        product, which is not the tiles' product (`_argmax_by_row_tiles`, the numerics every other
+        block shape gets) but differs from it only by rounding: each computes a logit within
+        gamma_K * ||x|| * max_v ||w_v|| of the exact one whatever the order of its K adds (the
+        standard dot-product bound, gamma_K = K u / (1 - K u); tanh's softcap only shrinks
+        differences). Where the top two logits are further apart than both paths' bounds (doubled,
+        for the bound's own rounding), the tiles' product has the same unique argmax; otherwise
+        (a near-tie, ~2% of SmolLM2's steps) the tiles' product is computed and decides."""
+        scores = self.softcap(jnp.einsum("...d,vd->...v" if tied else "...d,dv->...v", x, w,
+                                         preferred_element_type=jnp.float32).astype(jnp.float32))
+        best = jnp.argmax(scores, axis=-1).astype(jnp.int32)
+        top = jnp.max(scores, axis=-1)
+        ids = jax.lax.broadcasted_iota(jnp.int32, scores.shape, scores.ndim - 1)
+        second = jnp.max(jnp.where(ids == best[..., None], -jnp.inf, scores), axis=-1)
+        k = x.shape[-1]
+        u = float(jnp.finfo(jnp.float32).eps) / 2
+        gamma = k * u / (1 - k * u)
+        norm = jnp.sqrt(jnp.sum(jnp.square(x.astype(jnp.float32)), axis=-1))
+        bound = 2 * (2 * gamma * norm * self.head_norm)
+        near = ~(top - second > bound)  # (NaN: near)
+        return jax.lax.cond(jnp.any(near), lambda: self._argmax_by_row_tiles(x, w, tied), lambda: best)
 
     def _argmax_by_row_tiles(self, x: Float[Array, "... d"], w, tied: bool) -> Int[Array, "..."]:
         """Batch-invariant numerics, one device, a plain head: tiles of rows over the whole vocabulary.
