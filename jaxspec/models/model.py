@@ -408,8 +408,7 @@ class Transformer(nnx.Module):
         differences). Where the top two logits are further apart than both paths' bounds (doubled,
         for the bound's own rounding), the tiles' product has the same unique argmax; otherwise
         (a near-tie, ~2% of SmolLM2's steps) the tiles' product is computed and decides."""
-        scores = self.softcap(jnp.einsum("...d,vd->...v" if tied else "...d,dv->...v", x, w,
-                                         preferred_element_type=jnp.float32).astype(jnp.float32))
+        scores = self._head_scores(x, w, tied)
         best = jnp.argmax(scores, axis=-1).astype(jnp.int32)
         top = jnp.max(scores, axis=-1)
         ids = jax.lax.broadcasted_iota(jnp.int32, scores.shape, scores.ndim - 1)
@@ -427,11 +426,14 @@ class Transformer(nnx.Module):
         No weight copied into chunks, a tile's logits at most ROW_TILE x vocab floats, and nothing
         that follows the number of rows."""
         def tile_argmax(rows):
-            scores = jnp.einsum("...d,vd->...v" if tied else "...d,dv->...v", rows, w,
-                                preferred_element_type=jnp.float32).astype(jnp.float32)
-            return jnp.argmax(self.softcap(scores), axis=-1).astype(jnp.int32)
+            return jnp.argmax(self._head_scores(rows, w, tied), axis=-1).astype(jnp.int32)
 
         return fixed_rows(tile_argmax, x)
+
+    def _head_scores(self, x: Float[Array, "... d"], w, tied: bool) -> Float[Array, "... vocab"]:
+        """One device's plain head over the whole vocabulary: float32 logits, capped."""
+        return self.softcap(jnp.einsum("...d,vd->...v" if tied else "...d,dv->...v", x, w,
+                                       preferred_element_type=jnp.float32).astype(jnp.float32))
 
 
 def _running_argmax(logits, part: int, chunk: int, shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:

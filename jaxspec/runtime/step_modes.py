@@ -58,9 +58,8 @@ class StepModes:
         # announce: a line on stderr when a tier's break-even moves (the server's log; a library call: none)
         self.model, self.setting, self.kind, self.announce = model, setting, kind, announce
         self.current: str | None = None
-        self.chunks = dict.fromkeys(MODES, 0)  # chunks run (measured or not), per mode
-        self.tokens = dict.fromkeys(MODES, 0)  # output tokens of those chunks, per mode
-        self._by_tier: dict[tuple[int, str], list[int]] = {}  # (tier of rows, mode) -> [chunks, tokens]
+        # (tier of rows, mode) -> [chunks, output tokens] run (measured or not); `as_dict` sums the modes
+        self._by_tier: dict[tuple[int, str], list[int]] = {}
         self._measured = 0
         self._tiers: set[int] = set()  # tiers of rows measured
         self._said: dict[int, float] = {}  # per tier of rows, the break-even last said (`pick`)
@@ -110,8 +109,6 @@ class StepModes:
         """A chunk of a `rows`-row program ran (for the counters, measured or not)."""
         with self._lock:
             self.current = mode
-            self.chunks[mode] += 1
-            self.tokens[mode] += tokens
             tier = self._by_tier.setdefault((rows, mode), [0, 0])
             tier[0], tier[1] = tier[0] + 1, tier[1] + tokens
 
@@ -132,14 +129,13 @@ class StepModes:
 
     def as_dict(self) -> dict:
         with self._lock:
-            ran = dict(self._by_tier)
+            current, ran = self.current, {key: list(v) for key, v in self._by_tier.items()}
         tiers = {}  # per tier of rows and mode: chunks and tokens run, and the seconds a step measured
         for (rows, mode), (chunks, tokens) in sorted(ran.items()):
             tiers.setdefault(rows, {})[mode] = {"chunks": chunks, "tokens": tokens,
                                                 "step_seconds": round(self.rates(rows)[mode].step_seconds, 6)}
-        with self._lock:
-            return {"current": self.current, "chunks": dict(self.chunks), "tokens": dict(self.tokens),
-                    "tiers": tiers}
+        total = lambda i: {m: sum(v[i] for (_, mode), v in ran.items() if mode == m) for m in MODES}  # noqa: E731
+        return {"current": current, "chunks": total(0), "tokens": total(1), "tiers": tiers}
 
 
 class Acceptance:
