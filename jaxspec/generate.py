@@ -279,10 +279,11 @@ def prepare(model: Model, prompt, max_new_tokens: int = 128, method: str = "auto
     return request
 
 
-def _learn(model: Model, request: Request, out: "GenerateOutput") -> None:
+def _learn(model: Model, request: Request, out: "GenerateOutput", measured: bool) -> None:
     """After a decode: its measurement into `auto`'s ledger (an auto call's, or plain greedy's: a
-    `--compare` run teaches greedy's rate for free), then, for an auto call, the next setting to
-    try compiled in the background (`jaxspec.runtime.background`) for the next request of this shape."""
+    `--compare` run teaches greedy's rate for free) where it `measured` the setting (nothing
+    compiled beside it: `_quiet`), then, for an auto call, the next setting to try compiled in the
+    background (`jaxspec.runtime.background`) for the next request of this shape."""
     (learning,) = request.shape
     if request.auto is None and (request.name != "autoregressive" or learning.lookahead_only):
         return
@@ -291,8 +292,9 @@ def _learn(model: Model, request: Request, out: "GenerateOutput") -> None:
     tokens = sum(len(t) for t in (out.tokens if request.batched else [out.tokens]))
     # (a plain greedy call is learned in memory only: research code's loops of calls write no file;
     # the next auto call stores it)
-    auto.record(model, learning.batch, label, steps, tokens, out.seconds, save=request.auto is not None,
-                **learning.ledger())
+    if measured:
+        auto.record(model, learning.batch, label, steps, tokens, out.seconds, save=request.auto is not None,
+                    **learning.ledger())
     if request.auto is None:
         return
     ready = learning.ready(model)
@@ -412,14 +414,21 @@ def generate(model: Model, prompt, max_new_tokens: int = 128, method: str = "aut
     with progress.phase(f"compiling {request.name}", when=key not in model.compiled):
         program, compile_seconds = compile_cache.compiled_into(model.compiled, key, decode, request.args,
                                                                request.statics)
+    quiet = _quiet(model)
     t0 = time.perf_counter()
     state, stats = program(*request.args)
     jax.block_until_ready(state.tokens)
     seconds = time.perf_counter() - t0
     out = _output(model, request, state, stats, seconds, compile_seconds, _compiled_memory(model, key, program),
                   stops)
-    _learn(model, request, out)
+    _learn(model, request, out, measured=quiet and _quiet(model))
     return out
+
+
+def _quiet(model: Model) -> bool:
+    """Whether nothing compiles in the background beside the caller now (a compile takes cores from a
+    decode: one that ran beside it measures less than the setting's rate)."""
+    return model.background is None or not model.background.busy()
 
 
 def _stops(model: Model, stop) -> tuple[str, ...]:
@@ -470,13 +479,14 @@ class Stream:
         modes, plain_fn = self._step_modes(state)
         acceptance = Acceptance(1)
         sent, text, steps, plain_steps = 0, "", 0, 0
+        quiet_all = True  # (nothing compiled beside any chunk: the decode measured its setting)
         while True:
             mode = "drafted"
             if modes is not None:
                 plain_fn = plain_fn or model.compiled.get(request.compile_key("advance-plain"))
                 mode = modes.pick(1, {"drafted", "plain"} if plain_fn is not None else {"drafted"},
                                   acceptance.expected([0]))
-            quiet = model.background is None or not model.background.busy()
+            quiet = _quiet(model)
             t0 = time.perf_counter()
             state = (step_fn if mode == "drafted" else plain_fn)(graphdef, params, state, sampling, chunk)
             # The one host sync per chunk; copies, since the next chunk reuses the donated buffers.
@@ -486,6 +496,8 @@ class Stream:
             new = row[sent:num].tolist()
             elapsed = time.perf_counter() - t0
             seconds += elapsed
+            quiet = quiet and _quiet(model)
+            quiet_all = quiet_all and quiet
             if modes is not None:  # (a chunk measured only when nothing compiled beside it)
                 ran = int(host[3][0]) - steps
                 modes.ran(mode, num - sent)
@@ -513,7 +525,7 @@ class Stream:
                               _compiled_memory(model, request.compile_key("advance"), step_fn), self.stops)
         if modes is not None:  # which steps ran drafted, which plain (`jaxspec.runtime.step_modes`)
             self.result.auto["step_modes"] = {**modes.as_dict(), "plain_steps": plain_steps}
-        _learn(model, request, self.result)
+        _learn(model, request, self.result, measured=quiet_all)
 
     def _step_modes(self, state) -> tuple[StepModes | None, Any]:
         """Where `auto` chose a drafted setting that can also step plain over its state

@@ -176,6 +176,42 @@ def test_the_fastest_measured_setting_is_chosen_only_by_the_margin(pycode, fresh
     assert auto.choose(pycode, 1, sampled=True).reason.startswith("greedy: nothing measured")
 
 
+def test_revisits_run_greedy_and_the_runner_up_in_turn(pycode, fresh):
+    """Once every contender is judged, the one-in-REVISIT decode alternates between greedy (every
+    pick's baseline: nothing else refreshes its rate) and the runner-up, here a drafted setting."""
+    contenders = [c.label for c in auto._contenders(auto.candidates(pycode), False)]
+    assert len(contenders) == 2
+    best, runner_up = contenders
+    _learned(pycode, {"autoregressive": 100.0, best: 150.0, runner_up: 130.0})
+    revisited = []
+    for _ in range(4 * auto.REVISIT):
+        choice = auto.choose(pycode, 1, ready=lambda c: True)
+        if choice.trying:
+            revisited.append(choice.label)
+        _learned(pycode, {choice.label: {"autoregressive": 100.0, best: 150.0, runner_up: 130.0}[choice.label]},
+                 runs=1)
+    assert len(revisited) == 4 and set(revisited[0::2]) ^ set(revisited[1::2]) == {"autoregressive", runner_up}
+
+
+def test_a_decode_beside_a_background_compile_teaches_nothing(pycode, fresh):
+    """A compile in the background takes cores from the decode beside it: that decode's rate is not
+    the setting's, so the ledger leaves it out; the next quiet decode counts."""
+    import threading
+
+    release = threading.Event()
+    worker = pycode.background = pycode.background or Background()
+    worker.submit(("test", "busy"), release.wait)
+    tally = lambda: auto.Ledger.of(pycode, 1, "generate", False).tally("autoregressive").runs  # noqa: E731
+    try:
+        jaxspec.generate(pycode, [1, 5, 9], max_new_tokens=4)
+        assert worker.busy() and tally() == 0
+    finally:
+        release.set()
+    assert worker.wait(10)
+    jaxspec.generate(pycode, [1, 5, 9], max_new_tokens=4)
+    assert tally() == 1
+
+
 def test_the_ledger_follows_what_the_device_does_now(pycode, fresh):
     """A setting's rate weighs its recent decodes most (`HALF_LIFE`): a setting that got slower (another
     program layout, a busier machine) is outvoted within a few half-lives, not by its whole history."""

@@ -13,11 +13,15 @@ compiling excluded), and picks
   been measured and once the caller reports its program compiled (`ready`): the caller
   compiles it in the background (`jaxspec.generate`'s worker) while it decodes with what it
   has, so trying never waits for a compile. A try is a real answer, lossless like every other.
-  The contenders' tries alternate; once all are judged, one decode in REVISIT runs the best
+  The contenders' tries alternate; once all are judged, one decode in REVISIT runs, in turn,
+  greedy (the baseline of every pick: its rate is refreshed only by its own decodes) and the best
   other measured setting again (the ledger keeps learning: acceptance differs from request to
   request, and two settings' tries fall on different ones).
 
-`record` adds each decode's measurement. The ledger is kept per (device, model, drafter
+`record` adds each decode's measurement, where it measured the setting (`jaxspec.generate`
+leaves out a decode that ran beside a background compile, which takes cores from it: greedy's
+decodes while the contenders compile would teach a rate under greedy's own, and make every
+contender look faster). The ledger is kept per (device, model, drafter
 content, jaxspec version, batch, request kind), in memory and on disk (`auto_store`), so the
 next call, and the next process, starts from what was learned; a replaced drafter (other
 bytes) starts a new ledger. In a multi-process run every process takes process 0's choice
@@ -55,8 +59,9 @@ MARGIN = 1.05
 # held-out chats a K = 1 setting's two tries measured faster than K = 3 routed's two, on other chats,
 # and the ledger kept the slower).
 EXPLORE_RUNS = 4
-# Once every contender is judged, one decode in REVISIT runs the best measured setting other than the
-# ledger's pick again, so that a setting judged on a few requests is not written off for good.
+# Once every contender is judged, one decode in REVISIT runs, in turn, greedy and the best measured
+# setting other than the ledger's pick again, so that a setting judged on a few requests is not written
+# off for good, and greedy's rate, every pick's baseline, stays current.
 REVISIT = 8
 # Contenders tried per ledger: each try may be a slower answer; the best two by the prior.
 CONTENDERS = 2
@@ -359,7 +364,9 @@ def choose(model, batch: int, *, kind: str = "generate", sampled: bool = False, 
     revisit = (trying is None and not untried and others and tries and jax.process_count() == 1
                and decodes % REVISIT == 0 and (others[0] is options[0] or ready(others[0])))
     if revisit:
-        trying = others[0]
+        # in turn greedy, the baseline every pick is judged against (its rate is refreshed only by its
+        # own decodes), and the runner-up
+        trying = options[0] if pick is not options[0] and (decodes // REVISIT) % 2 == 0 else others[0]
         reason = (f"{trying.label}: run again (one decode in {REVISIT}) to keep its rate current; the ledger's pick "
                   f"is {pick.label}")
         pick = trying
