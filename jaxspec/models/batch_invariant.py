@@ -20,16 +20,18 @@ sweep: 10-25 in 459 runs), in bfloat16 most outputs part (SmolLM2: 49 of 112 ide
   ancestor). A draft token at position p therefore sees exactly the keys greedy's cache holds at
   positions 0..p, in the same chunks, with the same code (one loop body); chunks past a row's
   positions add exact zeros, so the padded cache length does not count either. A chunk's scores
-  and weighted values are products of a query's rows (G query heads per KV head, padded to at
-  least 2) against the chunk's KEY_CHUNK keys and values: all the queries' rows in one product
-  where the block's tokens sit at distinct positions (every query then sees the same key at a
-  position: greedy, a chain, a prefill chunk), one product per query in a tree. Measured on
-  these shapes (K = 64 or 128): a row's result is the same in a product of 1 to 64 rows, and a
-  product batched over the queries rounded otherwise, so a tree loops over its queries;
-* **sums** (`ordered_sum`: softmax sums, RMSNorm's mean): chains of elementwise adds, one IEEE operation each. XLA:CPU's own reduction orders its
-  adds by the shape of the axes it keeps (measured: a [.., 12, 128] sum's rows differ from the same
-  rows summed as [.., 1, 128] in 6 of 96, and a sum over a non-minor axis changed with the block
-  size too);
+  and weighted values are products of the queries' rows (G query heads per KV head, padded to at
+  least 2) against KEY_CHUNK keys and values: where the block's tokens sit at distinct positions
+  (greedy, a chain, a prefill chunk) all the rows in one product against the keys in place; in a
+  tree the scores from the rows against the cached keys and against the block's keys padded to
+  KEY_CHUNK, the weighted values one product per query. Measured on these shapes (head sizes 8
+  and 64): a row's score is the same whatever the rows (2 to 64) and whichever of 128 columns its
+  key sits in, and differs against 5 or 40 keys; a values product batched over the queries
+  rounded otherwise, so a tree loops over its queries;
+* **sums** (`ordered_sum`: softmax sums, RMSNorm's mean): chains of elementwise adds, one IEEE
+  operation each. XLA:CPU's own reduction orders its adds by the shape of the axes it keeps
+  (measured: a [.., 12, 128] sum's rows differ from the same rows summed as [.., 1, 128] in 6 of
+  96, and a sum over a non-minor axis changed with the block size too);
 * RoPE, the embedding and the LM head's argmax are per row already (the head's matmul goes
   through `fixed_rows` over the whole vocabulary, or a vocabulary chunk that does not depend on
   the rows where it is chunked: tensor parallelism, quantized heads).
@@ -134,22 +136,25 @@ def invariant_attention(
     at position p: a query sees at most one token per position (a tree's ancestors, a causal
     block), as every decoding relation has it. Same interface as `xla_attention`.
 
-    Where a row's block tokens sit at distinct positions (one token, a causal block, a prefill
-    chunk, a chain), every query sees the same key at a position, so a chunk's keys and values are
-    gathered once and shared (`_shared_keys`); a tree's siblings share a position, so there each
-    query gathers its own (`_own_keys`). Both run the same products, a query's row against a
-    chunk's 128 keys and its weights against their values, so both give the same bits (held by
-    tests/test_batch_invariant.py). Which one runs is decided at trace time where the relation is
-    static (one token; a decoding tree's numpy layout), else by the positions (`lax.cond`)."""
-    mask = dense_block_mask(block_mask, q_positions)  # [b, t, t]: query i sees block token j
+    Where a row's block tokens sit at distinct positions (one token, a chain, a prefill chunk),
+    every query sees the same key and value at a position: a chunk's are gathered once, in place,
+    and all the queries' rows go through one product against them (scores, then weighted values).
+    In a tree (siblings share a position) a query's scores come from two shared products, its rows
+    against the chunk's cached keys and (once) against the block's keys, each over KEY_CHUNK keys,
+    its score at a position taken from one or the other; its weighted values are one product a
+    query against the values it sees, in place (`_query_by_query`). Every path computes a query's
+    numbers in the same products (measured: a row's score is the same whichever of 128 columns its
+    key sits in and whatever the rows), so they give the same bits (tests/test_batch_invariant.py).
+    Which runs is decided at trace time where the relation is static (one token; a decoding tree's
+    numpy layout), else by the positions (`lax.cond`)."""
     t = q.shape[1]
-    attend = functools.partial(_attention_by_position, q, k_cache, v_cache, cache_lengths, k_new, v_new, mask,
-                               q_positions, sliding_window, softcap)
+    attend = functools.partial(_attention_by_position, q, k_cache, v_cache, cache_lengths, k_new, v_new,
+                               dense_block_mask(block_mask, q_positions), q_positions, sliding_window, softcap)
     shared = _distinct_positions_statically(block_mask, t)
     if shared is not None:
-        return attend(_shared_keys if shared else _own_keys)
+        return attend(shared)
     distinct = jnp.all(jnp.sum(q_positions[:, :, None] == q_positions[:, None, :], axis=-1) == 1)
-    return jax.lax.cond(distinct, lambda: attend(_shared_keys), lambda: attend(_own_keys))
+    return jax.lax.cond(distinct, lambda: attend(True), lambda: attend(False))
 
 
 def _distinct_positions_statically(block_mask: BlockMask, t: int) -> bool | None:
@@ -163,38 +168,10 @@ def _distinct_positions_statically(block_mask: BlockMask, t: int) -> bool | None
     return None
 
 
-def _shared_keys(mask, q_positions, kc, vc, kn, vn, cached, pos):
-    """A chunk's keys and values, one per position for every query ([b, kv, C, d]), and what each
-    query sees ([b, t, C]): block tokens at distinct positions, so position p holds the cache's
-    key or the one block token at p."""
-    match = q_positions[:, :, None] == pos  # [b, t(j), C]
-    j = jnp.argmax(match, axis=1)  # [b, C]
-    here = jnp.any(match, axis=1)
-    take = jax.vmap(lambda x, idx: x[:, idx])  # x [kv, t, d], idx [C] -> [kv, C, d]
-    keys = jnp.where(cached[:, None, :, None], kc, take(kn, j))
-    values = jnp.where(cached[:, None, :, None], vc, take(vn, j))
-    seen = here[:, None, :] & jnp.take_along_axis(mask, jnp.broadcast_to(j[:, None, :], mask.shape[:2] + j.shape[1:]),
-                                                   axis=2)
-    return keys, values, cached[:, None, :] | seen
-
-
-def _own_keys(mask, q_positions, kc, vc, kn, vn, cached, pos):
-    """A chunk's keys and values as each query sees them ([b, kv, t, C, d]) and what each sees
-    ([b, t, C]): the cache's below its row's length, above it the block token it sees there."""
-    match = mask[:, :, :, None] & (q_positions[:, None, :, None] == pos)  # [b, t(i), t(j), C]
-    seen = jnp.any(match, axis=2)  # [b, t, C]
-    j = jnp.argmax(match, axis=2)  # [b, t, C]
-    take = jax.vmap(lambda x, idx: x[:, idx])  # x [kv, t, d], idx [t, C] -> [kv, t, C, d]
-    from_cache = cached[:, None, None, :, None]  # [b, 1, 1(t), C, 1]
-    keys = jnp.where(from_cache, kc[:, :, None], take(kn, j))
-    values = jnp.where(from_cache, vc[:, :, None], take(vn, j))
-    return keys, values, cached[:, None, :] | seen
-
-
 def _attention_by_position(q, k_cache, v_cache, cache_lengths, k_new, v_new, mask, q_positions, sliding_window,
-                           softcap, keys_of):
-    """The online softmax over chunks of KEY_CHUNK key positions, each chunk's keys from `keys_of`
-    (`_shared_keys` or `_own_keys`)."""
+                           softcap, shared: bool):
+    """The online softmax over chunks of KEY_CHUNK key positions; `shared`: the block's tokens sit
+    at distinct positions (a chunk's values are the same for every query)."""
     b, t, h, d = q.shape
     kv, s = k_cache.shape[1], k_cache.shape[2]
     g = h // kv
@@ -204,13 +181,17 @@ def _attention_by_position(q, k_cache, v_cache, cache_lengths, k_new, v_new, mas
     qg = jnp.pad(qg, ((0, 0), (0, 0), (0, rows - g), (0, 0), (0, 0)))
     kn = k_new.transpose(0, 2, 1, 3).astype(jnp.float32)  # [b, kv, t, d]
     vn = v_new.transpose(0, 2, 1, 3).astype(jnp.float32)
+    take = jax.vmap(lambda x, idx: x[:, idx])  # x [kv, t, d], idx [...] -> [kv, ..., d]
+    if not shared:
+        # A tree's queries see different keys at a position; their scores against the block's keys
+        # are one product too, over the block padded to whole chunks: a product over another number
+        # of keys rounds its scores otherwise (measured: 40 and 5 keys against 128).
+        width = -(-t // chunk) * chunk
+        block_scores = jnp.einsum("bkgtd,bkjd->bkgtj", qg, jnp.pad(kn, ((0, 0), (0, 0), (0, width - t), (0, 0))),
+                                  preferred_element_type=jnp.float32)  # [b, kv, g, t, width]
     offsets = jnp.arange(chunk, dtype=jnp.int32)
     # Chunks up to the last query position (the rest would add nothing: they only cost).
     count = jnp.minimum(jnp.max(q_positions) // chunk + 1, -(-(s + t) // chunk))
-    # The products: the queries' rows against the chunk's keys ([.., d] x [d, C]), their weights
-    # against the values ([.., C] x [C, d]); all the queries' rows in one product when the keys are
-    # shared, else one product per query.
-    shared = keys_of is _shared_keys
 
     def step(c, carry):
         m, l, acc = carry  # running max [b,kv,g,t], sum [b,kv,g,t], weighted values [b,kv,g,t,d]
@@ -219,11 +200,25 @@ def _attention_by_position(q, k_cache, v_cache, cache_lengths, k_new, v_new, mas
         at = jnp.minimum(pos, s - 1)
         kc = jnp.take(k_cache, at, axis=2).astype(jnp.float32)  # [b, kv, C, d]
         vc = jnp.take(v_cache, at, axis=2).astype(jnp.float32)
-        keys, values, visible = keys_of(mask, q_positions, kc, vc, kn, vn, cached, pos)
+        if shared:  # position p's key and value: the cache's, or the one block token at p
+            here = q_positions[:, :, None] == pos  # [b, t(j), C]
+            j = jnp.argmax(here, axis=1)  # [b, C]
+            keys = jnp.where(cached[:, None, :, None], kc, take(kn, j))  # [b, kv, C, d]
+            values = jnp.where(cached[:, None, :, None], vc, take(vn, j))
+            seen = jnp.any(here, axis=1)[:, None, :] & jnp.take_along_axis(
+                mask, jnp.broadcast_to(j[:, None, :], (*mask.shape[:2], chunk)), axis=2)  # [b, t, C]
+            scores = jnp.einsum("bkgtd,bkcd->bkgtc", qg, keys, preferred_element_type=jnp.float32)
+        else:  # each query's own: the cache's, or the block token it sees at p
+            match = mask[:, :, :, None] & (q_positions[:, None, :, None] == pos)  # [b, t(i), t(j), C]
+            seen = jnp.any(match, axis=2)  # [b, t, C]
+            j = jnp.argmax(match, axis=2)  # [b, t, C]
+            values = jnp.where(cached[:, None, None, :, None], vc[:, :, None], take(vn, j))  # [b, kv, t, C, d]
+            scores = jnp.einsum("bkgtd,bkcd->bkgtc", qg, kc, preferred_element_type=jnp.float32)
+            from_block = jnp.take_along_axis(block_scores, jnp.broadcast_to(j[:, None, None], scores.shape), axis=-1)
+            scores = jnp.where(cached[:, None, None, None], scores, from_block)
+        visible = cached[:, None, :] | seen  # [b, t, C]
         if sliding_window is not None:
             visible = visible & (q_positions[:, :, None] - pos < sliding_window)
-        scores = (jnp.einsum("bkgtd,bkcd->bkgtc", qg, keys, preferred_element_type=jnp.float32) if shared else
-                  _query_by_query("bkgd,bkcd->bkgc", qg, keys))
         if softcap is not None:
             scores = softcap * jnp.tanh(scores / softcap)
         visible = visible[:, None, None]  # [b, 1, 1, t, C]
