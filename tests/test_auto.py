@@ -191,6 +191,15 @@ def test_revisits_run_greedy_and_the_runner_up_in_turn(pycode, fresh):
         _learned(pycode, {choice.label: {"autoregressive": 100.0, best: 150.0, runner_up: 130.0}[choice.label]},
                  runs=1)
     assert len(revisited) == 4 and set(revisited[0::2]) ^ set(revisited[1::2]) == {"autoregressive", runner_up}
+    # window="auto" asked for lookahead: its revisits never run greedy
+    windows = [c.label for c in auto.candidates(pycode, lookahead_only=True)[1:]]
+    _learned(pycode, {w: 100.0 + i for i, w in enumerate(windows)})
+    picked = set()
+    for _ in range(4 * auto.REVISIT):
+        choice = auto.choose(pycode, 1, lookahead_only=True, ready=lambda c: True)
+        picked.add(choice.method)
+        _learned(pycode, {choice.label: 100.0}, runs=1)
+    assert picked == {"lookahead"}
 
 
 def test_a_decode_beside_a_background_compile_teaches_nothing(pycode, fresh):

@@ -365,8 +365,9 @@ def choose(model, batch: int, *, kind: str = "generate", sampled: bool = False, 
                and decodes % REVISIT == 0 and (others[0] is options[0] or ready(others[0])))
     if revisit:
         # in turn greedy, the baseline every pick is judged against (its rate is refreshed only by its
-        # own decodes), and the runner-up
-        trying = options[0] if pick is not options[0] and (decodes // REVISIT) % 2 == 0 else others[0]
+        # own decodes), and the runner-up (window="auto" asked for lookahead: its runner-up only)
+        greedy_turn = not lookahead_only and pick is not options[0] and (decodes // REVISIT) % 2 == 0
+        trying = options[0] if greedy_turn else others[0]
         reason = (f"{trying.label}: run again (one decode in {REVISIT}) to keep its rate current; the ledger's pick "
                   f"is {pick.label}")
         pick = trying
