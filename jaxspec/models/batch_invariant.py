@@ -26,7 +26,7 @@ sweep: 10-25 in 459 runs), in bfloat16 most outputs part (SmolLM2: 49 of 112 ide
   tree the scores from the rows against the cached keys and against the block's keys padded to
   KEY_CHUNK, the weighted values one product per query. Measured on these shapes (head sizes 8
   and 64): a row's score is the same whatever the rows (2 to 64) and whichever of 128 columns its
-  key sits in, and differs against 5 or 40 keys; a values product batched over the queries
+  key sits in, and differs against 5 or 42 keys; a values product batched over the queries
   rounded otherwise, so a tree loops over its queries;
 * **sums** (`ordered_sum`: softmax sums, RMSNorm's mean): chains of elementwise adds, one IEEE
   operation each. XLA:CPU's own reduction orders its adds by the shape of the axes it keeps
@@ -185,7 +185,7 @@ def _attention_by_position(q, k_cache, v_cache, cache_lengths, k_new, v_new, mas
     if not shared:
         # A tree's queries see different keys at a position; their scores against the block's keys
         # are one product too, over the block padded to whole chunks: a product over another number
-        # of keys rounds its scores otherwise (measured: 40 and 5 keys against 128).
+        # of keys rounds its scores otherwise (measured: 42 and 5 keys against 128).
         width = -(-t // chunk) * chunk
         block_scores = jnp.einsum("bkgtd,bkjd->bkgtj", qg, jnp.pad(kn, ((0, 0), (0, 0), (0, width - t), (0, 0))),
                                   preferred_element_type=jnp.float32)  # [b, kv, g, t, width]
